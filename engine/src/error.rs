@@ -1,0 +1,66 @@
+//! Errors of the engine's control plane.
+//!
+//! Hot-path refusals (a full ring, an exhausted pool) are not errors: they hand the
+//! value back or return `None`. What lives here is what a user must fix.
+
+/// A configuration value was rejected when a structure was built.
+///
+/// Every message names the setting and what to change it to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A capacity that must be positive was zero.
+    #[error("{what} must be at least 1, got 0")]
+    ZeroCapacity {
+        /// The setting, e.g. "mail ring capacity".
+        what: &'static str,
+    },
+    /// A capacity above the engine's limit.
+    #[error("{what} of {requested} exceeds the limit of {limit}; lower it")]
+    TooLarge {
+        /// The setting.
+        what: &'static str,
+        /// What was asked for.
+        requested: usize,
+        /// The largest accepted value.
+        limit: usize,
+    },
+    /// Segment size outside the accepted range.
+    #[error(
+        "segment size of {size} bytes is outside {min}..={max} bytes; \
+         use a size in that range (the default is 32 KiB)"
+    )]
+    SegmentSize {
+        /// What was asked for.
+        size: usize,
+        /// Smallest accepted size.
+        min: usize,
+        /// Largest accepted size.
+        max: usize,
+    },
+    /// The global pool cannot back a local pool's reservation.
+    #[error(
+        "local buffer pool needs {requested} segments but the network buffer pool has only \
+         {available} free; give the network pool more segments or the local pool fewer"
+    )]
+    NotEnoughSegments {
+        /// Segments the local pool wanted to reserve.
+        requested: usize,
+        /// Segments free in the global pool at that moment.
+        available: usize,
+    },
+    /// A local pool too small to give every subpartition a segment.
+    #[error(
+        "local buffer pool of {size} segments cannot serve {subpartitions} subpartitions; \
+         it needs at least one segment per subpartition"
+    )]
+    FewerSegmentsThanSubpartitions {
+        /// The local pool's size.
+        size: usize,
+        /// The number of subpartitions.
+        subpartitions: usize,
+    },
+    /// Two related settings contradict each other.
+    #[error("{0}")]
+    Inconsistent(&'static str),
+}

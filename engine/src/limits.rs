@@ -1,0 +1,64 @@
+//! Every default capacity and budget of the engine, with what it costs.
+//!
+//! Relationships between limits are checked at compile time. Under loom the
+//! capacities shrink so that the models reach their full and empty states.
+
+/// Slots per mail ring by default; one ring per sending thread and task, so memory is
+/// slot size × slots × senders per task (1024 × 16 B × 64 cores = 1 MiB per task at most).
+#[cfg(not(loom))]
+pub const MAIL_RING_CAPACITY: usize = 1024;
+/// Under loom a ring of 4 slots reaches full within the explored schedules.
+#[cfg(loom)]
+pub const MAIL_RING_CAPACITY: usize = 4;
+const _: () = assert!(MAIL_RING_CAPACITY.is_power_of_two());
+
+/// Largest ring capacity accepted: indices are `usize` and compared with
+/// `wrapping_sub`, which needs the capacity to be at most half the index space.
+pub const RING_CAPACITY_MAX: usize = 1 << 30;
+const _: () = assert!(RING_CAPACITY_MAX.is_power_of_two());
+const _: () = assert!(MAIL_RING_CAPACITY <= RING_CAPACITY_MAX);
+
+/// Mail handled per `Mailbox::drain` call when the caller names no budget: bounds the
+/// time a task spends on mail before it returns to its default action (~1024 × 20 ns).
+pub const MAIL_DRAIN_BUDGET: usize = 1024;
+const _: () = assert!(MAIL_DRAIN_BUDGET >= MAIL_RING_CAPACITY);
+
+/// Entries of the multi-producer inbox for threads that are not wired workers.
+/// Bounded so a runaway foreign thread pool cannot grow a task's memory; 64 B per slot.
+pub const FOREIGN_INBOX_CAPACITY: usize = 4096;
+
+/// Largest slab: keys store the index in 32 bits.
+pub const SLAB_CAPACITY_MAX: usize = u32::MAX as usize;
+
+/// Default segment size: 32 KiB, as Flink's `taskmanager.memory.segment-size`.
+/// One segment per in-flight buffer: a 1→N partition holds up to N × max-per-subpartition.
+pub const SEGMENT_SIZE_DEFAULT: usize = 32 * 1024;
+/// Smallest segment: must hold a 4-byte length prefix plus at least one payload byte;
+/// 64 keeps a segment on its own cache line.
+pub const SEGMENT_SIZE_MIN: usize = 64;
+/// Largest segment: 16 MiB. Larger segments only add latency (a buffer is shipped when full).
+pub const SEGMENT_SIZE_MAX: usize = 16 * 1024 * 1024;
+const _: () = assert!(SEGMENT_SIZE_MIN <= SEGMENT_SIZE_DEFAULT);
+const _: () = assert!(SEGMENT_SIZE_DEFAULT <= SEGMENT_SIZE_MAX);
+const _: () = assert!(SEGMENT_SIZE_DEFAULT.is_power_of_two());
+
+/// Default number of segments in the network buffer pool: 2048 × 32 KiB = 64 MiB,
+/// Flink's default network memory share on a small task manager.
+pub const NETWORK_SEGMENTS_DEFAULT: usize = 2048;
+/// Segment indices are 32-bit and `u32::MAX` marks an empty free list.
+pub const NETWORK_SEGMENTS_MAX: usize = (u32::MAX - 1) as usize;
+/// Total bytes a network buffer pool may allocate: 64 GiB.
+pub const NETWORK_POOL_BYTES_MAX: usize = 64 << 30;
+const _: () = assert!(NETWORK_SEGMENTS_DEFAULT * SEGMENT_SIZE_DEFAULT <= NETWORK_POOL_BYTES_MAX);
+
+/// Default overdraft segments per local pool: lets a writer finish a record that spans
+/// segments when the pool is exhausted, instead of blocking mid-record (Flink: 5).
+pub const OVERDRAFT_SEGMENTS_DEFAULT: usize = 5;
+
+/// Default buffers a single subpartition may hold before the pool reports unavailable
+/// (Flink's `taskmanager.network.memory.max-buffers-per-channel`: 10).
+pub const SUBPARTITION_BUFFERS_MAX_DEFAULT: usize = 10;
+
+/// Largest number of subpartitions of one partition (per-subpartition counters are `u32`
+/// and kept in one array; 64 Ki downstream tasks is far past any real fan-out).
+pub const SUBPARTITIONS_MAX: usize = 1 << 16;

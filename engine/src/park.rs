@@ -1,0 +1,204 @@
+//! Parking an idle thread without lost wake-ups.
+//!
+//! A [`Parker`] belongs to the one thread that sleeps on it; any number of
+//! [`Unparker`]s wake it. Sleeping and waking are delegated to a [`ParkBackend`]:
+//! `std::thread::park` by default, an eventfd registered with the worker's io_uring
+//! on Linux (supplied by `weir-net`).
+//!
+//! State machine on one atomic (`EMPTY`, `PARKED`, `NOTIFIED`):
+//! - the owner announces `PARKED` with a swap, re-checks its queues, then waits;
+//! - a waker swaps in `NOTIFIED` after publishing its work, and calls the backend's
+//!   `wake` only if the swap returned `PARKED`.
+//!
+//! Why no wake-up is lost: both sides use read-modify-write operations on `state`, and
+//! an RMW always reads the latest value in the modification order. If the waker's swap
+//! comes first, the owner's swap returns `NOTIFIED` (and, being Acquire, sees the
+//! published work), so it does not sleep. If the owner's swap comes first, the waker's
+//! swap returns `PARKED` and it wakes the backend, whose `wake` before `wait` makes
+//! `wait` return at once. No `SeqCst` is needed, which also keeps the protocol within
+//! what loom models exactly.
+
+use std::time::{Duration, Instant};
+
+use crate::sync::{thread, Arc, AtomicU8, Ordering};
+
+const EMPTY: u8 = 0;
+const PARKED: u8 = 1;
+const NOTIFIED: u8 = 2;
+
+/// How a thread sleeps and is woken. `wake` before `wait` must make that `wait` return
+/// at once (a token, as `std::thread::park` and an eventfd have); `wait` may return
+/// spuriously.
+pub trait ParkBackend: Send + Sync + 'static {
+    /// Blocks the owning thread until woken or until `timeout` (if any) elapses.
+    fn wait(&self, timeout: Option<Duration>);
+    /// Wakes the owning thread; callable from any thread.
+    fn wake(&self);
+}
+
+/// The default backend: `std::thread::park` on a thread named at construction.
+#[derive(Debug)]
+pub struct ThreadPark {
+    thread: thread::Thread,
+}
+
+impl ThreadPark {
+    /// A backend that parks and wakes the calling thread.
+    pub fn current() -> Self {
+        ThreadPark {
+            thread: thread::current(),
+        }
+    }
+}
+
+impl ParkBackend for ThreadPark {
+    fn wait(&self, timeout: Option<Duration>) {
+        match timeout {
+            Some(timeout) => thread::park_timeout(timeout),
+            None => thread::park(),
+        }
+    }
+
+    fn wake(&self) {
+        self.thread.unpark();
+    }
+}
+
+struct Inner {
+    state: AtomicU8,
+    backend: Box<dyn ParkBackend>,
+}
+
+/// The sleeping side. Owned by one thread; see the module docs for the protocol.
+pub struct Parker {
+    inner: Arc<Inner>,
+}
+
+/// The waking side: cheap to clone, callable from any thread.
+#[derive(Clone)]
+pub struct Unparker {
+    inner: Arc<Inner>,
+}
+
+/// Why [`Parker::park`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// A notification was pending or arrived.
+    Notified,
+    /// The re-check found work before sleeping.
+    Ready,
+    /// The timeout elapsed with no notification.
+    TimedOut,
+}
+
+impl Parker {
+    /// A parker for the calling thread, sleeping with `std::thread::park`.
+    pub fn current() -> Self {
+        Self::with_backend(ThreadPark::current())
+    }
+
+    /// A parker over another way to sleep (an eventfd, an io_uring wait).
+    pub fn with_backend(backend: impl ParkBackend) -> Self {
+        Parker {
+            inner: Arc::new(Inner {
+                state: AtomicU8::new(EMPTY),
+                backend: Box::new(backend),
+            }),
+        }
+    }
+
+    /// A handle that wakes this parker.
+    pub fn unparker(&self) -> Unparker {
+        Unparker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Sleeps until notified or until `timeout` elapses, unless a notification is
+    /// already pending or `is_ready` (called after announcing the park) finds work.
+    ///
+    /// `is_ready` must look at everything a waker publishes before it calls
+    /// [`Unparker::unpark`]; that is what makes the check-then-park race-free.
+    pub fn park(&self, timeout: Option<Duration>, is_ready: impl FnOnce() -> bool) -> Wakeup {
+        // AcqRel: Acquire sees the work of any waker whose NOTIFIED we read; Release
+        // orders our earlier queue reads before the announcement.
+        if self.inner.state.swap(PARKED, Ordering::AcqRel) == NOTIFIED {
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Wakeup::Notified;
+        }
+        if is_ready() {
+            // A waker that saw PARKED meanwhile leaves a backend token: at worst one
+            // spurious return from a later wait.
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Wakeup::Ready;
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let outcome = loop {
+            let remaining = match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break Wakeup::TimedOut;
+                    }
+                    Some(deadline - now)
+                }
+                None => None,
+            };
+            self.inner.backend.wait(remaining);
+            // Acquire: pairs with the waker's swap, making its work visible.
+            if self.inner.state.load(Ordering::Acquire) == NOTIFIED {
+                break Wakeup::Notified;
+            }
+        };
+        // Swap (not store): reads the latest state, so a NOTIFIED that lands from here on
+        // stays for the next park, and one that landed before synchronises with us.
+        if self.inner.state.swap(EMPTY, Ordering::AcqRel) == NOTIFIED {
+            return Wakeup::Notified;
+        }
+        outcome
+    }
+}
+
+impl Unparker {
+    /// Wakes the parker's thread if it sleeps, or makes its next park return at once.
+    /// Call it after publishing the work the thread should see.
+    #[inline]
+    pub fn unpark(&self) {
+        // AcqRel: Release publishes the caller's work to the parker's Acquire; see the
+        // module docs for why a read-modify-write is required here.
+        if self.inner.state.swap(NOTIFIED, Ordering::AcqRel) == PARKED {
+            self.inner.backend.wake();
+        }
+    }
+}
+
+impl core::fmt::Debug for Parker {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Parker").finish_non_exhaustive()
+    }
+}
+
+impl core::fmt::Debug for Unparker {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Unparker").finish_non_exhaustive()
+    }
+}
+
+/// Something to poke when a resource becomes available: an [`Unparker`], or a closure
+/// that posts mail to a task.
+pub trait Notify: Send + Sync + 'static {
+    /// Tells the waiting side to look again.
+    fn notify(&self);
+}
+
+impl Notify for Unparker {
+    fn notify(&self) {
+        self.unpark();
+    }
+}
+
+impl<F: Fn() + Send + Sync + 'static> Notify for F {
+    fn notify(&self) {
+        self()
+    }
+}
