@@ -168,31 +168,40 @@ impl<T> Producer<T> {
     /// in `values`. Returns how many were pushed.
     pub fn push_iter<I: Iterator<Item = T>>(&mut self, values: &mut I) -> usize {
         let capacity = self.shared.capacity();
-        let mut free = capacity - self.tail.wrapping_sub(self.head_cache);
-        if free == 0 {
-            // Acquire: as in `try_push`.
-            self.head_cache = self.shared.head.load(Ordering::Acquire);
-            free = capacity - self.tail.wrapping_sub(self.head_cache);
-        }
         let start = self.tail;
-        let mut tail = start;
-        for _ in 0..free {
-            let Some(value) = values.next() else { break };
-            // SAFETY: fewer than `free` values written so far, so slot `tail` lies outside
-            // [head, tail) (invariants 1 and 2). It becomes visible only with the store below.
-            self.shared
-                .slot(tail)
-                .with_mut(|p| unsafe { (*p).write(value) });
-            tail = tail.wrapping_add(1);
-            // Keep the local index current: if `next` panics, the values written so far
-            // are published by the next push instead of being overwritten.
-            self.tail = tail;
+        // First the room the cached head promises; only if the iterator still has values
+        // then, one Acquire reload of `head` (as in `try_push`) and the newly freed room.
+        for reload in [false, true] {
+            if reload {
+                self.head_cache = self.shared.head.load(Ordering::Acquire);
+            }
+            let free = capacity - self.tail.wrapping_sub(self.head_cache);
+            for _ in 0..free {
+                let Some(value) = values.next() else {
+                    return self.publish_from(start);
+                };
+                let tail = self.tail;
+                // SAFETY: fewer than `free` values written in this pass, so slot `tail` lies
+                // outside [head, tail) (invariants 1 and 2); it becomes visible to the
+                // consumer only with the store in `publish_from`.
+                self.shared
+                    .slot(tail)
+                    .with_mut(|p| unsafe { (*p).write(value) });
+                // Kept current so that, if `next` panics, the next push publishes these.
+                self.tail = tail.wrapping_add(1);
+            }
         }
-        if tail != start {
-            // Release: publishes every slot written above; pairs with the consumer's Acquire.
-            self.shared.tail.store(tail, Ordering::Release);
+        self.publish_from(start)
+    }
+
+    #[inline]
+    fn publish_from(&mut self, start: usize) -> usize {
+        if self.tail != start {
+            // Release: publishes every slot written since `start`; pairs with the
+            // consumer's Acquire load of `tail`.
+            self.shared.tail.store(self.tail, Ordering::Release);
         }
-        tail.wrapping_sub(start)
+        self.tail.wrapping_sub(start)
     }
 
     /// Values in the ring now (the consumer may be taking some as we look).

@@ -100,6 +100,21 @@ impl FreeList {
         }
     }
 
+    /// Unlinks the whole list at once and returns the index of its top (`NIL` when
+    /// empty); follow `links` from there. Clears the waiting bit.
+    ///
+    /// With only `push` and `take_all` on a list there is no ABA hazard: a push links
+    /// its segment above exactly the head its exchange replaces.
+    #[inline]
+    pub(crate) fn take_all(&self) -> u32 {
+        if self.is_empty() {
+            return NIL;
+        }
+        // AcqRel: Acquire pairs with every push's Release (RMWs continue the release
+        // sequence), so every link in the chain is visible.
+        index_of(self.head.swap(u64::from(NIL), Ordering::AcqRel))
+    }
+
     /// Whether the list is empty now.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {

@@ -3,10 +3,22 @@
 //!
 //! The network pool allocates `segment_count × segment_size` bytes once, at start-up.
 //! A local pool reserves `size` of those segments when it is built and hands them out
-//! as [`Buffer`]s; dropping a `Buffer`, on whatever thread, pushes its segment back on
-//! the local pool's lock-free free list (see `free_list`) and wakes the requester if
-//! it was waiting. Overdraft buffers come from the network pool on demand and go back
-//! there.
+//! as [`Buffer`]s. Overdraft buffers come from the network pool on demand and go back
+//! there when the requester next collects its returns (its next request or
+//! availability check, or its drop).
+//!
+//! Recycling is built so that the requester and the recycling threads rarely touch the
+//! same cache line: moving one line between cores costs ~100 ns on a VM, so a shared
+//! counter or an `Arc` clone per buffer would cost more than everything else together:
+//! - the requester keeps its free segments in a private stack and its accounting
+//!   (buffers per subpartition, overdraft) in private fields: no atomics on request;
+//! - dropping a `Buffer`, on any thread, pushes its segment on the pool's shared
+//!   *return list* (a lock-free stack, see `free_list`) with one compare-exchange on a
+//!   line the requester touches only when its private stack runs dry, when it takes
+//!   the whole return list with one swap (and settles its accounting);
+//! - a `Buffer` keeps the shared state alive with a reference count that the requester
+//!   raises in batches of [`REF_CREDITS`], so each buffer costs the requester no atomic
+//!   and the recycler one decrement on a line it already owns.
 //!
 //! Availability (Flink's `LocalBufferPool#isAvailable`): a free segment exists and no
 //! subpartition holds its maximum number of buffers. A subpartition at its maximum
@@ -16,15 +28,17 @@
 //!
 //! Invariants:
 //! 1. A segment index is in exactly one place: the network pool's free list, a local
-//!    pool's free list, or one `Buffer`. Free lists hand each index to one popper.
-//! 2. `held[c]` counts the live buffers charged to subpartition `c`; `at_max` counts the
-//!    subpartitions with `held[c] >= max_per_subpartition` (transiently off by the
-//!    order of two RMWs from different threads, never at rest).
-//! 3. A `Buffer` keeps its local pool (and so the network pool) alive; a local pool
-//!    returns its free segments to the network pool when its last buffer is gone.
+//!    pool's private stack, its return list, or one `Buffer`. Lists hand each index out
+//!    once.
+//! 2. `meta[i]` (subpartition and overdraft flag) is written by the requester when it
+//!    lends segment `i` and read by it when `i` comes back; the segment's trip through
+//!    the return list (Release push, Acquire swap) orders the two.
+//! 3. `refs` = live buffers + the requester's unspent credits + 1 for the requester
+//!    itself; whoever brings it to zero frees the shared state, after which every
+//!    segment is back in the network pool.
+//! 4. The network pool outlives every local pool (each holds an `Arc` to it).
 //!
 //! Single requester: `request*` take `&mut self`; `LocalBufferPool` is not `Clone`.
-//! Recycling and availability checks are safe from any thread.
 //!
 //! In debug builds (and under loom) every segment carries an ownership flag that
 //! catches a segment handed out twice or recycled twice, and dropping the network pool
@@ -33,6 +47,8 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
+use crossbeam_utils::CachePadded;
+
 use crate::error::ConfigError;
 use crate::exchange::free_list::{FreeList, NIL};
 use crate::limits::{
@@ -40,11 +56,17 @@ use crate::limits::{
     SEGMENT_SIZE_MIN, SUBPARTITIONS_MAX, SUBPARTITION_BUFFERS_MAX_DEFAULT,
 };
 use crate::park::Notify;
-use crate::sync::{Arc, AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{fence, Arc, AtomicU32, AtomicUsize, Ordering};
 
 /// Alignment of the segment region: a page, so segments of page-multiple size never
 /// share a page or a cache line.
 const REGION_ALIGN: usize = 4096;
+
+/// References the requester takes from the shared count at a time (invariant 3).
+pub const REF_CREDITS: usize = 64;
+
+/// `meta` flag: the segment is an overdraft from the network pool.
+const META_OVERDRAFT: u32 = 1 << 31;
 
 /// The global pool of segments, allocated once. Cheap to clone (shared).
 #[derive(Clone)]
@@ -57,8 +79,10 @@ struct Global {
     layout: Layout,
     segment_size: usize,
     segment_count: usize,
-    /// Free-list links for every free list over these segments (see `free_list`).
+    /// Free-list links for every list over these segments (see `free_list`).
     links: Box<[AtomicU32]>,
+    /// Per segment: the subpartition it is charged to, and `META_OVERDRAFT`.
+    meta: Box<[AtomicU32]>,
     free: FreeList,
     /// Segments on `free`; kept beside the list for reports and error messages.
     free_count: AtomicUsize,
@@ -105,8 +129,8 @@ impl Global {
 
 impl Drop for Global {
     fn drop(&mut self) {
-        // Every local pool and buffer is gone (they hold this Arc), so every segment must
-        // be home; one missing means a Buffer was leaked (mem::forget) or invariant 1 broke.
+        // Every local pool and buffer is gone (invariant 4), so every segment must be
+        // home; one missing means a Buffer was leaked (mem::forget) or invariant 1 broke.
         #[cfg(any(debug_assertions, loom))]
         if !std::thread::panicking() {
             let home = self.free.count_quiescent(&self.links);
@@ -120,7 +144,6 @@ impl Drop for Global {
         unsafe { dealloc(self.memory.as_ptr(), self.layout) };
     }
 }
-
 impl NetworkBufferPool {
     /// Allocates `segment_count` segments of `segment_size` bytes, zeroed.
     pub fn new(segment_count: usize, segment_size: usize) -> Result<Self, ConfigError> {
@@ -161,6 +184,7 @@ impl NetworkBufferPool {
             std::alloc::handle_alloc_error(layout);
         };
         let links: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(NIL)).collect();
+        let meta: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
         let free = FreeList::new();
         // Push in reverse so segment 0 is handed out first (keeps early segments warm).
         for index in (0..segment_count as u32).rev() {
@@ -172,6 +196,7 @@ impl NetworkBufferPool {
             segment_size,
             segment_count,
             links,
+            meta,
             free,
             free_count: AtomicUsize::new(segment_count),
             #[cfg(any(debug_assertions, loom))]
@@ -295,79 +320,75 @@ impl LocalPoolConfig {
     }
 }
 
-struct Local {
+/// What recyclers and the requester share; freed by whoever drops `refs` to zero.
+struct Shared {
+    /// Read-mostly fields, read by the requester on every request.
     global: Arc<Global>,
-    free: FreeList,
-    size: usize,
-    held: Box<[AtomicU32]>,
-    max_per_subpartition: u32,
-    at_max: AtomicU32,
-    overdraft_max: u32,
-    overdraft_in_use: AtomicU32,
     notify: Option<Box<dyn Notify>>,
+    /// Written by recyclers on every drop: on lines of their own.
+    recycled: CachePadded<Recycled>,
 }
 
-impl Local {
-    #[inline]
-    fn charge(&self, channel: usize) {
-        let held = self.held[channel].fetch_add(1, Ordering::Relaxed) + 1;
-        if held == self.max_per_subpartition {
-            self.at_max.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    #[inline]
-    fn recycle(&self, segment: u32, channel: u32, overdraft: bool) {
-        self.global.mark_released(segment);
-        let held = self.held[channel as usize].fetch_sub(1, Ordering::Relaxed);
-        debug_assert!(
-            held > 0,
-            "subpartition {channel} recycled more buffers than it held"
-        );
-        if held == self.max_per_subpartition {
-            // Made visible to a waiting requester by the Release of the push below.
-            self.at_max.fetch_sub(1, Ordering::Relaxed);
-        }
-        let was_waiting = if overdraft {
-            self.global.give_back(segment);
-            self.overdraft_in_use.fetch_sub(1, Ordering::Relaxed);
-            // The local list did not change, but a subpartition may have dropped below its
-            // maximum: clear the bit with an RMW so the waiter protocol still holds.
-            self.free.take_waiting()
-        } else {
-            self.free.push(segment, &self.global.links)
-        };
-        if was_waiting {
-            if let Some(notify) = &self.notify {
-                notify.notify();
-            }
-        }
-    }
-
-    #[inline]
-    fn is_available(&self) -> bool {
-        // Relaxed on `at_max`: a stale value only delays availability until the next
-        // recycle, whose push (Release) the requester's waiter protocol synchronises with.
-        !self.free.is_empty() && self.at_max.load(Ordering::Relaxed) == 0
-    }
+struct Recycled {
+    /// Segments recycled since the requester last looked.
+    returned: FreeList,
+    /// Invariant 3.
+    refs: AtomicUsize,
 }
 
-impl Drop for Local {
+impl Drop for Shared {
     fn drop(&mut self) {
-        // Invariant 3: no buffer is out (each holds this Arc); give every segment back.
-        let mut returned = 0;
-        while let Some(index) = self.free.pop(&self.global.links) {
+        // The requester is gone and gave back its private stack; every buffer is gone
+        // (refs reached zero), so what is left is on the return list.
+        let mut index = self.recycled.returned.take_all();
+        while index != NIL {
+            let next = self.global.links[index as usize].load(Ordering::Relaxed);
             self.global.give_back(index);
-            returned += 1;
+            index = next;
         }
-        debug_assert!(std::thread::panicking() || returned == self.size);
+    }
+}
+
+/// Drops one reference to `shared`, freeing it if it was the last (invariant 3).
+///
+/// # Safety
+/// `shared` came from `Box::into_raw` in `LocalBufferPool::build`, and the caller owns
+/// one of the references counted in `refs`, which it gives up here.
+unsafe fn release_refs(shared: NonNull<Shared>, count: usize) {
+    // SAFETY: the caller owns `count` references, so the allocation is live.
+    let refs = unsafe { &shared.as_ref().recycled.refs };
+    // Release: our uses of the shared state happen before whoever frees it.
+    if refs.fetch_sub(count, Ordering::Release) == count {
+        // Acquire: pairs with every other holder's Release decrement above.
+        fence(Ordering::Acquire);
+        // SAFETY: the count reached zero, so no one else holds a reference; the pointer
+        // came from `Box::into_raw` (caller's guarantee) and is freed exactly once.
+        drop(unsafe { Box::from_raw(shared.as_ptr()) });
     }
 }
 
 /// A partition's or gate's share of segments. One requester; recycling from anywhere.
 pub struct LocalBufferPool {
-    local: Arc<Local>,
+    shared: NonNull<Shared>,
+    /// Free segments, private to the requester (top = next to lend).
+    free: Vec<u32>,
+    size: usize,
+    /// Buffers lent per subpartition and not yet seen back.
+    held: Box<[u32]>,
+    max_per_subpartition: u32,
+    /// Subpartitions with `held >= max_per_subpartition`.
+    at_max: u32,
+    overdraft_max: u32,
+    overdraft_out: u32,
+    /// Buffers lent and not yet seen back.
+    out: usize,
+    /// References taken from `refs` and not yet given to a buffer (invariant 3).
+    credits: usize,
 }
+
+// SAFETY: the requester's fields are plain data moved with it; `Shared` is only reached
+// through atomics and `Sync` parts (`Notify: Sync`, `Global: Sync`).
+unsafe impl Send for LocalBufferPool {}
 
 impl LocalBufferPool {
     /// Reserves `config.size` segments from `network`.
@@ -393,17 +414,13 @@ impl LocalBufferPool {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let global = Arc::clone(&network.inner);
-        let free = FreeList::new();
-        let mut taken = 0;
-        while taken < config.size {
+        let mut free = Vec::with_capacity(config.size);
+        while free.len() < config.size {
             match global.take() {
-                Some(index) => {
-                    free.push(index, &global.links);
-                    taken += 1;
-                }
+                Some(index) => free.push(index),
                 None => {
-                    let available = taken + global.free_count.load(Ordering::Relaxed);
-                    while let Some(index) = free.pop(&global.links) {
+                    let available = free.len() + global.free_count.load(Ordering::Relaxed);
+                    for index in free {
                         global.give_back(index);
                     }
                     return Err(ConfigError::NotEnoughSegments {
@@ -413,22 +430,61 @@ impl LocalBufferPool {
                 }
             }
         }
-        let local = Local {
+        // Lend the lowest indices first.
+        free.reverse();
+        let shared = Box::new(Shared {
             global,
+            notify,
+            recycled: CachePadded::new(Recycled {
+                returned: FreeList::new(),
+                refs: AtomicUsize::new(1),
+            }),
+        });
+        Ok(LocalBufferPool {
+            shared: NonNull::from(Box::leak(shared)),
             free,
             size: config.size,
-            held: (0..config.subpartitions)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
+            held: vec![0; config.subpartitions].into_boxed_slice(),
             max_per_subpartition: config.max_per_subpartition as u32,
-            at_max: AtomicU32::new(0),
+            at_max: 0,
             overdraft_max: config.overdraft as u32,
-            overdraft_in_use: AtomicU32::new(0),
-            notify,
-        };
-        Ok(LocalBufferPool {
-            local: Arc::new(local),
+            overdraft_out: 0,
+            out: 0,
+            credits: 0,
         })
+    }
+
+    #[inline(always)]
+    fn shared(&self) -> &Shared {
+        // SAFETY: we hold the requester's own reference (invariant 3), so it is live.
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// Takes back everything recycled since the last look and settles the accounting.
+    fn collect(&mut self) {
+        // SAFETY: as in `shared`; a raw borrow so that `self`'s fields stay mutable.
+        let shared = unsafe { self.shared.as_ref() };
+        let global = &*shared.global;
+        let mut index = shared.recycled.returned.take_all();
+        while index != NIL {
+            let next = global.links[index as usize].load(Ordering::Relaxed);
+            // Invariant 2: we wrote this when lending; the list's Release/Acquire orders it.
+            let meta = global.meta[index as usize].load(Ordering::Relaxed);
+            let subpartition = (meta & !META_OVERDRAFT) as usize;
+            debug_assert!(self.held[subpartition] > 0);
+            self.held[subpartition] -= 1;
+            if self.held[subpartition] + 1 == self.max_per_subpartition {
+                self.at_max -= 1;
+            }
+            if meta & META_OVERDRAFT != 0 {
+                self.overdraft_out -= 1;
+                global.give_back(index);
+            } else {
+                self.free.push(index);
+            }
+            self.out -= 1;
+            index = next;
+        }
     }
 
     /// A buffer charged to `subpartition`, or `None` when no reserved segment is free.
@@ -440,11 +496,14 @@ impl LocalBufferPool {
     #[inline]
     pub fn request(&mut self, subpartition: usize) -> Option<Buffer> {
         assert!(
-            subpartition < self.local.held.len(),
+            subpartition < self.held.len(),
             "subpartition {subpartition} out of range"
         );
-        let segment = self.local.free.pop(&self.local.global.links)?;
-        Some(self.lend(segment, subpartition, false))
+        if self.free.is_empty() {
+            self.collect();
+        }
+        let segment = self.free.pop()?;
+        Some(self.lend(segment, subpartition, 0))
     }
 
     /// An overdraft buffer from the network pool, while fewer than the configured
@@ -452,109 +511,154 @@ impl LocalBufferPool {
     /// of a record when [`request`](Self::request) fails.
     pub fn request_overdraft(&mut self, subpartition: usize) -> Option<Buffer> {
         assert!(
-            subpartition < self.local.held.len(),
+            subpartition < self.held.len(),
             "subpartition {subpartition} out of range"
         );
-        // Only this requester increments, so the check cannot be overtaken.
-        if self.local.overdraft_in_use.load(Ordering::Relaxed) >= self.local.overdraft_max {
-            return None;
+        if self.overdraft_out >= self.overdraft_max {
+            self.collect();
+            if self.overdraft_out >= self.overdraft_max {
+                return None;
+            }
         }
-        let segment = self.local.global.take()?;
-        self.local.overdraft_in_use.fetch_add(1, Ordering::Relaxed);
-        Some(self.lend(segment, subpartition, true))
+        let segment = self.shared().global.take()?;
+        self.overdraft_out += 1;
+        Some(self.lend(segment, subpartition, META_OVERDRAFT))
     }
 
     #[inline]
-    fn lend(&self, segment: u32, subpartition: usize, overdraft: bool) -> Buffer {
-        self.local.global.mark_owned(segment);
-        self.local.charge(subpartition);
+    fn lend(&mut self, segment: u32, subpartition: usize, flags: u32) -> Buffer {
+        if self.credits == 0 {
+            // Relaxed: like `Arc::clone`, we already hold a reference, so the count
+            // cannot reach zero meanwhile.
+            self.shared()
+                .recycled
+                .refs
+                .fetch_add(REF_CREDITS, Ordering::Relaxed);
+            self.credits = REF_CREDITS;
+        }
+        self.credits -= 1;
+        let global = &*self.shared().global;
+        global.mark_owned(segment);
+        global.meta[segment as usize].store(subpartition as u32 | flags, Ordering::Relaxed);
+        self.held[subpartition] += 1;
+        if self.held[subpartition] == self.max_per_subpartition {
+            self.at_max += 1;
+        }
+        self.out += 1;
         Buffer {
-            local: Arc::clone(&self.local),
+            shared: self.shared,
             segment,
-            channel: subpartition as u32,
-            overdraft,
             len: 0,
         }
     }
 
     /// Whether a request would succeed and no subpartition is at its maximum: the check a
-    /// task makes before taking the next record. One or two loads.
+    /// task makes before taking the next record. Looks at the return list only when the
+    /// private state says no.
     #[inline]
-    pub fn is_available(&self) -> bool {
-        self.local.is_available()
+    pub fn is_available(&mut self) -> bool {
+        if self.free.is_empty() || self.at_max > 0 {
+            self.collect();
+        }
+        !self.free.is_empty() && self.at_max == 0
     }
 
     /// Returns `true` if the pool is available; otherwise registers the requester so the
     /// next recycle calls the pool's [`Notify`], and returns `false`. Race-free: a segment
-    /// recycled at any moment is either seen here or notified.
+    /// recycled at any moment is either seen here or notified (see `free_list`).
     pub fn available_or_notify(&mut self) -> bool {
-        let local = &self.local;
-        if local.is_available() {
-            return true;
+        loop {
+            if self.is_available() {
+                return true;
+            }
+            // Nothing came back since `collect`: register, unless something just did.
+            if !self.shared().recycled.returned.set_waiting() {
+                return false;
+            }
+            self.shared().recycled.returned.take_waiting();
         }
-        let non_empty = local.free.set_waiting();
-        // The set_waiting RMW synchronised with every earlier push, and with it every
-        // earlier `at_max` decrement; re-read it now.
-        if non_empty && local.at_max.load(Ordering::Relaxed) == 0 {
-            local.free.take_waiting();
-            return true;
-        }
-        false
     }
 
-    /// Buffers out now (regular and overdraft).
+    /// Takes back every buffer recycled so far, so that [`in_use`](Self::in_use) and
+    /// [`usage`](Self::usage) are current (e.g. before reporting metrics). Requests do
+    /// this by themselves when the private free list runs dry.
+    pub fn reclaim(&mut self) {
+        self.collect();
+    }
+
+    /// Buffers lent and not yet seen back (seen when the pool next runs short).
     pub fn in_use(&self) -> usize {
-        self.local
-            .held
-            .iter()
-            .map(|h| h.load(Ordering::Relaxed) as usize)
-            .sum()
+        self.out
     }
 
-    /// Buffers out now charged to `subpartition`.
+    /// Buffers lent to `subpartition` and not yet seen back.
     pub fn held_by(&self, subpartition: usize) -> usize {
-        self.local.held[subpartition].load(Ordering::Relaxed) as usize
+        self.held[subpartition] as usize
     }
 
-    /// Fraction of the reserved segments out now (Flink's `outPoolUsage`/`inPoolUsage`).
+    /// Fraction of the reserved segments out (Flink's `outPoolUsage`/`inPoolUsage`).
     pub fn usage(&self) -> f64 {
-        self.in_use() as f64 / self.local.size as f64
+        (self.out - self.overdraft_out as usize) as f64 / self.size as f64
     }
 
     /// Segments reserved.
     pub fn size(&self) -> usize {
-        self.local.size
+        self.size
     }
 
     /// Bytes per segment.
     pub fn segment_size(&self) -> usize {
-        self.local.global.segment_size
+        self.shared().global.segment_size
+    }
+}
+
+impl Drop for LocalBufferPool {
+    fn drop(&mut self) {
+        self.collect();
+        // SAFETY: we hold the requester's reference until `release_refs` below; a raw
+        // borrow so that `self.free` stays mutable.
+        let global = unsafe { &*self.shared.as_ref().global };
+        for index in self.free.drain(..) {
+            global.give_back(index);
+        }
+        // SAFETY: we own our reference plus `credits` unspent ones (invariant 3).
+        unsafe { release_refs(self.shared, self.credits + 1) };
     }
 }
 
 impl core::fmt::Debug for LocalBufferPool {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("LocalBufferPool")
-            .field("size", &self.size())
-            .field("in_use", &self.in_use())
+            .field("size", &self.size)
+            .field("in_use", &self.out)
             .finish_non_exhaustive()
     }
 }
 
 /// One segment, owned. Dropping it recycles the segment to its pool, from any thread.
 pub struct Buffer {
-    local: Arc<Local>,
+    shared: NonNull<Shared>,
     segment: u32,
-    channel: u32,
-    overdraft: bool,
     len: usize,
 }
 
+// SAFETY: a buffer owns its segment exclusively (invariant 1) and reaches the shared
+// state only through atomics and `Sync` parts; it holds a counted reference (invariant 3).
+unsafe impl Send for Buffer {}
+// SAFETY: `&Buffer` only reads the segment, which no one else may write.
+unsafe impl Sync for Buffer {}
+
 impl Buffer {
+    #[inline(always)]
+    fn global(&self) -> &Global {
+        // SAFETY: this buffer holds a reference to the shared state (invariant 3).
+        unsafe { &self.shared.as_ref().global }
+    }
+
     /// Bytes of the segment.
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.local.global.segment_size
+        self.global().segment_size
     }
 
     /// Bytes written so far (what a reader may read).
@@ -585,35 +689,35 @@ impl Buffer {
     /// The written bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        let start = self.segment as usize * self.capacity();
-        debug_assert!(start + self.len <= self.local.global.layout.size());
+        let global = self.global();
+        let start = self.segment as usize * global.segment_size;
+        debug_assert!(start + self.len <= global.layout.size());
         // SAFETY: the segment lies inside the region (index < count) and this buffer owns
         // it exclusively (invariant 1); `len <= capacity` (checked in `set_len`).
-        unsafe {
-            core::slice::from_raw_parts(self.local.global.memory.as_ptr().add(start), self.len)
-        }
+        unsafe { core::slice::from_raw_parts(global.memory.as_ptr().add(start), self.len) }
     }
 
     /// The whole segment, for writing.
     #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        let size = self.capacity();
+        let global = self.global();
+        let size = global.segment_size;
         let start = self.segment as usize * size;
-        debug_assert!(start + size <= self.local.global.layout.size());
+        debug_assert!(start + size <= global.layout.size());
+        let base = global.memory.as_ptr();
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only live view.
-        unsafe {
-            core::slice::from_raw_parts_mut(self.local.global.memory.as_ptr().add(start), size)
-        }
+        unsafe { core::slice::from_raw_parts_mut(base.add(start), size) }
     }
 
     /// The subpartition (or channel) this buffer is charged to.
     pub fn subpartition(&self) -> usize {
-        self.channel as usize
+        (self.global().meta[self.segment as usize].load(Ordering::Relaxed) & !META_OVERDRAFT)
+            as usize
     }
 
     /// Whether this is an overdraft buffer.
     pub fn is_overdraft(&self) -> bool {
-        self.overdraft
+        self.global().meta[self.segment as usize].load(Ordering::Relaxed) & META_OVERDRAFT != 0
     }
 
     /// The segment's index in the network pool (stable while this buffer lives).
@@ -625,8 +729,21 @@ impl Buffer {
 impl Drop for Buffer {
     #[inline]
     fn drop(&mut self) {
-        self.local
-            .recycle(self.segment, self.channel, self.overdraft);
+        // SAFETY: this buffer holds a reference (invariant 3) until `release_refs` below.
+        let shared = unsafe { self.shared.as_ref() };
+        shared.global.mark_released(self.segment);
+        if shared
+            .recycled
+            .returned
+            .push(self.segment, &shared.global.links)
+        {
+            if let Some(notify) = &shared.notify {
+                notify.notify();
+            }
+        }
+        // SAFETY: the pointer came from `LocalBufferPool::build`; we give up this
+        // buffer's reference and touch the shared state no more.
+        unsafe { release_refs(self.shared, 1) };
     }
 }
 
@@ -634,7 +751,7 @@ impl core::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Buffer")
             .field("segment", &self.segment)
-            .field("subpartition", &self.channel)
+            .field("subpartition", &self.subpartition())
             .field("len", &self.len)
             .finish()
     }
@@ -723,6 +840,8 @@ mod tests {
         );
         assert_eq!(network.free_segments(), 1);
         drop((o1, o2));
+        // Overdraft goes home when the requester next looks at its returns.
+        assert!(!pool.is_available());
         assert_eq!(network.free_segments(), 3);
         drop(regular);
         drop(pool);
