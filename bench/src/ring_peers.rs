@@ -161,9 +161,14 @@ impl Queue for StdSync {
     }
 }
 
-/// Streams `0..n` one value at a time from one core to the other.
+/// Streams `0..n` one value at a time from one core to the other, capacity 1024.
 pub fn stream<Q: Queue>(n: u64) -> Duration {
-    let (mut tx, mut rx) = Q::make(STREAM_CAPACITY);
+    stream_with::<Q>(n, STREAM_CAPACITY)
+}
+
+/// Streams `0..n` one value at a time through a queue of `capacity` slots.
+pub fn stream_with<Q: Queue>(n: u64, capacity: usize) -> Duration {
+    let (mut tx, mut rx) = Q::make(capacity);
     run_pair(
         move || {
             let mut backoff = Backoff::default();

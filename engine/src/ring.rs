@@ -165,43 +165,39 @@ impl<T> Producer<T> {
 
     /// Pushes values from `values` while there is room, publishing them with a single
     /// index store. Takes no more from the iterator than fits, so whatever is left stays
-    /// in `values`. Returns how many were pushed.
+    /// in `values`. Returns how many were pushed. (If `next` panics, the values it gave
+    /// before are leaked, never dropped twice.)
     pub fn push_iter<I: Iterator<Item = T>>(&mut self, values: &mut I) -> usize {
         let capacity = self.shared.capacity();
         let start = self.tail;
+        let mut tail = start;
         // First the room the cached head promises; only if the iterator still has values
         // then, one Acquire reload of `head` (as in `try_push`) and the newly freed room.
-        for reload in [false, true] {
+        'passes: for reload in [false, true] {
             if reload {
                 self.head_cache = self.shared.head.load(Ordering::Acquire);
             }
-            let free = capacity - self.tail.wrapping_sub(self.head_cache);
+            let free = capacity - tail.wrapping_sub(self.head_cache);
             for _ in 0..free {
                 let Some(value) = values.next() else {
-                    return self.publish_from(start);
+                    break 'passes;
                 };
-                let tail = self.tail;
                 // SAFETY: fewer than `free` values written in this pass, so slot `tail` lies
                 // outside [head, tail) (invariants 1 and 2); it becomes visible to the
-                // consumer only with the store in `publish_from`.
+                // consumer only with the store below.
                 self.shared
                     .slot(tail)
                     .with_mut(|p| unsafe { (*p).write(value) });
-                // Kept current so that, if `next` panics, the next push publishes these.
-                self.tail = tail.wrapping_add(1);
+                tail = tail.wrapping_add(1);
             }
         }
-        self.publish_from(start)
-    }
-
-    #[inline]
-    fn publish_from(&mut self, start: usize) -> usize {
-        if self.tail != start {
-            // Release: publishes every slot written since `start`; pairs with the
-            // consumer's Acquire load of `tail`.
-            self.shared.tail.store(self.tail, Ordering::Release);
+        if tail != start {
+            self.tail = tail;
+            // Release: publishes every slot written above; pairs with the consumer's
+            // Acquire load of `tail`.
+            self.shared.tail.store(tail, Ordering::Release);
         }
-        self.tail.wrapping_sub(start)
+        tail.wrapping_sub(start)
     }
 
     /// Values in the ring now (the consumer may be taking some as we look).
@@ -297,13 +293,15 @@ impl<T> Consumer<T> {
         if count == 0 {
             return 0;
         }
+        let start = self.head;
         let mut batch = Batch {
             consumer: self,
-            remaining: count,
+            head: start,
+            end: start.wrapping_add(count),
         };
         out.extend(&mut batch);
         // Values `out` did not take stay in the ring; `Batch::drop` publishes the rest.
-        count - batch.remaining
+        batch.head.wrapping_sub(start)
     }
 
     /// Values in the ring now (the producer may be adding some as we look).
@@ -351,7 +349,8 @@ impl<T> core::fmt::Debug for Consumer<T> {
 /// also when the caller's `Extend` unwinds.
 struct Batch<'a, T> {
     consumer: &'a mut Consumer<T>,
-    remaining: usize,
+    head: usize,
+    end: usize,
 }
 
 impl<T> Iterator for Batch<'_, T> {
@@ -359,35 +358,36 @@ impl<T> Iterator for Batch<'_, T> {
 
     #[inline]
     fn next(&mut self) -> Option<T> {
-        if self.remaining == 0 {
+        if self.head == self.end {
             return None;
         }
-        let head = self.consumer.head;
-        // SAFETY: `remaining` counts slots in [head, tail_cache), which hold initialised
+        let head = self.head;
+        // SAFETY: [head, end) lies within [head, tail_cache), whose slots hold initialised
         // values (invariant 4) that only we may move out (invariant 3).
         let value = self
             .consumer
             .shared
             .slot(head)
             .with(|p| unsafe { (*p).assume_init_read() });
-        self.consumer.head = head.wrapping_add(1);
-        self.remaining -= 1;
+        self.head = head.wrapping_add(1);
         Some(value)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.remaining, Some(self.remaining))
+        let remaining = self.end.wrapping_sub(self.head);
+        (remaining, Some(remaining))
     }
 }
 
 impl<T> Drop for Batch<'_, T> {
     fn drop(&mut self) {
+        self.consumer.head = self.head;
         // Release: the moves out of every consumed slot are complete; pairs with the
         // producer's Acquire load of `head`.
         self.consumer
             .shared
             .head
-            .store(self.consumer.head, Ordering::Release);
+            .store(self.head, Ordering::Release);
     }
 }
 

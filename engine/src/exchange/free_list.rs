@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn tag_wraps_without_touching_index_or_bit() {
-        let word = u64::MAX & !WAITING; // tag all ones, index all ones
+        let word = !WAITING; // tag all ones, index all ones
         let next = bump(word, 5, true);
         assert_eq!(index_of(next), 5);
         assert_ne!(next & WAITING, 0);

@@ -166,9 +166,7 @@ impl NetworkBufferPool {
                 limit: NETWORK_SEGMENTS_MAX,
             });
         }
-        let bytes = segment_count
-            .checked_mul(segment_size)
-            .unwrap_or(usize::MAX);
+        let bytes = segment_count.saturating_mul(segment_size);
         if bytes > NETWORK_POOL_BYTES_MAX {
             return Err(ConfigError::TooLarge {
                 what: "network buffer pool size in bytes",
