@@ -5,6 +5,9 @@
 //! - [`park`] and [`mailbox`]: a task's inbox and how its thread sleeps without lost
 //!   wake-ups;
 //! - [`exchange`]: buffer segments recycled through lock-free pools;
+//! - [`element`] and [`async_io`]: stream elements and the async I/O operator
+//!   (Flink's `AsyncWaitOperator`) with its test harness;
+//! - [`timer`]: the hashed timing wheel for timeouts and retries;
 //! - [`limits`]: every default capacity with its cost.
 //!
 //! `--cfg loom` switches every atomic to loom (see `sync`) for the models in
@@ -17,6 +20,8 @@
     clippy::missing_safety_doc
 )]
 
+pub mod async_io;
+pub mod element;
 pub mod error;
 pub mod exchange;
 pub mod limits;
@@ -25,5 +30,6 @@ pub mod park;
 pub mod ring;
 pub mod slab;
 pub(crate) mod sync;
+pub mod timer;
 
 pub use error::ConfigError;

@@ -62,3 +62,20 @@ pub const SUBPARTITION_BUFFERS_MAX_DEFAULT: usize = 10;
 /// Largest number of subpartitions of one partition (per-subpartition counters are `u32`
 /// and kept in one array; 64 Ki downstream tasks is far past any real fan-out).
 pub const SUBPARTITIONS_MAX: usize = 1 << 16;
+
+/// Largest async operator capacity: in-flight entries live in a slab of this many
+/// entries (~100 B each plus the input), allocated at start-up: 1 Mi entries ≈ 100 MiB.
+pub const ASYNC_CAPACITY_MAX: usize = 1 << 20;
+const _: () = assert!(ASYNC_CAPACITY_MAX <= SLAB_CAPACITY_MAX);
+
+/// Completion references the async operator takes from the shared count at a time, so
+/// issuing a `ResultFuture` costs one atomic per this many records.
+pub const COMPLETION_REF_CREDITS: usize = 64;
+
+/// Timer wheel tick: 64 µs. A tick only sets how much of the wheel an advance scans;
+/// each timer fires at its exact deadline.
+pub const TIMER_TICK_NS: u64 = 65_536;
+/// Timer wheel slots: 4096 × 64 µs ≈ 268 ms per revolution; longer timers wait in
+/// their slot for later revolutions.
+pub const TIMER_SLOTS: usize = 4096;
+const _: () = assert!(TIMER_SLOTS.is_power_of_two());

@@ -31,19 +31,19 @@ use crate::sync::Arc;
 /// The multi-producer queue for unwired threads. Under loom a mutex stands in for
 /// `SegQueue`, whose internals loom cannot see; the protocol around it is the same.
 #[cfg(not(loom))]
-struct ForeignQueue<M>(crossbeam_queue::SegQueue<M>);
+pub(crate) struct ForeignQueue<M>(crossbeam_queue::SegQueue<M>);
 #[cfg(loom)]
-struct ForeignQueue<M>(crate::sync::Mutex<VecDeque<M>>);
+pub(crate) struct ForeignQueue<M>(crate::sync::Mutex<VecDeque<M>>);
 
 impl<M> ForeignQueue<M> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         #[cfg(not(loom))]
         return ForeignQueue(crossbeam_queue::SegQueue::new());
         #[cfg(loom)]
         return ForeignQueue(crate::sync::Mutex::new(VecDeque::new()));
     }
 
-    fn push(&self, mail: M) {
+    pub(crate) fn push(&self, mail: M) {
         #[cfg(not(loom))]
         self.0.push(mail);
         #[cfg(loom)]
@@ -53,14 +53,14 @@ impl<M> ForeignQueue<M> {
             .push_back(mail);
     }
 
-    fn pop(&self) -> Option<M> {
+    pub(crate) fn pop(&self) -> Option<M> {
         #[cfg(not(loom))]
         return self.0.pop();
         #[cfg(loom)]
         return self.0.lock().expect("foreign queue poisoned").pop_front();
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         #[cfg(not(loom))]
         return self.0.is_empty();
         #[cfg(loom)]

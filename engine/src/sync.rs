@@ -74,3 +74,24 @@ mod cell {
         }
     }
 }
+
+/// A number unique to the calling thread for the life of the process (never reused,
+/// unlike thread-local addresses), for same-thread fast paths.
+#[inline]
+pub(crate) fn thread_token() -> u64 {
+    use std::cell::Cell;
+    // A std atomic on purpose: it only hands out ids and is not part of any protocol.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    #[cfg(not(loom))]
+    std::thread_local!(static TOKEN: Cell<u64> = const { Cell::new(0) });
+    #[cfg(loom)]
+    loom::thread_local!(static TOKEN: Cell<u64> = Cell::new(0));
+    TOKEN.with(|token| {
+        let mut value = token.get();
+        if value == 0 {
+            value = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            token.set(value);
+        }
+        value
+    })
+}

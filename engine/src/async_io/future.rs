@@ -1,0 +1,311 @@
+//! `ResultFuture`: how a call's outcome gets back to its operator.
+//!
+//! The operator and its handles share one `Completions` block:
+//! - `local` (a `VecDeque`), `credits` and `alive` belong to the owner thread (the
+//!   operator's) and are touched only after checking `thread_token() == owner`;
+//! - `foreign` (a lock-free MPSC queue) takes completions from any other thread, which
+//!   then wakes the owner through `notify`;
+//! - `refs` counts the references: one per outstanding handle, plus the operator's
+//!   unspent `credits`, plus one for the operator itself. The block is freed by whoever
+//!   brings it to zero.
+//!
+//! Same-thread fast path: the operator takes references `COMPLETION_REF_CREDITS` at a
+//! time, so issuing a handle costs no atomic; a handle completed on the owner thread
+//! while the operator lives pushes to `local` and hands its reference back as a credit,
+//! again without an atomic. Only handles completed elsewhere, or after the operator is
+//! gone, touch `refs`.
+//!
+//! Dropping a handle without completing it completes it with [`AsyncError::Dropped`]:
+//! nothing waits forever on a handle that no longer exists (the operator fails unless a
+//! retry applies, like any error). A handle completed after its operator is gone does
+//! nothing: its outcome is dropped with the block.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use super::AsyncError;
+use crate::limits::COMPLETION_REF_CREDITS;
+use crate::mailbox::ForeignQueue;
+use crate::park::Notify;
+use crate::slab::Key;
+use crate::sync::{fence, thread_token, AtomicUsize, Ordering, UnsafeCell};
+
+/// The results of one call: one inline (the common 1:1 case), several in a vector.
+pub(crate) enum Results<T> {
+    Empty,
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> Results<T> {
+    fn collect<I: IntoIterator<Item = T>>(results: I) -> Self {
+        let mut iter = results.into_iter();
+        let Some(first) = iter.next() else {
+            return Results::Empty;
+        };
+        let Some(second) = iter.next() else {
+            return Results::One(first);
+        };
+        let mut all = Vec::with_capacity(2 + iter.size_hint().0);
+        all.push(first);
+        all.push(second);
+        all.extend(iter);
+        Results::Many(all)
+    }
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        match self {
+            Results::Empty => &[],
+            Results::One(one) => core::slice::from_ref(one),
+            Results::Many(all) => all,
+        }
+    }
+
+    /// Calls `f` with each result, moving it.
+    pub(crate) fn for_each(self, mut f: impl FnMut(T)) {
+        match self {
+            Results::Empty => {}
+            Results::One(one) => f(one),
+            Results::Many(all) => all.into_iter().for_each(f),
+        }
+    }
+}
+
+pub(crate) enum Outcome<T> {
+    Results(Results<T>),
+    Error(AsyncError),
+}
+
+pub(crate) struct Completion<T> {
+    pub(crate) key: Key,
+    pub(crate) attempt: u32,
+    pub(crate) outcome: Outcome<T>,
+}
+
+pub(crate) struct Completions<T> {
+    owner: u64,
+    local: UnsafeCell<VecDeque<Completion<T>>>,
+    credits: UnsafeCell<usize>,
+    alive: UnsafeCell<bool>,
+    foreign: ForeignQueue<Completion<T>>,
+    refs: AtomicUsize,
+    notify: Box<dyn Notify>,
+}
+
+/// The operator's end of the completion path (owner thread only; not `Send`).
+pub(crate) struct CompletionQueue<T> {
+    shared: NonNull<Completions<T>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// Drops `count` references to `shared`, freeing it with the last.
+///
+/// # Safety
+/// `shared` came from `CompletionQueue::new` and the caller owns `count` of the
+/// references counted in `refs`, which it gives up here.
+unsafe fn release<T>(shared: NonNull<Completions<T>>, count: usize) {
+    // SAFETY: the caller owns `count >= 1` references, so the block is live.
+    let refs = unsafe { &shared.as_ref().refs };
+    // Release: our uses of the block happen before whoever frees it.
+    if refs.fetch_sub(count, Ordering::Release) == count {
+        // Acquire: pairs with every other holder's Release decrement.
+        fence(Ordering::Acquire);
+        // SAFETY: no reference is left; the pointer came from `Box::into_raw`.
+        drop(unsafe { Box::from_raw(shared.as_ptr()) });
+    }
+}
+
+impl<T> CompletionQueue<T> {
+    /// A completion path owned by the calling thread; `notify` wakes it for completions
+    /// from other threads.
+    pub(crate) fn new(capacity: usize, notify: Box<dyn Notify>) -> Self {
+        let block = Box::new(Completions {
+            owner: thread_token(),
+            local: UnsafeCell::new(VecDeque::with_capacity(capacity)),
+            credits: UnsafeCell::new(0),
+            alive: UnsafeCell::new(true),
+            foreign: ForeignQueue::new(),
+            refs: AtomicUsize::new(1),
+            notify,
+        });
+        CompletionQueue {
+            shared: NonNull::from(Box::leak(block)),
+            _not_send: PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn block(&self) -> &Completions<T> {
+        // SAFETY: the operator holds its own reference until `drop`.
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// A handle for attempt `attempt` of entry `key`.
+    #[inline]
+    pub(crate) fn issue(&mut self, key: Key, attempt: u32) -> ResultFuture<T> {
+        let block = self.block();
+        debug_assert_eq!(block.owner, thread_token(), "operator used off its thread");
+        // SAFETY: `credits` is owner-only and we are on the owner thread (the queue is
+        // not `Send`); no reference into it is live.
+        let credits = block.credits.with_mut(|c| unsafe {
+            if *c == 0 {
+                // Relaxed: like `Arc::clone`, we hold a reference, so no one frees the
+                // block meanwhile.
+                block
+                    .refs
+                    .fetch_add(COMPLETION_REF_CREDITS, Ordering::Relaxed);
+                *c = COMPLETION_REF_CREDITS;
+            }
+            *c -= 1;
+            *c
+        });
+        debug_assert!(credits < COMPLETION_REF_CREDITS);
+        ResultFuture {
+            shared: self.shared,
+            key,
+            attempt,
+        }
+    }
+
+    /// The next completion: same-thread ones first, then other threads'.
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<Completion<T>> {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread; the borrow ends in the closure.
+        let local = block.local.with_mut(|q| unsafe { (*q).pop_front() });
+        local.or_else(|| block.foreign.pop())
+    }
+
+    /// Whether a completion is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread.
+        block.local.with(|q| unsafe { (*q).is_empty() }) && block.foreign.is_empty()
+    }
+
+    /// Handles issued and neither completed nor dropped (completions of other threads
+    /// may be on their way).
+    pub(crate) fn outstanding(&self) -> usize {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread.
+        let credits = block.credits.with(|c| unsafe { *c });
+        // Acquire: a handle that released its reference also pushed its completion.
+        block
+            .refs
+            .load(Ordering::Acquire)
+            .saturating_sub(credits + 1)
+    }
+}
+
+impl<T> Drop for CompletionQueue<T> {
+    fn drop(&mut self) {
+        let block = self.block();
+        // SAFETY: owner-only fields on the owner thread.
+        let credits = unsafe {
+            block.alive.with_mut(|a| *a = false);
+            block.local.with_mut(|q| (*q).clear());
+            block.credits.with(|c| *c)
+        };
+        // SAFETY: we own our reference and `credits` unspent ones.
+        unsafe { release(self.shared, credits + 1) };
+    }
+}
+
+/// The handle through which one call's outcome returns to its operator.
+///
+/// Complete it once with [`complete`](Self::complete) or
+/// [`complete_err`](Self::complete_err) (both consume it), on the operator's thread
+/// (no atomics) or any other. Dropping it uncompleted completes it with
+/// [`AsyncError::Dropped`]. Completing after the operator is gone does nothing.
+pub struct ResultFuture<T> {
+    shared: NonNull<Completions<T>>,
+    key: Key,
+    attempt: u32,
+}
+
+// SAFETY: the handle reaches the owner-only fields only after checking it runs on the
+// owner thread; from other threads it uses `foreign` (a `Sync` queue), `refs` (atomic)
+// and `notify` (`Sync`). The results it carries move to the owner, hence `T: Send`.
+unsafe impl<T: Send> Send for ResultFuture<T> {}
+
+impl<T> ResultFuture<T> {
+    /// Completes the call with `results` (none, one or several), each emitted with the
+    /// input's timestamp. The first completion of an element wins; late ones (after a
+    /// timeout or retry took over) are ignored.
+    pub fn complete<I: IntoIterator<Item = T>>(self, results: I) {
+        let results = Results::collect(results);
+        self.deliver(Outcome::Results(results));
+    }
+
+    /// Completes the call with an error: the operator fails unless a retry applies.
+    pub fn complete_err(self, error: AsyncError) {
+        self.deliver(Outcome::Error(error));
+    }
+
+    fn deliver(self, outcome: Outcome<T>) {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; we own its reference.
+        unsafe {
+            send(
+                this.shared,
+                Completion {
+                    key: this.key,
+                    attempt: this.attempt,
+                    outcome,
+                },
+            )
+        };
+    }
+}
+
+impl<T> Drop for ResultFuture<T> {
+    fn drop(&mut self) {
+        let completion = Completion {
+            key: self.key,
+            attempt: self.attempt,
+            outcome: Outcome::Error(AsyncError::Dropped),
+        };
+        // SAFETY: `drop` runs once; we own this handle's reference.
+        unsafe { send(self.shared, completion) };
+    }
+}
+
+impl<T> core::fmt::Debug for ResultFuture<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ResultFuture")
+            .field("key", &self.key)
+            .field("attempt", &self.attempt)
+            .finish()
+    }
+}
+
+/// Routes `completion` to the operator and gives up the handle's reference.
+///
+/// # Safety
+/// The caller owns one reference to `shared` (a live handle's) and gives it up.
+unsafe fn send<T>(shared: NonNull<Completions<T>>, completion: Completion<T>) {
+    // SAFETY: the handle's reference keeps the block alive.
+    let block = unsafe { shared.as_ref() };
+    if thread_token() == block.owner {
+        // SAFETY: owner-only fields, on the owner thread, with no other borrow live (the
+        // operator holds none across calls into user code).
+        let alive = block.alive.with(|a| unsafe { *a });
+        if alive {
+            // SAFETY: as above.
+            unsafe {
+                block.local.with_mut(|q| (*q).push_back(completion));
+                block.credits.with_mut(|c| *c += 1);
+            }
+            // The reference went back to the operator as a credit.
+            return;
+        }
+        drop(completion);
+    } else {
+        block.foreign.push(completion);
+        block.notify.notify();
+    }
+    // SAFETY: we own one reference (caller's guarantee) and touch the block no more.
+    unsafe { release(shared, 1) };
+}

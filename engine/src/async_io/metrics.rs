@@ -1,0 +1,39 @@
+//! Counters and the latency histogram of one async operator.
+
+use hdrhistogram::Histogram;
+
+/// What an operator has done so far. Read with [`AsyncWaitOperator::metrics`].
+///
+/// [`AsyncWaitOperator::metrics`]: super::AsyncWaitOperator::metrics
+#[derive(Debug, Clone)]
+pub struct AsyncMetrics {
+    /// Records whose result stood (emitted or waiting to be).
+    pub completed: u64,
+    /// Retries scheduled.
+    pub retried: u64,
+    /// Elements whose timeout fired.
+    pub timed_out: u64,
+    /// Errors that failed the operator.
+    pub failed: u64,
+    /// Records emitted (each may emit zero or more results).
+    pub emitted: u64,
+    /// Nanoseconds the task spent waiting for capacity.
+    pub backpressured_ns: u64,
+    /// Invoke-to-emit latency per record, in ns of the operator's clock.
+    pub latency_ns: Histogram<u64>,
+}
+
+impl AsyncMetrics {
+    pub(crate) fn new() -> Self {
+        AsyncMetrics {
+            completed: 0,
+            retried: 0,
+            timed_out: 0,
+            failed: 0,
+            emitted: 0,
+            backpressured_ns: 0,
+            latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                .expect("static histogram bounds are valid"),
+        }
+    }
+}

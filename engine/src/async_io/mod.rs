@@ -1,0 +1,174 @@
+//! The async I/O operator: Flink's `AsyncWaitOperator`, on one thread, without
+//! allocation per record.
+//!
+//! Each record triggers a call to an external system through an [`AsyncFunction`];
+//! up to `capacity` records and watermarks are in flight; results are emitted in input
+//! order ([`OutputMode::Ordered`]), in completion order fenced by watermarks
+//! ([`OutputMode::Unordered`]), or in order per key ([`OutputMode::KeyedOrdered`]);
+//! calls time out and may be retried. The exact rules are in `DESIGN.md`
+//! ("Async I/O semantics") and on [`AsyncWaitOperator`].
+//!
+//! - [`AsyncWaitOperator`]: the operator, driven by its task (records, watermarks,
+//!   completions, timers, end of input, snapshot);
+//! - [`ResultFuture`]: the handle through which a call's result comes back, from the
+//!   task's own thread (fast path, no atomics) or any other;
+//! - [`RetryStrategy`], [`AsyncConfig`]: how calls are retried and bounded;
+//! - [`AsyncHarness`]: the real operator with a manual clock and an inline mailbox, for
+//!   tests (Flink's `OneInputStreamOperatorTestHarness`).
+
+mod error;
+mod future;
+mod harness;
+mod metrics;
+mod operator;
+mod queue;
+mod retry;
+
+use std::time::Duration;
+
+pub use error::{AsyncError, OperatorError};
+pub use future::ResultFuture;
+pub use harness::AsyncHarness;
+pub use metrics::AsyncMetrics;
+pub use operator::AsyncWaitOperator;
+pub use retry::RetryStrategy;
+
+use crate::error::ConfigError;
+use crate::limits::ASYNC_CAPACITY_MAX;
+
+/// How results leave the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Strictly in input order: an element waits for all its predecessors.
+    Ordered,
+    /// In completion order, but never across a watermark.
+    Unordered,
+    /// In input order per key ([`AsyncFunction::key`]), watermarks fencing all keys: a
+    /// slow key does not hold back the others.
+    KeyedOrdered,
+}
+
+/// The user's asynchronous call.
+///
+/// `invoke` starts the call for one input and hands the result back through `result`,
+/// now or later, on this thread or another. See [`ResultFuture`] for what happens when
+/// it is dropped without completing.
+pub trait AsyncFunction: 'static {
+    /// Input records.
+    type In: 'static;
+    /// Results; several (or none) may come back per input.
+    type Out: Send + 'static;
+
+    /// Starts the call for `input`.
+    fn invoke(&mut self, input: &Self::In, result: ResultFuture<Self::Out>);
+
+    /// Called when the call for `input` timed out (measured from its first invocation,
+    /// across retries). Its completion decides the element: results are emitted, an
+    /// error fails the operator. The default fails with [`AsyncError::Timeout`].
+    fn timeout(&mut self, input: &Self::In, result: ResultFuture<Self::Out>) {
+        let _ = input;
+        result.complete_err(AsyncError::Timeout);
+    }
+
+    /// The key of `input` for [`OutputMode::KeyedOrdered`].
+    fn key(&self, input: &Self::In) -> u64 {
+        let _ = input;
+        0
+    }
+
+    /// Called once before the first record.
+    fn open(&mut self) {}
+
+    /// Called once after the last element was emitted (end of input).
+    fn close(&mut self) {}
+}
+
+/// Configuration of an [`AsyncWaitOperator`].
+pub struct AsyncConfig<T> {
+    pub(crate) mode: OutputMode,
+    pub(crate) capacity: usize,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry: Option<RetryStrategy<T>>,
+}
+
+impl<T> AsyncConfig<T> {
+    /// `capacity` elements in flight at most (records and watermarks), no timeout, no
+    /// retry.
+    pub fn new(mode: OutputMode, capacity: usize) -> Self {
+        AsyncConfig {
+            mode,
+            capacity,
+            timeout: None,
+            retry: None,
+        }
+    }
+
+    /// Fails (or runs [`AsyncFunction::timeout`] for) calls not completed within
+    /// `timeout` of their first invocation.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Retries failed calls (and unwanted results) as `retry` says.
+    pub fn with_retry(mut self, retry: RetryStrategy<T>) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// The output mode.
+    pub fn mode(&self) -> OutputMode {
+        self.mode
+    }
+
+    /// The capacity.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.capacity == 0 {
+            return Err(ConfigError::ZeroCapacity {
+                what: "async operator capacity",
+            });
+        }
+        if self.capacity > ASYNC_CAPACITY_MAX {
+            return Err(ConfigError::TooLarge {
+                what: "async operator capacity",
+                requested: self.capacity,
+                limit: ASYNC_CAPACITY_MAX,
+            });
+        }
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::Inconsistent(
+                "async timeout must be positive; leave it unset for no timeout",
+            ));
+        }
+        if let Some(retry) = &self.retry {
+            retry.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl<T> Clone for AsyncConfig<T> {
+    fn clone(&self) -> Self {
+        AsyncConfig {
+            mode: self.mode,
+            capacity: self.capacity,
+            timeout: self.timeout,
+            retry: self.retry.clone(),
+        }
+    }
+}
+
+impl<T> core::fmt::Debug for AsyncConfig<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AsyncConfig")
+            .field("mode", &self.mode)
+            .field("capacity", &self.capacity)
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}

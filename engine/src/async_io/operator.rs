@@ -1,0 +1,625 @@
+//! The async wait operator itself: entries in a slab, emission order from `queue`,
+//! timeouts and retries on a timing wheel, completions from `future`.
+//!
+//! Entry lifecycle (`State`):
+//! ```text
+//! InFlight --result/error, retry applies--> RetryWaiting --retry timer--> InFlight
+//! InFlight | RetryWaiting --timeout--> TimedOut (the timeout hook runs)
+//! InFlight | TimedOut --result (or last attempt)--> Done --emitted--> removed
+//! InFlight | TimedOut --error, no retry--> the operator fails
+//! ```
+//! Every invocation (first call, retry, timeout hook) gets a new `attempt` number; a
+//! completion whose attempt or slab generation no longer matches is stale and ignored,
+//! which is how "first completion wins" and "a result after the timeout is ignored"
+//! hold without cancelling anything. Timers are not removed either: a timer whose entry
+//! is gone (generation) or no longer armed is ignored when it fires.
+//!
+//! Owned by one thread (the operator is not `Send`): construct it on the task's thread.
+
+use std::marker::PhantomData;
+
+use super::future::{Completion, CompletionQueue, Outcome, Results};
+use super::queue::{Chains, Segments};
+use super::{
+    AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, OperatorError, OutputMode, RetryStrategy,
+};
+use crate::element::{Collector, Record, StreamElement, Watermark};
+use crate::error::ConfigError;
+use crate::limits::{TIMER_SLOTS, TIMER_TICK_NS};
+use crate::park::Notify;
+use crate::slab::{Key, Slab};
+use crate::timer::TimerWheel;
+
+enum State<Out> {
+    InFlight,
+    RetryWaiting,
+    TimedOut,
+    Done(Results<Out>),
+}
+
+struct Entry<In, Out> {
+    input: In,
+    timestamp: Option<i64>,
+    /// Chain key (the user's key in keyed mode, 0 otherwise).
+    key: u64,
+    /// Input order, for snapshots.
+    sequence: u64,
+    epoch: u64,
+    attempt: u32,
+    invocations: u32,
+    state: State<Out>,
+    timeout_armed: bool,
+    retry_armed: bool,
+    next_in_chain: Option<Key>,
+    next_parked: Option<Key>,
+    first_invoked_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TimerEvent {
+    Timeout(Key),
+    Retry(Key, u32),
+}
+
+/// Flink's `AsyncWaitOperator`. See the module docs of `async_io` for the semantics.
+///
+/// The task drives it: [`process_record`](Self::process_record) and
+/// [`process_watermark`](Self::process_watermark) for input (the caller first waits
+/// while [`is_full`](Self::is_full): back-pressure), [`drain`](Self::drain) when
+/// completions may have arrived, [`fire_due_timer`](Self::fire_due_timer) when time
+/// passes, [`begin_finish`](Self::begin_finish) at end of input. Every call takes the
+/// current time of the task's clock in nanoseconds and a [`Collector`] for what it
+/// emits.
+pub struct AsyncWaitOperator<F: AsyncFunction> {
+    function: F,
+    timeout_ns: Option<u64>,
+    retry: Option<RetryStrategy<F::Out>>,
+    mode: OutputMode,
+    capacity: usize,
+    entries: Slab<Entry<F::In, F::Out>>,
+    chains: Chains,
+    segments: Segments,
+    timers: TimerWheel<TimerEvent>,
+    live_timers: usize,
+    completions: CompletionQueue<F::Out>,
+    next_sequence: u64,
+    finishing: bool,
+    closed: bool,
+    failure: Option<String>,
+    metrics: AsyncMetrics,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<F: AsyncFunction> AsyncWaitOperator<F> {
+    /// An operator over `function`; `notify` wakes the task when another thread
+    /// completes a call. Calls [`AsyncFunction::open`].
+    pub fn new(
+        mut function: F,
+        config: AsyncConfig<F::Out>,
+        notify: impl Notify,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let capacity = config.capacity;
+        function.open();
+        Ok(AsyncWaitOperator {
+            function,
+            timeout_ns: config
+                .timeout
+                .map(|t| t.as_nanos().min(u128::from(u64::MAX / 2)) as u64),
+            retry: config.retry,
+            mode: config.mode,
+            capacity,
+            entries: Slab::new(capacity)?,
+            chains: Chains::new(config.mode, capacity),
+            segments: Segments::new(capacity),
+            timers: TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS),
+            live_timers: 0,
+            completions: CompletionQueue::new(capacity, Box::new(notify)),
+            next_sequence: 0,
+            finishing: false,
+            closed: false,
+            failure: None,
+            metrics: AsyncMetrics::new(),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The output mode.
+    pub fn mode(&self) -> OutputMode {
+        self.mode
+    }
+
+    /// Elements held: records in flight or waiting to be emitted, and watermarks
+    /// waiting to be emitted.
+    pub fn in_flight(&self) -> usize {
+        self.entries.len() + self.segments.pending_watermarks()
+    }
+
+    /// Whether the next element must wait (back-pressure).
+    pub fn is_full(&self) -> bool {
+        self.in_flight() >= self.capacity
+    }
+
+    /// Timeout and retry timers armed (cancelled ones are not counted).
+    pub fn pending_timers(&self) -> usize {
+        self.live_timers
+    }
+
+    /// The earliest armed-or-stale timer deadline, if any timer is armed.
+    pub fn next_timer_deadline(&self) -> Option<u64> {
+        if self.live_timers == 0 {
+            return None;
+        }
+        self.timers.next_deadline()
+    }
+
+    /// Handles issued and not yet completed (some may be on their way from other threads).
+    pub fn outstanding_calls(&self) -> usize {
+        self.completions.outstanding()
+    }
+
+    /// Whether a completion is waiting to be drained.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
+    /// Counters and the latency histogram.
+    pub fn metrics(&self) -> &AsyncMetrics {
+        &self.metrics
+    }
+
+    /// Adds time the task spent waiting for capacity.
+    pub fn add_backpressured_ns(&mut self, ns: u64) {
+        self.metrics.backpressured_ns += ns;
+    }
+
+    /// The user's function.
+    pub fn function(&self) -> &F {
+        &self.function
+    }
+
+    /// Err if the operator has failed.
+    pub fn check(&self) -> Result<(), OperatorError> {
+        match &self.failure {
+            Some(cause) => Err(OperatorError::Failed {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts the call for a record. The caller must have waited while
+    /// [`is_full`](Self::is_full). Completions made inside `invoke` are processed
+    /// before this returns.
+    ///
+    /// # Panics
+    /// If the operator is full (a caller bug: it must wait first).
+    pub fn process_record(
+        &mut self,
+        value: F::In,
+        timestamp: Option<i64>,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError> {
+        self.check()?;
+        assert!(
+            !self.is_full(),
+            "process_record on a full async operator: wait while is_full()"
+        );
+        let key = match self.mode {
+            OutputMode::KeyedOrdered => self.function.key(&value),
+            OutputMode::Ordered | OutputMode::Unordered => 0,
+        };
+        let epoch = self.segments.tail_epoch();
+        let entry = Entry {
+            input: value,
+            timestamp,
+            key,
+            sequence: self.next_sequence,
+            epoch,
+            attempt: 0,
+            invocations: 1,
+            state: State::InFlight,
+            timeout_armed: self.timeout_ns.is_some(),
+            retry_armed: false,
+            next_in_chain: None,
+            next_parked: None,
+            first_invoked_ns: now_ns,
+        };
+        self.next_sequence += 1;
+        let Ok(slot) = self.entries.try_insert(entry) else {
+            unreachable!("slab has a slot per unit of capacity and the operator is not full");
+        };
+        if let Some(previous) = self.chains.append(key, slot) {
+            self.entry_mut(previous).next_in_chain = Some(slot);
+        }
+        self.segments.get_mut(epoch).remaining += 1;
+        if let Some(timeout_ns) = self.timeout_ns {
+            self.timers
+                .schedule(now_ns.saturating_add(timeout_ns), TimerEvent::Timeout(slot));
+            self.live_timers += 1;
+        }
+        let handle = self.completions.issue(slot, 0);
+        let input = &self.entries.get(slot).expect("just inserted").input;
+        self.function.invoke(input, handle);
+        self.drain(now_ns, out)?;
+        Ok(())
+    }
+
+    /// Takes a watermark: emitted once everything before it is emitted, and before
+    /// anything after it. It takes a slot of capacity while it waits.
+    ///
+    /// # Panics
+    /// If the operator is full (a caller bug: it must wait first).
+    pub fn process_watermark(
+        &mut self,
+        timestamp: i64,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError> {
+        self.check()?;
+        assert!(
+            !self.is_full(),
+            "process_watermark on a full async operator: wait while is_full()"
+        );
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        if self.segments.list.len() == 1 && self.segments.list[0].remaining == 0 {
+            out.collect(StreamElement::Watermark(Watermark(timestamp)));
+        } else {
+            let tail = self
+                .segments
+                .list
+                .back_mut()
+                .expect("there is always a tail segment");
+            tail.watermark = Some((timestamp, sequence));
+            self.segments.list.push_back(Default::default());
+        }
+        self.drain(now_ns, out)?;
+        Ok(())
+    }
+
+    /// Processes every completion that has arrived and emits what became emittable.
+    /// Returns how many completions were processed.
+    pub fn drain(
+        &mut self,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<usize, OperatorError> {
+        self.check()?;
+        let mut processed = 0;
+        while let Some(completion) = self.completions.pop() {
+            processed += 1;
+            self.apply(completion, now_ns, out)?;
+        }
+        Ok(processed)
+    }
+
+    /// Fires the earliest timer due at or before `limit_ns`, at its deadline, and
+    /// processes the completions it causes. Returns the deadline, or `None` if no timer
+    /// is due.
+    pub fn fire_due_timer(
+        &mut self,
+        limit_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<Option<u64>, OperatorError> {
+        self.check()?;
+        let Some((deadline, event)) = self.timers.pop_due(limit_ns) else {
+            return Ok(None);
+        };
+        match event {
+            TimerEvent::Timeout(slot) => self.on_timeout(slot),
+            TimerEvent::Retry(slot, attempt) => self.on_retry(slot, attempt, deadline),
+        }
+        self.drain(deadline, out)?;
+        Ok(Some(deadline))
+    }
+
+    /// End of input: retries waiting for their delay are attempted now, and no outcome
+    /// is retried from here on. The caller then drains until [`in_flight`] is 0 and
+    /// calls [`close`](Self::close).
+    ///
+    /// [`in_flight`]: Self::in_flight
+    pub fn begin_finish(
+        &mut self,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError> {
+        self.check()?;
+        self.finishing = true;
+        let mut waiting: Vec<(u64, Key)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.state, State::RetryWaiting))
+            .map(|(slot, e)| (e.sequence, slot))
+            .collect();
+        waiting.sort_unstable();
+        for (_, slot) in waiting {
+            let entry = self.entry_mut(slot);
+            entry.retry_armed = false;
+            self.live_timers -= 1;
+            self.invoke_again(slot, now_ns);
+        }
+        self.drain(now_ns, out)?;
+        Ok(())
+    }
+
+    /// Calls [`AsyncFunction::close`] once, after the last element was emitted.
+    pub fn close(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.function.close();
+        }
+    }
+
+    /// The records and watermarks held, in input order: what a restored operator must
+    /// process again, first.
+    pub fn snapshot(&self) -> Vec<StreamElement<F::In>>
+    where
+        F::In: Clone,
+    {
+        let mut held: Vec<(u64, StreamElement<F::In>)> = self
+            .entries
+            .iter()
+            .map(|(_, e)| {
+                (
+                    e.sequence,
+                    StreamElement::record(e.input.clone(), e.timestamp),
+                )
+            })
+            .collect();
+        for segment in &self.segments.list {
+            if let Some((timestamp, sequence)) = segment.watermark {
+                held.push((sequence, StreamElement::watermark(timestamp)));
+            }
+        }
+        held.sort_unstable_by_key(|(sequence, _)| *sequence);
+        held.into_iter().map(|(_, element)| element).collect()
+    }
+
+    fn entry_mut(&mut self, slot: Key) -> &mut Entry<F::In, F::Out> {
+        self.entries
+            .get_mut(slot)
+            .expect("entry referenced by the queue is live")
+    }
+
+    fn may_retry(&self, invocations: u32) -> bool {
+        !self.finishing
+            && self
+                .retry
+                .as_ref()
+                .is_some_and(|r| invocations < r.max_attempts())
+    }
+
+    fn apply(
+        &mut self,
+        completion: Completion<F::Out>,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError> {
+        let Some(entry) = self.entries.get(completion.key) else {
+            return Ok(());
+        };
+        if entry.attempt != completion.attempt {
+            return Ok(());
+        }
+        let timed_out = match entry.state {
+            State::InFlight => false,
+            State::TimedOut => true,
+            State::RetryWaiting | State::Done(_) => return Ok(()),
+        };
+        let retry_allowed = !timed_out && self.may_retry(entry.invocations);
+        match completion.outcome {
+            Outcome::Results(results) => {
+                let retry = retry_allowed
+                    && self
+                        .retry
+                        .as_ref()
+                        .is_some_and(|r| r.should_retry_result(results.as_slice()));
+                if retry {
+                    self.schedule_retry(completion.key, now_ns);
+                } else {
+                    self.complete_entry(completion.key, results, now_ns, out);
+                }
+                Ok(())
+            }
+            Outcome::Error(error) => {
+                let retry = retry_allowed
+                    && self
+                        .retry
+                        .as_ref()
+                        .is_some_and(|r| r.should_retry_error(&error));
+                if retry {
+                    self.schedule_retry(completion.key, now_ns);
+                    Ok(())
+                } else {
+                    Err(self.fail(error))
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, error: AsyncError) -> OperatorError {
+        self.metrics.failed += 1;
+        self.failure = Some(error.to_string());
+        OperatorError::Async(error)
+    }
+
+    fn schedule_retry(&mut self, slot: Key, now_ns: u64) {
+        let retry_number = self.entries.get(slot).expect("live").invocations;
+        let delay = self
+            .retry
+            .as_ref()
+            .expect("retry applies only with a strategy")
+            .delay(retry_number);
+        let delay_ns = delay.as_nanos().min(u128::from(u64::MAX / 2)) as u64;
+        let entry = self.entry_mut(slot);
+        entry.state = State::RetryWaiting;
+        entry.attempt += 1;
+        entry.retry_armed = true;
+        let attempt = entry.attempt;
+        self.live_timers += 1;
+        self.metrics.retried += 1;
+        self.timers.schedule(
+            now_ns.saturating_add(delay_ns),
+            TimerEvent::Retry(slot, attempt),
+        );
+    }
+
+    fn invoke_again(&mut self, slot: Key, _now_ns: u64) {
+        let entry = self.entry_mut(slot);
+        entry.state = State::InFlight;
+        entry.invocations += 1;
+        let attempt = entry.attempt;
+        let handle = self.completions.issue(slot, attempt);
+        let input = &self.entries.get(slot).expect("live").input;
+        self.function.invoke(input, handle);
+    }
+
+    fn on_retry(&mut self, slot: Key, attempt: u32, now_ns: u64) {
+        let Some(entry) = self.entries.get_mut(slot) else {
+            return;
+        };
+        if !(entry.retry_armed
+            && entry.attempt == attempt
+            && matches!(entry.state, State::RetryWaiting))
+        {
+            return;
+        }
+        entry.retry_armed = false;
+        self.live_timers -= 1;
+        self.invoke_again(slot, now_ns);
+    }
+
+    fn on_timeout(&mut self, slot: Key) {
+        let Some(entry) = self.entries.get_mut(slot) else {
+            return;
+        };
+        if !entry.timeout_armed {
+            return;
+        }
+        entry.timeout_armed = false;
+        let mut disarmed = 1;
+        if entry.retry_armed {
+            entry.retry_armed = false;
+            disarmed += 1;
+        }
+        entry.state = State::TimedOut;
+        entry.attempt += 1;
+        let attempt = entry.attempt;
+        self.live_timers -= disarmed;
+        self.metrics.timed_out += 1;
+        let handle = self.completions.issue(slot, attempt);
+        let input = &self.entries.get(slot).expect("live").input;
+        self.function.timeout(input, handle);
+    }
+
+    fn complete_entry(
+        &mut self,
+        slot: Key,
+        results: Results<F::Out>,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) {
+        let entry = self.entry_mut(slot);
+        let disarm = entry.timeout_armed;
+        entry.timeout_armed = false;
+        entry.state = State::Done(results);
+        let (key, epoch) = (entry.key, entry.epoch);
+        if disarm {
+            self.live_timers -= 1;
+        }
+        self.metrics.completed += 1;
+        if !self.chains.is_head(key, slot) {
+            // Its predecessor in the chain emits it when it leaves.
+            return;
+        }
+        if epoch == self.segments.head_epoch {
+            self.emit_chain(slot, now_ns, out);
+            self.advance(now_ns, out);
+        } else {
+            self.park(slot, epoch);
+        }
+    }
+
+    fn park(&mut self, slot: Key, epoch: u64) {
+        self.entry_mut(slot).next_parked = None;
+        let previous_tail = {
+            let segment = self.segments.get_mut(epoch);
+            let previous = segment.parked_tail.replace(slot);
+            if previous.is_none() {
+                segment.parked_head = Some(slot);
+            }
+            previous
+        };
+        if let Some(tail) = previous_tail {
+            self.entry_mut(tail).next_parked = Some(slot);
+        }
+    }
+
+    /// Emits `slot` (done, chain head, head segment) and the done successors of its
+    /// chain in the head segment; parks a done successor of a later segment.
+    fn emit_chain(&mut self, slot: Key, now_ns: u64, out: &mut impl Collector<F::Out>) {
+        let mut current = Some(slot);
+        while let Some(slot) = current.take() {
+            let entry = self.entries.remove(slot).expect("emitting a live entry");
+            let State::Done(results) = entry.state else {
+                unreachable!("only done entries are emitted");
+            };
+            debug_assert_eq!(entry.epoch, self.segments.head_epoch);
+            self.segments.list[0].remaining -= 1;
+            self.chains.pop_head(entry.key, slot, entry.next_in_chain);
+            let timestamp = entry.timestamp;
+            results
+                .for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
+            self.metrics.emitted += 1;
+            self.metrics
+                .latency_ns
+                .saturating_record(now_ns.saturating_sub(entry.first_invoked_ns).max(1));
+            if let Some(next) = entry.next_in_chain {
+                let successor = self.entries.get(next).expect("chain successor is live");
+                if matches!(successor.state, State::Done(_)) {
+                    let epoch = successor.epoch;
+                    if epoch == self.segments.head_epoch {
+                        current = Some(next);
+                    } else {
+                        self.park(next, epoch);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Emits the watermarks whose segments are empty and releases what was parked on
+    /// the segments that become the head.
+    fn advance(&mut self, now_ns: u64, out: &mut impl Collector<F::Out>) {
+        while self.segments.list.len() > 1 && self.segments.list[0].remaining == 0 {
+            let finished = self.segments.list.pop_front().expect("checked above");
+            debug_assert!(finished.parked_head.is_none());
+            let (timestamp, _) = finished
+                .watermark
+                .expect("every segment but the last ends in a watermark");
+            out.collect(StreamElement::Watermark(Watermark(timestamp)));
+            self.segments.head_epoch += 1;
+            let head = &mut self.segments.list[0];
+            let mut parked = head.parked_head.take();
+            head.parked_tail = None;
+            while let Some(slot) = parked {
+                parked = self.entries.get(slot).and_then(|e| e.next_parked);
+                self.emit_chain(slot, now_ns, out);
+            }
+        }
+    }
+}
+
+impl<F: AsyncFunction> core::fmt::Debug for AsyncWaitOperator<F> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AsyncWaitOperator")
+            .field("mode", &self.mode)
+            .field("capacity", &self.capacity)
+            .field("in_flight", &self.in_flight())
+            .field("pending_timers", &self.live_timers)
+            .field("failed", &self.failure.is_some())
+            .finish_non_exhaustive()
+    }
+}
