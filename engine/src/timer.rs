@@ -82,11 +82,20 @@ impl<E> TimerWheel<E> {
         }
     }
 
-    /// The earliest timer due at or before `now_ns`, with its deadline.
-    pub fn pop_due(&mut self, now_ns: u64) -> Option<(u64, E)> {
+    /// The deadline of the earliest timer due at or before `now_ns`, without taking it.
+    pub fn peek_due(&mut self, now_ns: u64) -> Option<u64> {
         if !self.scanned || now_ns > self.scanned_ns {
             self.scan(now_ns);
         }
+        self.due
+            .last()
+            .filter(|t| t.deadline_ns <= now_ns)
+            .map(|t| t.deadline_ns)
+    }
+
+    /// The earliest timer due at or before `now_ns`, with its deadline.
+    pub fn pop_due(&mut self, now_ns: u64) -> Option<(u64, E)> {
+        self.peek_due(now_ns)?;
         let timer = self.due.pop()?;
         self.len -= 1;
         Some((timer.deadline_ns, timer.event))
@@ -110,7 +119,8 @@ impl<E> TimerWheel<E> {
             }
         }
         if self.due.len() != before {
-            self.due.sort_unstable_by_key(|t| core::cmp::Reverse(t.order()));
+            self.due
+                .sort_unstable_by_key(|t| core::cmp::Reverse(t.order()));
         }
         self.scanned_tick = now_tick.max(self.scanned_tick);
         self.scanned_ns = now_ns.max(self.scanned_ns);

@@ -295,6 +295,11 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         Ok(processed)
     }
 
+    /// The deadline of the earliest timer due at or before `limit_ns` (armed or stale).
+    pub fn next_due_timer(&mut self, limit_ns: u64) -> Option<u64> {
+        self.timers.peek_due(limit_ns)
+    }
+
     /// Fires the earliest timer due at or before `limit_ns`, at its deadline, and
     /// processes the completions it causes. Returns the deadline, or `None` if no timer
     /// is due.
