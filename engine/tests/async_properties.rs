@@ -17,10 +17,12 @@ use weir_engine::element::StreamElement;
 
 /// Input: (id, key).
 type In = (u32, u32);
+/// Calls waiting for the test to complete them.
+type Pending = Rc<RefCell<Vec<(In, ResultFuture<u32>)>>>;
 
 #[derive(Clone, Default)]
 struct Driven {
-    pending: Rc<RefCell<Vec<(In, ResultFuture<u32>)>>>,
+    pending: Pending,
     /// At end of input, complete every call at once with one result.
     finishing: Rc<Cell<bool>>,
 }

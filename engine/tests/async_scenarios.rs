@@ -26,10 +26,15 @@ fn wm<T>(ts: i64) -> StreamElement<T> {
     StreamElement::watermark(ts)
 }
 
+/// Calls waiting for the test to complete them, with their input.
+type Pending = Rc<RefCell<VecDeque<(u32, ResultFuture<u32>)>>>;
+/// Attempts made: (input, unused).
+type Attempts = Rc<RefCell<Vec<(u32, u64)>>>;
+
 /// Keeps every handle so the test completes them in the order it chooses.
 #[derive(Clone, Default)]
 struct Stash {
-    pending: Rc<RefCell<VecDeque<(u32, ResultFuture<u32>)>>>,
+    pending: Pending,
     timeouts: Rc<RefCell<Vec<u32>>>,
     /// What the timeout hook does: `None` = default (fail), `Some(v)` = complete with v.
     timeout_value: Option<u32>,
@@ -357,7 +362,7 @@ fn dropping_a_handle_fails_with_dropped() {
 /// Fails the first `failures` attempts of each input, then succeeds; counts attempts.
 struct Flaky {
     failures: u32,
-    attempts: Rc<RefCell<Vec<(u32, u64)>>>,
+    attempts: Attempts,
     empty_first: bool,
 }
 
@@ -380,7 +385,7 @@ impl AsyncFunction for Flaky {
     }
 }
 
-fn flaky(failures: u32, empty_first: bool) -> (Flaky, Rc<RefCell<Vec<(u32, u64)>>>) {
+fn flaky(failures: u32, empty_first: bool) -> (Flaky, Attempts) {
     let attempts = Rc::new(RefCell::new(Vec::new()));
     (
         Flaky {
