@@ -7,11 +7,18 @@
 //! runs first.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+use weir_engine::async_io::OutputMode;
 
+use crate::async_peers::{self, Measurement};
 use crate::{pool_peers, ring_peers};
+
+/// A workload: runs `n` operations.
+pub type Workload = Arc<dyn Fn(u64) -> Measurement + Send + Sync>;
 
 /// One implementation of one experiment.
 #[derive(Clone)]
@@ -24,8 +31,11 @@ pub struct Case {
     pub is_weir: bool,
     /// Operations per turn.
     pub ops: u64,
-    /// Runs `ops` operations and returns the elapsed time.
-    pub run: fn(u64) -> Duration,
+    /// Runs `ops` operations.
+    pub run: Workload,
+    /// The physical limit in operations per second, if the experiment has one (e.g.
+    /// Little's law: capacity ÷ latency).
+    pub limit_ops_per_s: Option<f64>,
 }
 
 /// Medians over the rounds for one case.
@@ -39,6 +49,10 @@ pub struct Summary {
     pub is_weir: bool,
     /// Nanoseconds per operation, one per round.
     pub samples_ns: Vec<f64>,
+    /// Per-operation latency over all rounds, if the workload records one.
+    pub latency_ns: Option<Histogram<u64>>,
+    /// The physical limit in operations per second, if any.
+    pub limit_ops_per_s: Option<f64>,
 }
 
 impl Summary {
@@ -77,13 +91,131 @@ fn case(
     ops: f64,
     run: fn(u64) -> Duration,
 ) -> Case {
+    workload(
+        experiment,
+        implementation,
+        ops,
+        Arc::new(move |n| run(n).into()),
+        None,
+    )
+}
+
+fn workload(
+    experiment: &'static str,
+    implementation: &'static str,
+    ops: f64,
+    run: Workload,
+    limit_ops_per_s: Option<f64>,
+) -> Case {
     Case {
         experiment,
         implementation,
         is_weir: implementation.starts_with("weir"),
         ops: (ops as u64).max(1),
         run,
+        limit_ops_per_s,
     }
+}
+
+/// The async operator experiments: latency-0 overhead, other-thread completion, and
+/// timer-driven latency against Little's limit, with tokio + futures as the peer.
+pub fn async_cases(scale: f64) -> Vec<Case> {
+    let immediate = 2_000_000.0 * scale;
+    let mut cases = Vec::new();
+    let modes = [
+        (
+            "async latency 0, capacity 100, ordered",
+            OutputMode::Ordered,
+            "weir ordered",
+            true,
+            "tokio buffered",
+        ),
+        (
+            "async latency 0, capacity 100, unordered",
+            OutputMode::Unordered,
+            "weir unordered",
+            false,
+            "tokio buffer_unordered",
+        ),
+        (
+            "async latency 0, capacity 100, keyed-ordered",
+            OutputMode::KeyedOrdered,
+            "weir keyed-ordered",
+            true,
+            "tokio buffered",
+        ),
+    ];
+    for (experiment, mode, weir, ordered, tokio) in modes {
+        cases.push(workload(
+            experiment,
+            weir,
+            immediate,
+            Arc::new(move |n| async_peers::weir_immediate(mode, 100, n)),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            tokio,
+            immediate,
+            Arc::new(move |n| async_peers::tokio_immediate(ordered, 100, n)),
+            None,
+        ));
+    }
+    let cross = 300_000.0 * scale;
+    for (mode, name) in [
+        (OutputMode::Ordered, "weir ordered"),
+        (OutputMode::Unordered, "weir unordered"),
+        (OutputMode::KeyedOrdered, "weir keyed-ordered"),
+    ] {
+        cases.push(workload(
+            "async completed on another thread, capacity 100",
+            name,
+            cross,
+            Arc::new(move |n| async_peers::weir_cross_thread(mode, 100, n)),
+            None,
+        ));
+    }
+    let timers: [(&'static str, u64, usize); 4] = [
+        ("async unordered, latency 1 ms, capacity 10", 1, 10),
+        ("async unordered, latency 1 ms, capacity 100", 1, 100),
+        ("async unordered, latency 1 ms, capacity 1000", 1, 1000),
+        ("async unordered, latency 10 ms, capacity 1000", 10, 1000),
+    ];
+    for (experiment, latency_ms, capacity) in timers {
+        let latency = Duration::from_millis(latency_ms);
+        let limit = capacity as f64 / latency.as_secs_f64();
+        let ops = (limit * 0.25 * scale).max(capacity as f64 * 4.0);
+        cases.push(workload(
+            experiment,
+            "weir unordered",
+            ops,
+            Arc::new(move |n| async_peers::weir_timer(OutputMode::Unordered, capacity, latency, n)),
+            Some(limit),
+        ));
+        cases.push(workload(
+            experiment,
+            "tokio buffer_unordered",
+            ops,
+            Arc::new(move |n| async_peers::tokio_timer(false, capacity, latency, n)),
+            Some(limit),
+        ));
+    }
+    let latency = Duration::from_millis(1);
+    cases.push(workload(
+        "async ordered, latency 1 ms, capacity 1000",
+        "weir ordered",
+        250_000.0 * scale,
+        Arc::new(move |n| async_peers::weir_timer(OutputMode::Ordered, 1000, latency, n)),
+        Some(1_000_000.0),
+    ));
+    cases.push(workload(
+        "async ordered, latency 1 ms, capacity 1000",
+        "tokio buffered",
+        250_000.0 * scale,
+        Arc::new(move |n| async_peers::tokio_timer(true, 1000, latency, n)),
+        Some(1_000_000.0),
+    ));
+    cases
 }
 
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
@@ -210,6 +342,8 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
             implementation: c.implementation,
             is_weir: c.is_weir,
             samples_ns: Vec::with_capacity(rounds),
+            latency_ns: None,
+            limit_ops_per_s: c.limit_ops_per_s,
         })
         .collect();
     let mut experiments: Vec<&'static str> = cases.iter().map(|c| c.experiment).collect();
@@ -222,9 +356,16 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
             for k in 0..members.len() {
                 let index = members[(k + round) % members.len()];
                 let c = &cases[index];
-                let elapsed = (c.run)(c.ops);
-                let ns = elapsed.as_nanos() as f64 / c.ops as f64;
-                summaries[index].samples_ns.push(ns);
+                let measured = (c.run)(c.ops);
+                let ns = measured.elapsed.as_nanos() as f64 / c.ops as f64;
+                let summary = &mut summaries[index];
+                summary.samples_ns.push(ns);
+                if let Some(latency) = measured.latency_ns {
+                    match &mut summary.latency_ns {
+                        Some(all) => all.add(&latency).expect("histograms share bounds"),
+                        None => summary.latency_ns = Some(latency),
+                    }
+                }
                 progress(c, ns);
             }
         }
@@ -247,24 +388,40 @@ pub fn render(summaries: &[Summary]) -> String {
         let _ = writeln!(out, "\n### {experiment}\n");
         let _ = writeln!(
             out,
-            "| implementation | median ns/op | M ops/s | min–max ns/op | peer ÷ weir time |"
+            "| implementation | median ns/op | M ops/s | min–max ns/op | peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
         for s in rows {
             let median = s.median_ns();
             let ratio = match weir {
                 Some(w) if !s.is_weir => format!("{:.2}×", median / w),
                 _ => "—".to_string(),
             };
+            let fraction = match s.limit_ops_per_s {
+                Some(limit) => format!("{:.1}%", 1e9 / median / limit * 100.0),
+                None => "—".to_string(),
+            };
+            let latency = match &s.latency_ns {
+                Some(h) => format!(
+                    "{:.0} / {:.0} / {:.0} / {:.0}",
+                    h.value_at_quantile(0.5) as f64 / 1e3,
+                    h.value_at_quantile(0.99) as f64 / 1e3,
+                    h.value_at_quantile(0.999) as f64 / 1e3,
+                    h.max() as f64 / 1e3
+                ),
+                None => "—".to_string(),
+            };
             let _ = writeln!(
                 out,
-                "| {} | {:.1} | {:.1} | {:.1}–{:.1} | {} |",
+                "| {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} |",
                 s.implementation,
                 median,
                 1e3 / median,
                 s.min_ns(),
                 s.max_ns(),
-                ratio
+                ratio,
+                fraction,
+                latency
             );
         }
     }
@@ -289,6 +446,16 @@ pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
                 "max_ns_per_op": s.max_ns(),
                 "samples_ns_per_op": s.samples_ns,
                 "peer_over_weir": weir.filter(|_| !s.is_weir).map(|w| s.median_ns() / w),
+                "limit_ops_per_s": s.limit_ops_per_s,
+                "fraction_of_limit": s.limit_ops_per_s.map(|l| 1e9 / s.median_ns() / l),
+                "latency_ns": s.latency_ns.as_ref().map(|h| json!({
+                    "p50": h.value_at_quantile(0.5),
+                    "p90": h.value_at_quantile(0.9),
+                    "p99": h.value_at_quantile(0.99),
+                    "p99.9": h.value_at_quantile(0.999),
+                    "max": h.max(),
+                    "count": h.len(),
+                })),
             })
         })
         .collect();

@@ -13,6 +13,7 @@
 )]
 
 pub mod affinity;
+pub mod async_peers;
 pub mod compare;
 pub mod pool_peers;
 pub mod ring_peers;

@@ -35,6 +35,9 @@ enum Command {
         /// Also write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Only the experiments whose name contains this text.
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -42,6 +45,7 @@ enum Command {
 enum Suite {
     Ring,
     Pool,
+    Async,
 }
 
 fn main() {
@@ -53,15 +57,24 @@ fn main() {
             rounds,
             scale,
             json,
+            only,
         } => {
             if !(scale.is_finite() && scale > 0.0 && scale <= 100.0) {
                 eprintln!("error: --scale must be in (0, 100], got {scale}");
                 std::process::exit(2);
             }
-            let cases = match suite {
+            let mut cases = match suite {
                 Suite::Ring => compare::ring_cases(scale),
                 Suite::Pool => compare::pool_cases(scale),
+                Suite::Async => compare::async_cases(scale),
             };
+            if let Some(only) = &only {
+                cases.retain(|c| c.experiment.contains(only.as_str()));
+                if cases.is_empty() {
+                    eprintln!("error: no experiment of this suite matches --only {only:?}");
+                    std::process::exit(2);
+                }
+            }
             let summaries = compare::run(&cases, rounds as usize, |case, ns| {
                 eprint!(
                     "\r{:<60} {:<24} {:>9.1} ns/op",

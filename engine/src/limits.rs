@@ -79,3 +79,8 @@ pub const TIMER_TICK_NS: u64 = 65_536;
 /// their slot for later revolutions.
 pub const TIMER_SLOTS: usize = 4096;
 const _: () = assert!(TIMER_SLOTS.is_power_of_two());
+
+/// The async operator records the invoke-to-emit latency of one record in this many
+/// (by input sequence), keeping the histogram off the per-record path.
+pub const LATENCY_SAMPLE_EVERY: u64 = 16;
+const _: () = assert!(LATENCY_SAMPLE_EVERY.is_power_of_two());

@@ -19,7 +19,8 @@ pub struct AsyncMetrics {
     pub emitted: u64,
     /// Nanoseconds the task spent waiting for capacity.
     pub backpressured_ns: u64,
-    /// Invoke-to-emit latency per record, in ns of the operator's clock.
+    /// Invoke-to-emit latency of every `LATENCY_SAMPLE_EVERY`-th record (by input order),
+    /// in ns of the operator's clock.
     pub latency_ns: Histogram<u64>,
 }
 
