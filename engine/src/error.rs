@@ -64,3 +64,60 @@ pub enum ConfigError {
     #[error("{0}")]
     Inconsistent(&'static str),
 }
+
+/// Why the data exchange refused or failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// A record larger than the writer's maximum (nothing of it was written).
+    #[error(
+        "record of {size} bytes exceeds the maximum record size of {max} bytes; \
+         raise max_record_size or split the record"
+    )]
+    RecordTooLarge {
+        /// The record's serialized size.
+        size: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The consumer of a subpartition is gone: what is written to it cannot be delivered.
+    #[error(
+        "the consumer of subpartition {subpartition} disconnected; its records cannot be delivered"
+    )]
+    ConsumerGone {
+        /// The subpartition.
+        subpartition: usize,
+    },
+    /// The producer of an input channel went away before its end-of-partition event.
+    #[error(
+        "the producer of input channel {channel} disconnected before the end of its partition"
+    )]
+    ProducerGone {
+        /// The channel.
+        channel: usize,
+    },
+    /// Bytes on a channel that do not frame a record or event.
+    #[error("input channel {channel} carried a malformed frame: {reason}")]
+    Malformed {
+        /// The channel.
+        channel: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A record's bytes did not decode as the gate's record type.
+    #[error("decoding a record from input channel {channel} failed: {source}")]
+    Decode {
+        /// The channel.
+        channel: usize,
+        /// The decoder's complaint.
+        #[source]
+        source: crate::exchange::codec::DecodeError,
+    },
+    /// The writer still holds part of an earlier record or event (back-pressure): call
+    /// `resume` until it reports done before writing more.
+    #[error("the record writer is back-pressured with output pending; call resume until it returns true")]
+    Pending,
+    /// Writing after the end-of-partition event.
+    #[error("the partition has ended; nothing can be written after finish")]
+    Finished,
+}

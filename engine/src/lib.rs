@@ -32,4 +32,4 @@ pub mod slab;
 pub(crate) mod sync;
 pub mod timer;
 
-pub use error::ConfigError;
+pub use error::{ConfigError, ExchangeError};

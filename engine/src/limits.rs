@@ -84,3 +84,15 @@ const _: () = assert!(TIMER_SLOTS.is_power_of_two());
 /// (by input sequence), keeping the histogram off the per-record path.
 pub const LATENCY_SAMPLE_EVERY: u64 = 16;
 const _: () = assert!(LATENCY_SAMPLE_EVERY.is_power_of_two());
+
+/// Length prefixes at or above this value mark in-band events (watermark, end of
+/// partition), so records are limited to fewer bytes.
+pub const EVENT_TAG_MIN: u32 = 0xFFFF_FF00;
+/// Default largest record a writer accepts: 16 MiB (Flink has no limit; a bound keeps a
+/// corrupt length from making a reader allocate gigabytes).
+pub const RECORD_SIZE_MAX_DEFAULT: usize = 16 << 20;
+const _: () = assert!(RECORD_SIZE_MAX_DEFAULT < EVENT_TAG_MIN as usize);
+
+/// Default buffer timeout: a partially filled buffer is shipped at most this long after
+/// its first byte was written (Flink's `execution.buffer-timeout`: 100 ms).
+pub const BUFFER_TIMEOUT_DEFAULT_NS: u64 = 100_000_000;

@@ -1,7 +1,27 @@
-//! Task data exchange: buffer segments and their pools (the record writer, result
-//! partitions and input gates build on these).
+//! Task data exchange (Flink's `RecordWriter → ResultPartition → InputGate`): records
+//! serialized into recycled fixed-size segments, one channel per subpartition, pool
+//! exhaustion as back-pressure.
+//!
+//! - [`pool`]: the network and local buffer pools and their buffers;
+//! - [`codec`]: how records become bytes;
+//! - [`writer`]: the record writer, channel selectors, in-band events, buffer timeout;
+//! - [`partition`]: subpartitions filling and sending buffers;
+//! - [`channel`]: local channels (and the trait a remote one implements);
+//! - [`input`]: the input gate: reassembly, watermark combining, fair polling.
 
+pub mod channel;
+pub mod codec;
 pub(crate) mod free_list;
+pub mod input;
+pub mod partition;
 pub mod pool;
+pub mod writer;
 
-pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool};
+pub use channel::{local_channel, ChannelSender, InputChannel, LocalInputChannel};
+pub use input::{GateEvent, GateMetrics, InputGate};
+pub use partition::{PartitionMetrics, ResultPartition};
+pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, SharedBuffer};
+pub use writer::{
+    Broadcast, ChannelSelector, Forward, KeyHash, RecordWriter, RoundRobin, Target, WriterConfig,
+    WriterMetrics,
+};

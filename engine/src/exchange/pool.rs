@@ -83,6 +83,8 @@ struct Global {
     links: Box<[AtomicU32]>,
     /// Per segment: the subpartition it is charged to, and `META_OVERDRAFT`.
     meta: Box<[AtomicU32]>,
+    /// Per segment: the number of `SharedBuffer` handles to it (0 while unshared).
+    shares: Box<[AtomicU32]>,
     free: FreeList,
     /// Segments on `free`; kept beside the list for reports and error messages.
     free_count: AtomicUsize,
@@ -183,6 +185,7 @@ impl NetworkBufferPool {
         };
         let links: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(NIL)).collect();
         let meta: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
+        let shares: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
         let free = FreeList::new();
         // Push in reverse so segment 0 is handed out first (keeps early segments warm).
         for index in (0..segment_count as u32).rev() {
@@ -195,6 +198,7 @@ impl NetworkBufferPool {
             segment_count,
             links,
             meta,
+            shares,
             free,
             free_count: AtomicUsize::new(segment_count),
             #[cfg(any(debug_assertions, loom))]
@@ -604,6 +608,11 @@ impl LocalBufferPool {
         self.size
     }
 
+    /// Overdraft buffers allowed at once.
+    pub fn overdraft_max(&self) -> usize {
+        self.overdraft_max as usize
+    }
+
     /// Bytes per segment.
     pub fn segment_size(&self) -> usize {
         self.shared().global.segment_size
@@ -724,24 +733,137 @@ impl Buffer {
     }
 }
 
+impl Buffer {
+    /// Turns this buffer into a read-only handle that can be cloned (one reference count
+    /// per segment, no allocation); the segment is recycled when the last clone drops.
+    /// For sending one serialized buffer to several consumers (broadcast).
+    pub fn into_shared(self) -> SharedBuffer {
+        let this = core::mem::ManuallyDrop::new(self);
+        let global = this.global();
+        debug_assert_eq!(
+            global.shares[this.segment as usize].load(Ordering::Relaxed),
+            0
+        );
+        // Relaxed: the handle reaches other threads only through a synchronising channel.
+        global.shares[this.segment as usize].store(1, Ordering::Relaxed);
+        SharedBuffer {
+            shared: this.shared,
+            segment: this.segment,
+            len: this.len,
+        }
+    }
+}
+
+/// Returns `segment` to its local pool and gives up one pool reference.
+///
+/// # Safety
+/// The caller owns the segment (invariant 1) and one reference to `shared`
+/// (invariant 3), and uses neither afterwards.
+#[inline]
+unsafe fn recycle(shared: NonNull<Shared>, segment: u32) {
+    // SAFETY: the caller's reference keeps the shared state alive until `release_refs`.
+    let state = unsafe { shared.as_ref() };
+    state.global.mark_released(segment);
+    if state.recycled.returned.push(segment, &state.global.links) {
+        if let Some(notify) = &state.notify {
+            notify.notify();
+        }
+    }
+    // SAFETY: the caller gives up its reference; we touch the shared state no more.
+    unsafe { release_refs(shared, 1) };
+}
+
 impl Drop for Buffer {
     #[inline]
     fn drop(&mut self) {
-        // SAFETY: this buffer holds a reference (invariant 3) until `release_refs` below.
-        let shared = unsafe { self.shared.as_ref() };
-        shared.global.mark_released(self.segment);
-        if shared
-            .recycled
-            .returned
-            .push(self.segment, &shared.global.links)
-        {
-            if let Some(notify) = &shared.notify {
-                notify.notify();
-            }
+        // SAFETY: this buffer owns its segment and a reference, and is gone after this.
+        unsafe { recycle(self.shared, self.segment) };
+    }
+}
+
+/// A read-only, cloneable handle to a filled segment (see [`Buffer::into_shared`]).
+/// The segment is recycled when the last handle drops, on whatever thread.
+pub struct SharedBuffer {
+    shared: NonNull<Shared>,
+    segment: u32,
+    len: usize,
+}
+
+// SAFETY: handles only read the segment, which no one writes while any handle exists;
+// the count and the pool are reached through atomics (as for `Buffer`).
+unsafe impl Send for SharedBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBuffer {}
+
+impl SharedBuffer {
+    #[inline(always)]
+    fn global(&self) -> &Global {
+        // SAFETY: the handles together hold one pool reference (invariant 3).
+        unsafe { &self.shared.as_ref().global }
+    }
+
+    /// The written bytes.
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        let global = self.global();
+        let start = self.segment as usize * global.segment_size;
+        debug_assert!(start + self.len <= global.layout.size());
+        // SAFETY: inside the region; the segment is immutable while shared (nobody holds
+        // a `Buffer` for it), so shared reads are sound.
+        unsafe { core::slice::from_raw_parts(global.memory.as_ptr().add(start), self.len) }
+    }
+
+    /// Bytes written.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was written.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The segment's index in the network pool.
+    pub fn segment_index(&self) -> usize {
+        self.segment as usize
+    }
+}
+
+impl Clone for SharedBuffer {
+    #[inline]
+    fn clone(&self) -> Self {
+        // Relaxed: like `Arc::clone`, we hold a handle, so the count cannot reach zero.
+        self.global().shares[self.segment as usize].fetch_add(1, Ordering::Relaxed);
+        SharedBuffer {
+            shared: self.shared,
+            segment: self.segment,
+            len: self.len,
         }
-        // SAFETY: the pointer came from `LocalBufferPool::build`; we give up this
-        // buffer's reference and touch the shared state no more.
-        unsafe { release_refs(self.shared, 1) };
+    }
+}
+
+impl Drop for SharedBuffer {
+    #[inline]
+    fn drop(&mut self) {
+        let shares = &self.global().shares[self.segment as usize];
+        // Release: our reads of the segment happen before whoever recycles it.
+        if shares.fetch_sub(1, Ordering::Release) == 1 {
+            // Acquire: pairs with the other handles' Release decrements.
+            fence(Ordering::Acquire);
+            // SAFETY: we were the last handle, so we own the segment and the reference.
+            unsafe { recycle(self.shared, self.segment) };
+        }
+    }
+}
+
+impl core::fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SharedBuffer")
+            .field("segment", &self.segment)
+            .field("len", &self.len)
+            .finish()
     }
 }
 

@@ -1,0 +1,382 @@
+//! The consumer side of an exchange: an input gate over N channels.
+//!
+//! The gate reads each channel's buffers in place (a local channel hands over the
+//! producer's own segments), decodes records that lie inside one buffer directly from
+//! it, reassembles records and length prefixes that span buffers in a per-channel
+//! scratch vector, and drops (recycles) each buffer as soon as its last byte is read.
+//!
+//! Watermarks combine as Flink's `StatusWatermarkValve` does without idleness: the
+//! gate's watermark is the minimum over channels that have not ended, and it is
+//! emitted only when it advances. A channel's end-of-partition removes it from the
+//! minimum; when every channel has ended the gate emits [`GateEvent::End`] once.
+//!
+//! Fairness: the gate reads one buffer of a channel, then moves on to the next channel
+//! that has data (round robin at buffer granularity, as Flink's gate polls channels).
+
+use std::marker::PhantomData;
+
+use crate::error::{ConfigError, ExchangeError};
+use crate::exchange::channel::InputChannel;
+use crate::exchange::codec::{Codec, Decoder};
+use crate::exchange::pool::SharedBuffer;
+use crate::exchange::writer::{END_TAG, WATERMARK_TAG};
+use crate::limits::{EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
+
+/// What the gate yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateEvent<T> {
+    /// A record and the channel it came from.
+    Record {
+        /// The record.
+        value: T,
+        /// The input channel.
+        channel: usize,
+    },
+    /// The combined watermark advanced to this timestamp.
+    Watermark(i64),
+    /// Every channel has ended.
+    End,
+}
+
+/// Counters of a gate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateMetrics {
+    /// Records decoded.
+    pub records_in: u64,
+    /// Bytes read (records and events, with prefixes).
+    pub bytes_in: u64,
+    /// Buffers consumed.
+    pub buffers_in: u64,
+}
+
+/// A frame being reassembled across buffers.
+#[derive(Debug, Default)]
+struct Partial {
+    header: [u8; 4],
+    header_len: usize,
+    body: Vec<u8>,
+    body_len: usize,
+}
+
+struct ChannelState {
+    input: Box<dyn InputChannel>,
+    buffer: Option<SharedBuffer>,
+    offset: usize,
+    partial: Partial,
+    watermark: i64,
+    ended: bool,
+}
+
+enum Frame<T> {
+    Record(T),
+    Watermark(i64),
+    End,
+}
+
+/// An input gate decoding records of type `T`.
+pub struct InputGate<T: Codec> {
+    channels: Vec<ChannelState>,
+    /// The channel being read (its current buffer is not finished) or to look at next.
+    cursor: usize,
+    watermark: i64,
+    ended_channels: usize,
+    end_emitted: bool,
+    max_record_size: usize,
+    metrics: GateMetrics,
+    _records: PhantomData<fn() -> T>,
+}
+
+impl<T: Codec> InputGate<T> {
+    /// A gate over `channels`, accepting records up to the default maximum size.
+    pub fn new(channels: Vec<Box<dyn InputChannel>>) -> Result<Self, ConfigError> {
+        Self::with_max_record_size(channels, RECORD_SIZE_MAX_DEFAULT)
+    }
+
+    /// A gate over `channels`; a length prefix above `max_record_size` is a malformed frame.
+    pub fn with_max_record_size(
+        channels: Vec<Box<dyn InputChannel>>,
+        max_record_size: usize,
+    ) -> Result<Self, ConfigError> {
+        if channels.is_empty() {
+            return Err(ConfigError::ZeroCapacity {
+                what: "input gate channel count",
+            });
+        }
+        let channels = channels
+            .into_iter()
+            .map(|input| ChannelState {
+                input,
+                buffer: None,
+                offset: 0,
+                partial: Partial::default(),
+                watermark: i64::MIN,
+                ended: false,
+            })
+            .collect();
+        Ok(InputGate {
+            channels,
+            cursor: 0,
+            watermark: i64::MIN,
+            ended_channels: 0,
+            end_emitted: false,
+            max_record_size,
+            metrics: GateMetrics::default(),
+            _records: PhantomData,
+        })
+    }
+
+    /// Input channels.
+    pub fn channels(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The current combined watermark (`i64::MIN` before any).
+    pub fn watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// Counters.
+    pub fn metrics(&self) -> GateMetrics {
+        self.metrics
+    }
+
+    /// Whether every channel ended and `End` was returned.
+    pub fn is_finished(&self) -> bool {
+        self.end_emitted
+    }
+
+    /// The next record or event, or `None` if no channel has anything now.
+    pub fn poll_next(&mut self) -> Result<Option<GateEvent<T>>, ExchangeError> {
+        if self.end_emitted {
+            return Ok(None);
+        }
+        let count = self.channels.len();
+        // Stop after a full round of channels without a frame; events that emit nothing
+        // (a watermark that does not advance the minimum) start a new round.
+        let mut idle = 0;
+        while idle <= count {
+            let channel = self.cursor;
+            let frame = self.next_frame(channel)?;
+            if frame.is_some() && self.buffer_used_up(channel) {
+                // One buffer per turn: the next poll starts at the next channel.
+                self.cursor = (channel + 1) % count;
+            }
+            match frame {
+                Some(Frame::Record(value)) => {
+                    self.metrics.records_in += 1;
+                    return Ok(Some(GateEvent::Record { value, channel }));
+                }
+                Some(Frame::Watermark(timestamp)) => {
+                    idle = 0;
+                    let state = &mut self.channels[channel];
+                    if timestamp > state.watermark {
+                        state.watermark = timestamp;
+                    }
+                    if let Some(advanced) = self.advance_watermark() {
+                        return Ok(Some(GateEvent::Watermark(advanced)));
+                    }
+                }
+                Some(Frame::End) => {
+                    idle = 0;
+                    self.channels[channel].ended = true;
+                    self.ended_channels += 1;
+                    if self.ended_channels == count {
+                        self.end_emitted = true;
+                        return Ok(Some(GateEvent::End));
+                    }
+                    if let Some(advanced) = self.advance_watermark() {
+                        return Ok(Some(GateEvent::Watermark(advanced)));
+                    }
+                }
+                None => {
+                    // Nothing more in this channel's current buffer: next channel.
+                    idle += 1;
+                    self.cursor = (channel + 1) % count;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn buffer_used_up(&self, channel: usize) -> bool {
+        let state = &self.channels[channel];
+        state
+            .buffer
+            .as_ref()
+            .is_none_or(|b| state.offset >= b.len())
+    }
+
+    /// The minimum over live channels, if it moved past the last one emitted.
+    fn advance_watermark(&mut self) -> Option<i64> {
+        let minimum = self
+            .channels
+            .iter()
+            .filter(|c| !c.ended)
+            .map(|c| c.watermark)
+            .min()?;
+        if minimum > self.watermark {
+            self.watermark = minimum;
+            Some(minimum)
+        } else {
+            None
+        }
+    }
+
+    /// Makes sure `channel` has a buffer with unread bytes; `false` if none arrived.
+    fn fill(&mut self, channel: usize) -> Result<bool, ExchangeError> {
+        let state = &mut self.channels[channel];
+        loop {
+            if let Some(buffer) = &state.buffer {
+                if state.offset < buffer.len() {
+                    return Ok(true);
+                }
+                // Consumed: recycle at once.
+                state.buffer = None;
+            }
+            match state.input.poll_buffer() {
+                Some(buffer) => {
+                    self.metrics.buffers_in += 1;
+                    self.metrics.bytes_in += buffer.len() as u64;
+                    state.buffer = Some(buffer);
+                    state.offset = 0;
+                }
+                None => {
+                    if !state.ended && state.input.is_disconnected() {
+                        // Re-check: the producer may have sent its last buffer before going.
+                        if let Some(buffer) = state.input.poll_buffer() {
+                            self.metrics.buffers_in += 1;
+                            self.metrics.bytes_in += buffer.len() as u64;
+                            state.buffer = Some(buffer);
+                            state.offset = 0;
+                            continue;
+                        }
+                        return Err(ExchangeError::ProducerGone { channel });
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// The next frame of `channel`, or `None` when it has no complete frame yet and its
+    /// current buffer is used up (the caller moves to the next channel).
+    fn next_frame(&mut self, channel: usize) -> Result<Option<Frame<T>>, ExchangeError> {
+        if self.channels[channel].ended {
+            return Ok(None);
+        }
+        loop {
+            if !self.fill(channel)? {
+                return Ok(None);
+            }
+            let max_record_size = self.max_record_size;
+            let state = &mut self.channels[channel];
+            let buffer = state.buffer.as_ref().expect("filled");
+            let bytes = &buffer.as_slice()[state.offset..];
+            let partial = &mut state.partial;
+            if partial.header_len == 0 && partial.body_len == 0 && bytes.len() >= 4 {
+                // Fast path: the whole frame may lie in this buffer.
+                let tag = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+                let body_len = frame_body_len(tag, channel, max_record_size)?;
+                if bytes.len() >= 4 + body_len {
+                    let body = &bytes[4..4 + body_len];
+                    let frame = decode_frame(tag, body, channel)?;
+                    state.offset += 4 + body_len;
+                    if state.offset == buffer.len() {
+                        // Consumed: recycle now rather than at the next poll.
+                        state.buffer = None;
+                    }
+                    return Ok(Some(frame));
+                }
+            }
+            // Slow path: copy what this buffer has of the frame into the partial.
+            let mut taken = 0;
+            if partial.header_len < 4 {
+                let count = (4 - partial.header_len).min(bytes.len());
+                partial.header[partial.header_len..partial.header_len + count]
+                    .copy_from_slice(&bytes[..count]);
+                partial.header_len += count;
+                taken += count;
+                if partial.header_len == 4 {
+                    let tag = u32::from_le_bytes(partial.header);
+                    partial.body_len = frame_body_len(tag, channel, max_record_size)?;
+                    partial.body.clear();
+                    partial.body.reserve(partial.body_len);
+                }
+            }
+            if partial.header_len == 4 {
+                let missing = partial.body_len - partial.body.len();
+                let count = missing.min(bytes.len() - taken);
+                partial.body.extend_from_slice(&bytes[taken..taken + count]);
+                taken += count;
+                state.offset += taken;
+                if partial.body.len() == partial.body_len {
+                    let tag = u32::from_le_bytes(partial.header);
+                    let frame = decode_frame(tag, &partial.body, channel)?;
+                    partial.header_len = 0;
+                    partial.body_len = 0;
+                    partial.body.clear();
+                    return Ok(Some(frame));
+                }
+            } else {
+                state.offset += taken;
+            }
+            // This buffer is used up; the loop fetches the next one of this channel.
+        }
+    }
+}
+
+fn frame_body_len(
+    tag: u32,
+    channel: usize,
+    max_record_size: usize,
+) -> Result<usize, ExchangeError> {
+    match tag {
+        END_TAG => Ok(0),
+        WATERMARK_TAG => Ok(8),
+        tag if tag >= EVENT_TAG_MIN => Err(ExchangeError::Malformed {
+            channel,
+            reason: format!("unknown event tag {tag:#x}"),
+        }),
+        len if len as usize > max_record_size => Err(ExchangeError::Malformed {
+            channel,
+            reason: format!("record length {len} exceeds the maximum of {max_record_size}"),
+        }),
+        len => Ok(len as usize),
+    }
+}
+
+fn decode_frame<T: Codec>(
+    tag: u32,
+    mut body: &[u8],
+    channel: usize,
+) -> Result<Frame<T>, ExchangeError> {
+    match tag {
+        END_TAG => Ok(Frame::End),
+        WATERMARK_TAG => {
+            let timestamp = i64::from_le_bytes(body.try_into().expect("8 watermark bytes"));
+            Ok(Frame::Watermark(timestamp))
+        }
+        _ => {
+            let value =
+                T::decode(&mut body).map_err(|source| ExchangeError::Decode { channel, source })?;
+            let left = body.remaining();
+            if left > 0 {
+                return Err(ExchangeError::Decode {
+                    channel,
+                    source: crate::exchange::codec::DecodeError::Trailing(left),
+                });
+            }
+            Ok(Frame::Record(value))
+        }
+    }
+}
+
+impl<T: Codec> core::fmt::Debug for InputGate<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("InputGate")
+            .field("channels", &self.channels.len())
+            .field("watermark", &self.watermark)
+            .field("metrics", &self.metrics)
+            .finish_non_exhaustive()
+    }
+}

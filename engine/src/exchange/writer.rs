@@ -1,0 +1,442 @@
+//! The record writer: serializes records (length-prefixed), picks their
+//! subpartition with a [`ChannelSelector`], writes them into the result partition,
+//! and puts watermarks and end-of-partition in band.
+//!
+//! Framing on a channel, little-endian:
+//! - record: `len: u32` (below [`EVENT_TAG_MIN`]) then `len` bytes;
+//! - watermark: `WATERMARK_TAG: u32` then the timestamp as `i64`;
+//! - end of partition: `END_TAG: u32`.
+//!
+//! Records and length prefixes may span buffers; the input gate reassembles them.
+//!
+//! Back-pressure: a task checks [`RecordWriter::is_available`] before taking its next
+//! input (Flink's output availability). A record is serialized whole into the writer's
+//! scratch buffer first, so if the pool runs dry in the middle of it, the remainder
+//! stays there (after trying the pool's bounded overdraft) and the writer reports
+//! pending: the task yields to its mailbox until the pool notifies it, then calls
+//! [`RecordWriter::resume`]. The thread never blocks and no byte is lost.
+//!
+//! Buffer timeout (Flink's output flusher): partly filled buffers are sent at most
+//! `timeout` after their first byte: `Some(0)` sends after every record, `None` only
+//! when full or on an event. The task's timer wheel drives it through
+//! [`RecordWriter::next_flush_deadline`] and [`RecordWriter::on_timer`]; no thread per
+//! writer.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::error::{ConfigError, ExchangeError};
+use crate::exchange::codec::Codec;
+use crate::exchange::partition::{Dest, PartitionMetrics, ResultPartition};
+use crate::limits::{BUFFER_TIMEOUT_DEFAULT_NS, EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
+
+/// Length-prefix value announcing a watermark.
+pub const WATERMARK_TAG: u32 = u32::MAX - 1;
+/// Length-prefix value announcing the end of the partition.
+pub const END_TAG: u32 = u32::MAX;
+
+/// Where a record goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// One subpartition.
+    One(usize),
+    /// Every subpartition.
+    All,
+}
+
+/// Picks the subpartition of each record.
+pub trait ChannelSelector<T> {
+    /// The target of `record` among `subpartitions`.
+    fn select(&mut self, record: &T, subpartitions: usize) -> Target;
+    /// Whether every record goes everywhere (serialize once, share the buffer).
+    fn is_broadcast(&self) -> bool {
+        false
+    }
+}
+
+/// Everything to subpartition 0 (one-to-one forwarding between equal parallelisms).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Forward;
+
+impl<T> ChannelSelector<T> for Forward {
+    #[inline]
+    fn select(&mut self, _record: &T, _subpartitions: usize) -> Target {
+        Target::One(0)
+    }
+}
+
+/// Round-robin over subpartitions (Flink's rebalance).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl<T> ChannelSelector<T> for RoundRobin {
+    #[inline]
+    fn select(&mut self, _record: &T, subpartitions: usize) -> Target {
+        let target = self.next;
+        self.next = if target + 1 >= subpartitions {
+            0
+        } else {
+            target + 1
+        };
+        Target::One(target.min(subpartitions - 1))
+    }
+}
+
+/// By a hash of a key: the same key always reaches the same subpartition, in every run
+/// and process (a fixed mixing function, no random seed).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHash<F> {
+    key: F,
+}
+
+impl<F> KeyHash<F> {
+    /// Routes by `key(record)`.
+    pub fn new(key: F) -> Self {
+        KeyHash { key }
+    }
+}
+
+/// The splitmix64 finalizer: spreads any key (even sequential ones) over subpartitions.
+#[inline]
+pub fn mix(mut key: u64) -> u64 {
+    key = (key ^ (key >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    key = (key ^ (key >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    key ^ (key >> 31)
+}
+
+impl<T, F: FnMut(&T) -> u64> ChannelSelector<T> for KeyHash<F> {
+    #[inline]
+    fn select(&mut self, record: &T, subpartitions: usize) -> Target {
+        Target::One((mix((self.key)(record)) % subpartitions as u64) as usize)
+    }
+}
+
+/// Every record to every subpartition, serialized once (Flink's `BroadcastRecordWriter`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Broadcast;
+
+impl<T> ChannelSelector<T> for Broadcast {
+    #[inline]
+    fn select(&mut self, _record: &T, _subpartitions: usize) -> Target {
+        Target::All
+    }
+    fn is_broadcast(&self) -> bool {
+        true
+    }
+}
+
+/// Writer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterConfig {
+    /// Largest serialized record accepted.
+    pub max_record_size: usize,
+    /// Buffer timeout: `Some(0)` flushes after every record, `None` never by time.
+    pub buffer_timeout: Option<Duration>,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            max_record_size: RECORD_SIZE_MAX_DEFAULT,
+            buffer_timeout: Some(Duration::from_nanos(BUFFER_TIMEOUT_DEFAULT_NS)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    target: Target,
+    /// For `Target::All` in unicast mode: the subpartition being written.
+    sub: usize,
+    offset: usize,
+    event: bool,
+}
+
+/// Counters of a writer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterMetrics {
+    /// Records accepted.
+    pub records_out: u64,
+    /// Times the writer went pending (pool exhausted mid-record).
+    pub backpressure_events: u64,
+    /// Nanoseconds spent pending, by the task's clock.
+    pub backpressured_ns: u64,
+    /// The partition's counters.
+    pub partition: PartitionMetrics,
+}
+
+/// Serializes records of type `T` into a [`ResultPartition`].
+pub struct RecordWriter<T: Codec, S: ChannelSelector<T>> {
+    partition: ResultPartition,
+    selector: S,
+    broadcast: bool,
+    scratch: Vec<u8>,
+    pending: Option<Pending>,
+    pending_since_ns: u64,
+    max_record_size: usize,
+    timeout_ns: Option<u64>,
+    finished: bool,
+    metrics: WriterMetrics,
+    _records: PhantomData<fn(&T)>,
+}
+
+impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
+    /// A writer routing with `selector` into `partition`.
+    pub fn new(
+        partition: ResultPartition,
+        selector: S,
+        config: WriterConfig,
+    ) -> Result<Self, ConfigError> {
+        if config.max_record_size == 0 {
+            return Err(ConfigError::ZeroCapacity {
+                what: "max_record_size",
+            });
+        }
+        if config.max_record_size >= EVENT_TAG_MIN as usize {
+            return Err(ConfigError::TooLarge {
+                what: "max_record_size",
+                requested: config.max_record_size,
+                limit: EVENT_TAG_MIN as usize - 1,
+            });
+        }
+        let broadcast = selector.is_broadcast();
+        Ok(RecordWriter {
+            partition,
+            selector,
+            broadcast,
+            scratch: Vec::with_capacity(256),
+            pending: None,
+            pending_since_ns: 0,
+            max_record_size: config.max_record_size,
+            timeout_ns: config
+                .buffer_timeout
+                .map(|t| t.as_nanos().min(u128::from(u64::MAX / 2)) as u64),
+            finished: false,
+            metrics: WriterMetrics::default(),
+            _records: PhantomData,
+        })
+    }
+
+    /// Whether the task may emit: nothing pending and the pool available.
+    #[inline]
+    pub fn is_available(&mut self) -> bool {
+        self.pending.is_none() && self.partition.pool().is_available()
+    }
+
+    /// Like [`is_available`](Self::is_available), but when it is not, registers with
+    /// the pool so its notify fires when a buffer comes back.
+    pub fn available_or_notify(&mut self) -> bool {
+        let available = self.partition.pool().available_or_notify();
+        available && self.pending.is_none()
+    }
+
+    /// Whether part of a record or event still waits for buffers.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Serializes and writes `record`. If the pool runs dry mid-record, the rest is kept
+    /// and the writer is pending: call [`resume`](Self::resume) once buffers return.
+    pub fn emit(&mut self, record: &T, now_ns: u64) -> Result<(), ExchangeError> {
+        self.ready_to_write()?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&[0; 4]);
+        record.encode(&mut self.scratch);
+        let size = self.scratch.len() - 4;
+        if size > self.max_record_size {
+            self.scratch.clear();
+            return Err(ExchangeError::RecordTooLarge {
+                size,
+                max: self.max_record_size,
+            });
+        }
+        self.scratch[..4].copy_from_slice(&(size as u32).to_le_bytes());
+        let subpartitions = self.partition.subpartitions();
+        let target = self.selector.select(record, subpartitions);
+        if let Target::One(sub) = target {
+            assert!(
+                sub < subpartitions,
+                "selector chose subpartition {sub} of {subpartitions}"
+            );
+        }
+        self.metrics.records_out += 1;
+        self.write(
+            Pending {
+                target,
+                sub: 0,
+                offset: 0,
+                event: false,
+            },
+            now_ns,
+        )?;
+        if self.timeout_ns == Some(0) && self.pending.is_none() {
+            self.partition.flush_all()?;
+        }
+        Ok(())
+    }
+
+    /// Broadcasts a watermark in band and sends the buffers it closes.
+    pub fn emit_watermark(&mut self, timestamp: i64, now_ns: u64) -> Result<(), ExchangeError> {
+        self.ready_to_write()?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&WATERMARK_TAG.to_le_bytes());
+        self.scratch.extend_from_slice(&timestamp.to_le_bytes());
+        self.write(
+            Pending {
+                target: Target::All,
+                sub: 0,
+                offset: 0,
+                event: true,
+            },
+            now_ns,
+        )
+    }
+
+    /// Broadcasts end-of-partition and sends everything. Nothing may be written after.
+    /// If it ends pending, [`resume`](Self::resume) completes it.
+    pub fn finish(&mut self, now_ns: u64) -> Result<(), ExchangeError> {
+        self.ready_to_write()?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&END_TAG.to_le_bytes());
+        self.finished = true;
+        self.write(
+            Pending {
+                target: Target::All,
+                sub: 0,
+                offset: 0,
+                event: true,
+            },
+            now_ns,
+        )
+    }
+
+    /// Continues a pending record or event; returns `true` when nothing is pending.
+    pub fn resume(&mut self, now_ns: u64) -> Result<bool, ExchangeError> {
+        if let Some(pending) = self.pending {
+            self.write(pending, now_ns)?;
+            if self.pending.is_none() {
+                self.metrics.backpressured_ns += now_ns.saturating_sub(self.pending_since_ns);
+            }
+        }
+        Ok(self.pending.is_none())
+    }
+
+    /// When the buffer timeout next requires a flush, if it does.
+    pub fn next_flush_deadline(&self) -> Option<u64> {
+        match (self.timeout_ns, self.partition.unflushed_since_ns()) {
+            (Some(timeout), Some(since)) if timeout > 0 => Some(since.saturating_add(timeout)),
+            _ => None,
+        }
+    }
+
+    /// Sends partly filled buffers whose timeout has passed at `now_ns`.
+    pub fn on_timer(&mut self, now_ns: u64) -> Result<(), ExchangeError> {
+        if self
+            .next_flush_deadline()
+            .is_some_and(|deadline| deadline <= now_ns)
+        {
+            self.partition.flush_all()?;
+        }
+        Ok(())
+    }
+
+    /// Sends every partly filled buffer now.
+    pub fn flush(&mut self) -> Result<(), ExchangeError> {
+        self.partition.flush_all()
+    }
+
+    /// Counters.
+    pub fn metrics(&self) -> WriterMetrics {
+        WriterMetrics {
+            partition: self.partition.metrics(),
+            ..self.metrics
+        }
+    }
+
+    /// The partition (for its pool's usage).
+    pub fn partition(&mut self) -> &mut ResultPartition {
+        &mut self.partition
+    }
+
+    fn ready_to_write(&self) -> Result<(), ExchangeError> {
+        if self.pending.is_some() {
+            return Err(ExchangeError::Pending);
+        }
+        if self.finished {
+            return Err(ExchangeError::Finished);
+        }
+        Ok(())
+    }
+
+    /// Writes the scratch bytes for `pending`; leaves `self.pending` set if the pool ran
+    /// dry. Events send the buffers they were written into.
+    fn write(&mut self, mut pending: Pending, now_ns: u64) -> Result<(), ExchangeError> {
+        let bytes = &self.scratch;
+        let mid_record = !pending.event;
+        match pending.target {
+            Target::One(sub) => {
+                pending.offset = self.partition.write(
+                    Dest::One(sub),
+                    bytes,
+                    pending.offset,
+                    mid_record,
+                    now_ns,
+                )?;
+            }
+            Target::All if self.broadcast => {
+                pending.offset = self.partition.write(
+                    Dest::Shared,
+                    bytes,
+                    pending.offset,
+                    mid_record,
+                    now_ns,
+                )?;
+            }
+            Target::All => {
+                while pending.sub < self.partition.subpartitions() {
+                    let offset = self.partition.write(
+                        Dest::One(pending.sub),
+                        bytes,
+                        pending.offset,
+                        mid_record,
+                        now_ns,
+                    )?;
+                    if offset < bytes.len() {
+                        pending.offset = offset;
+                        break;
+                    }
+                    pending.sub += 1;
+                    pending.offset = 0;
+                }
+                if pending.sub == self.partition.subpartitions() {
+                    pending.offset = bytes.len();
+                }
+            }
+        }
+        if pending.offset < self.scratch.len() {
+            if self.pending.is_none() {
+                self.metrics.backpressure_events += 1;
+                self.pending_since_ns = now_ns;
+            }
+            self.pending = Some(pending);
+            return Ok(());
+        }
+        self.pending = None;
+        if pending.event {
+            self.partition.flush_all()?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Codec, S: ChannelSelector<T>> core::fmt::Debug for RecordWriter<T, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("partition", &self.partition)
+            .field("pending", &self.pending)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
