@@ -2,7 +2,7 @@
 # Interleaved Weir-vs-peer comparisons, repeated over several processes, written to
 # results/<date>-<suite>-<sha>.{md,json} with the machine and the exact command.
 #
-#   scripts/bench.sh                 ring, pool and async, 3 processes × 7 rounds each
+#   scripts/bench.sh                 ring, pool, async and exchange, 3 processes × 7 rounds each
 #   scripts/bench.sh pool            one suite
 #   PROCESSES=5 ROUNDS=9 scripts/bench.sh
 #
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(ring pool async)
+[ ${#suites[@]} -gt 0 ] || suites=(ring pool async exchange)
 processes="${PROCESSES:-3}"
 rounds="${ROUNDS:-7}"
 scale="${SCALE:-1}"

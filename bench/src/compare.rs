@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use weir_engine::async_io::OutputMode;
 
 use crate::async_peers::{self, Measurement};
+use crate::exchange_peers::{self, Routing};
 use crate::{pool_peers, ring_peers};
 
 /// A workload: runs `n` operations.
@@ -214,6 +215,92 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         250_000.0 * scale,
         Arc::new(move |n| async_peers::tokio_timer(true, 1000, latency, n)),
         Some(1_000_000.0),
+    ));
+    cases
+}
+
+/// The exchange experiments: records/s and latency through writer → channel → gate,
+/// against a crossbeam channel of records and the single-thread memcpy ceiling.
+pub fn exchange_cases(scale: f64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let timeout = Some(Duration::from_millis(100));
+    macro_rules! one_to_one {
+        ($experiment:expr, $n:literal, $ops:expr) => {{
+            let ops = $ops * scale;
+            cases.push(workload(
+                $experiment,
+                "weir exchange",
+                ops,
+                Arc::new(move |n| {
+                    exchange_peers::weir_exchange::<$n>(1, 1, Routing::RoundRobin, timeout, n)
+                }),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                "crossbeam_channel",
+                ops,
+                Arc::new(move |n| exchange_peers::crossbeam_channel::<$n>(n)),
+                None,
+            ));
+            // Weir frames each record with a 4-byte length prefix.
+            cases.push(workload(
+                $experiment,
+                "memcpy ceiling (one thread)",
+                ops,
+                Arc::new(move |n| exchange_peers::memcpy_ceiling($n, n)),
+                None,
+            ));
+        }};
+    }
+    one_to_one!(
+        "exchange 1→1, 8-byte records, round robin, timeout 100 ms",
+        8,
+        4_000_000.0
+    );
+    one_to_one!(
+        "exchange 1→1, 100-byte records, round robin, timeout 100 ms",
+        100,
+        2_000_000.0
+    );
+    one_to_one!(
+        "exchange 1→1, 1000-byte records, round robin, timeout 100 ms",
+        1000,
+        500_000.0
+    );
+    let ops = 1_000_000.0 * scale;
+    cases.push(workload(
+        "exchange 1→2, 100-byte records, key hash, timeout 100 ms",
+        "weir exchange",
+        ops,
+        Arc::new(move |n| exchange_peers::weir_exchange::<100>(1, 2, Routing::KeyHash, timeout, n)),
+        None,
+    ));
+    cases.push(workload(
+        "exchange 2→2, 100-byte records, round robin, timeout 100 ms",
+        "weir exchange",
+        ops,
+        Arc::new(move |n| {
+            exchange_peers::weir_exchange::<100>(2, 2, Routing::RoundRobin, timeout, n)
+        }),
+        None,
+    ));
+    cases.push(workload(
+        "exchange 1→1, 100-byte records, round robin, timeout 0",
+        "weir exchange",
+        ops / 4.0,
+        Arc::new(move |n| {
+            exchange_peers::weir_exchange::<100>(1, 1, Routing::RoundRobin, Some(Duration::ZERO), n)
+        }),
+        None,
+    ));
+    let rate = 10_000u64;
+    cases.push(workload(
+        "exchange latency, open loop 10 k records/s, 100-byte records, timeout 0",
+        "weir exchange",
+        (rate as f64 * 0.5 * scale).max(1000.0),
+        Arc::new(move |n| exchange_peers::weir_open_loop::<100>(rate, n)),
+        Some(rate as f64),
     ));
     cases
 }

@@ -15,5 +15,6 @@
 pub mod affinity;
 pub mod async_peers;
 pub mod compare;
+pub mod exchange_peers;
 pub mod pool_peers;
 pub mod ring_peers;

@@ -46,6 +46,7 @@ enum Suite {
     Ring,
     Pool,
     Async,
+    Exchange,
 }
 
 fn main() {
@@ -67,6 +68,7 @@ fn main() {
                 Suite::Ring => compare::ring_cases(scale),
                 Suite::Pool => compare::pool_cases(scale),
                 Suite::Async => compare::async_cases(scale),
+                Suite::Exchange => compare::exchange_cases(scale),
             };
             if let Some(only) = &only {
                 cases.retain(|c| c.experiment.contains(only.as_str()));

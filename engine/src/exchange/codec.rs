@@ -215,6 +215,24 @@ impl<T: Codec, const N: usize> Codec for [T; N] {
     }
 }
 
+/// A fixed-size byte string written as is (no length, bulk copy): keys, hashes,
+/// fixed-width payloads. (`[u8; N]` also works, but goes byte by byte.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FixedBytes<const N: usize>(pub [u8; N]);
+
+impl<const N: usize> Codec for FixedBytes<N> {
+    #[inline]
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        out.write(&self.0);
+    }
+    #[inline]
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        let mut bytes = [0u8; N];
+        input.read(&mut bytes)?;
+        Ok(FixedBytes(bytes))
+    }
+}
+
 macro_rules! tuple {
     ($($name:ident),+) => {
         impl<$($name: Codec),+> Codec for ($($name,)+) {
@@ -259,6 +277,7 @@ mod tests {
         round_trip(None::<u8>);
         round_trip(vec![1u8, 2, 3]);
         round_trip((1u8, String::from("x"), [7u16; 3], Some(false)));
+        round_trip(FixedBytes([9u8; 33]));
     }
 
     #[test]

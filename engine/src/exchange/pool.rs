@@ -183,6 +183,12 @@ impl NetworkBufferPool {
         let Some(memory) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout);
         };
+        // Touch every page now, at start-up: zeroed allocations are mapped lazily, and a
+        // page fault in the data path costs microseconds of latency on first use.
+        for page in (0..bytes).step_by(REGION_ALIGN) {
+            // SAFETY: `page < bytes`, inside the allocation we own exclusively here.
+            unsafe { memory.as_ptr().add(page).write_volatile(0) };
+        }
         let links: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(NIL)).collect();
         let meta: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
         let shares: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();

@@ -1,0 +1,76 @@
+//! Criterion curves for the local data exchange: records/s through record writer →
+//! local channel → input gate on two pinned cores, over record size, with a
+//! `crossbeam_channel` of the same records and the single-thread memcpy ceiling beside
+//! it; 1→2 key-hash and 2→2 round-robin; buffer timeout 100 ms and 0.
+//!
+//! Latency percentiles and the open-loop run: `weir compare exchange`.
+
+// criterion_group! generates an undocumented `pub fn`.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use weir_bench::exchange_peers::{crossbeam_channel, memcpy_ceiling, weir_exchange, Routing};
+
+fn config() -> Criterion {
+    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
+    let base = Criterion::default().configure_from_args();
+    if quick {
+        base.sample_size(10)
+            .warm_up_time(Duration::from_millis(200))
+            .measurement_time(Duration::from_millis(600))
+    } else {
+        base.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2))
+    }
+}
+
+const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
+
+fn record_size(c: &mut Criterion) {
+    macro_rules! size {
+        ($n:literal) => {{
+            let mut group = c.benchmark_group(concat!("exchange/1to1_", stringify!($n), "B"));
+            group.throughput(Throughput::Elements(1));
+            group.bench_function("weir", |b| {
+                b.iter_custom(|n| {
+                    weir_exchange::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1)).elapsed
+                })
+            });
+            group.bench_function("crossbeam_channel", |b| {
+                b.iter_custom(|n| crossbeam_channel::<$n>(n).elapsed)
+            });
+            group.bench_function("memcpy ceiling", |b| {
+                b.iter_custom(|n| memcpy_ceiling($n, n).elapsed)
+            });
+            group.finish();
+        }};
+    }
+    size!(8);
+    size!(100);
+    size!(1000);
+}
+
+fn fan_out(c: &mut Criterion) {
+    let mut group = c.benchmark_group("exchange/100B");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("1to2 key-hash", |b| {
+        b.iter_custom(|n| weir_exchange::<100>(1, 2, Routing::KeyHash, TIMEOUT, n.max(2)).elapsed)
+    });
+    group.bench_function("2to2 round-robin", |b| {
+        b.iter_custom(|n| {
+            weir_exchange::<100>(2, 2, Routing::RoundRobin, TIMEOUT, n.max(2)).elapsed
+        })
+    });
+    group.bench_function("1to1 timeout 0", |b| {
+        b.iter_custom(|n| {
+            weir_exchange::<100>(1, 1, Routing::RoundRobin, Some(Duration::ZERO), n.max(1)).elapsed
+        })
+    });
+    group.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = record_size, fan_out }
+criterion_main!(benches);
