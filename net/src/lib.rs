@@ -1,13 +1,20 @@
-//! Weir's kernel-facing half: the per-core I/O drivers (io_uring with an epoll
-//! fallback), the lookup service and its client, and the TCP transport for remote
-//! channels. It builds on the traits `weir-engine` defines.
+//! Weir's kernel-facing half: the per-core I/O drivers (io_uring, with an epoll
+//! fallback), and the lookup service with its client. It implements what `weir-engine`
+//! leaves abstract.
 //!
-//! Nothing is implemented here yet; the crate exists so the workspace's dependency
-//! direction (`engine` ← `net` ← `bench`) is fixed from the start.
+//! - [`driver`]: the driver interface and the io_uring/epoll choice;
+//! - `uring`, `epoll`: the two drivers;
+//! - [`lookup`]: the service (binary protocol, latency distributions, fault injection)
+//!   and the pipelined client that is an `AsyncFunction`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(
-    missing_docs,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+pub mod driver;
+pub mod epoll;
+pub mod error;
+pub mod lookup;
+pub mod uring;
+
+pub use driver::{build as build_driver, ConnId, Driver, DriverEvent, DriverKind, Wake};
+pub use error::NetError;

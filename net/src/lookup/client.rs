@@ -1,0 +1,296 @@
+//! The lookup client: an [`AsyncFunction`] whose calls are lookups on the worker's own
+//! driver, pipelined over one or more connections.
+//!
+//! A call appends a request frame to a connection's outbox and keeps its
+//! [`ResultFuture`] in a slab whose key is the request id; the task hands outboxes to
+//! the driver once per loop turn (many requests per send), and feeds received bytes
+//! back, which complete the futures on the same thread (the operator's fast path).
+//!
+//! Failure handling, so that nothing hangs: a malformed frame closes that connection
+//! with a logged [`NetError::Malformed`] and fails its outstanding requests; a closed
+//! or reset connection fails its outstanding requests; a request unanswered for
+//! `request_timeout` is failed (the operator's timeout normally fires first, making
+//! this completion stale). Failures are [`AsyncError::Call`], so the operator's retries
+//! apply. A connection that went away is re-established on the next request.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream};
+use std::rc::Rc;
+use std::time::Duration;
+
+use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
+use weir_engine::slab::{Key, Slab};
+
+use super::protocol::{decode_response, encode_request, STATUS_OK};
+use crate::driver::{ConnId, Driver, DriverEvent};
+use crate::error::NetError;
+
+/// A lookup as the client sees it: the key to send, and how to build the result from
+/// the value.
+pub trait LookupRequest: 'static {
+    /// The result type.
+    type Out: Send + 'static;
+    /// The key to look up.
+    fn key(&self) -> u64;
+    /// The result for a value.
+    fn complete(self, value: &[u8]) -> Self::Out;
+}
+
+/// Settings of a client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The service.
+    pub addr: SocketAddr,
+    /// Connections per client (requests go round robin).
+    pub connections: usize,
+    /// Requests outstanding at most (beyond: the call fails with "overloaded").
+    pub capacity: usize,
+    /// A request unanswered this long is failed.
+    pub request_timeout: Duration,
+}
+
+/// What a client did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Requests sent.
+    pub requests: u64,
+    /// Values received.
+    pub values: u64,
+    /// Error answers, closed connections and expiries, per failed request.
+    pub failed: u64,
+    /// Connections (re)established.
+    pub connects: u64,
+    /// Connections closed because of a malformed frame.
+    pub malformed: u64,
+}
+
+struct Connection {
+    id: Option<ConnId>,
+    outbox: Vec<u8>,
+    inbox: Vec<u8>,
+    close: bool,
+}
+
+struct Pending<R: LookupRequest> {
+    connection: usize,
+    request: R,
+    result: ResultFuture<R::Out>,
+}
+
+/// See the module docs. Shared (through `Rc<RefCell<_>>`) between the
+/// [`LookupFunction`] inside the operator and the task that drives the I/O.
+pub struct LookupClient<R: LookupRequest> {
+    config: ClientConfig,
+    connections: Vec<Connection>,
+    next: usize,
+    pending: Slab<Pending<R>>,
+    expiry: VecDeque<(u64, Key)>,
+    now_ns: u64,
+    stats: ClientStats,
+}
+
+impl<R: LookupRequest> LookupClient<R> {
+    /// A client; it connects on the first request.
+    pub fn new(config: ClientConfig) -> Result<Self, NetError> {
+        if config.connections == 0 {
+            return Err(NetError::Config("a lookup client needs at least one connection".into()));
+        }
+        let pending = Slab::new(config.capacity).map_err(|e| NetError::Config(e.to_string()))?;
+        let connections = (0..config.connections)
+            .map(|_| Connection { id: None, outbox: Vec::new(), inbox: Vec::new(), close: false })
+            .collect();
+        Ok(LookupClient { config, connections, next: 0, pending, expiry: VecDeque::new(), now_ns: 0, stats: ClientStats::default() })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// Requests waiting for an answer.
+    pub fn outstanding(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Sets the clock used for request expiry.
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+    }
+
+    /// Starts a lookup for `request`; its outcome completes `result`.
+    pub fn submit(&mut self, request: R, result: ResultFuture<R::Out>) {
+        let connection = self.next;
+        self.next = (self.next + 1) % self.connections.len();
+        let key = request.key();
+        let slot = match self.pending.try_insert(Pending { connection, request, result }) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                let message = format!("lookup client overloaded: {} requests outstanding", self.pending.len());
+                refused.result.complete_err(AsyncError::call(message));
+                return;
+            }
+        };
+        encode_request(&mut self.connections[connection].outbox, slot.to_u64(), key);
+        let deadline = self.now_ns.saturating_add(self.config.request_timeout.as_nanos() as u64);
+        self.expiry.push_back((deadline, slot));
+        self.stats.requests += 1;
+    }
+
+    /// Hands the outboxes to `driver`, connecting where needed, and closes connections
+    /// marked for closing.
+    pub fn flush(&mut self, driver: &mut dyn Driver) {
+        for index in 0..self.connections.len() {
+            if self.connections[index].close {
+                self.connections[index].close = false;
+                if let Some(id) = self.connections[index].id.take() {
+                    driver.close(id);
+                }
+            }
+            if self.connections[index].outbox.is_empty() {
+                continue;
+            }
+            if self.connections[index].id.is_none() {
+                match TcpStream::connect(self.config.addr).map_err(|e| NetError::io("connecting to the lookup service", e)) {
+                    Ok(stream) => match driver.register(stream) {
+                        Ok(id) => {
+                            self.connections[index].id = Some(id);
+                            self.connections[index].inbox.clear();
+                            self.stats.connects += 1;
+                        }
+                        Err(error) => self.fail_connection(index, &error),
+                    },
+                    Err(error) => self.fail_connection(index, &error),
+                }
+            }
+            let connection = &mut self.connections[index];
+            if let Some(id) = connection.id {
+                driver.send(id, &mut connection.outbox);
+            }
+        }
+    }
+
+    /// Takes a driver event for one of this client's connections; returns whether it was.
+    pub fn on_event(&mut self, event: &DriverEvent<'_>) -> bool {
+        let (conn, received) = match event {
+            DriverEvent::Received { conn, bytes } => (*conn, Some(*bytes)),
+            DriverEvent::Closed { conn, .. } => (*conn, None),
+        };
+        let Some(index) = self.connections.iter().position(|c| c.id == Some(conn)) else { return false };
+        match received {
+            Some(bytes) => self.receive(index, bytes),
+            None => {
+                let error = match event {
+                    DriverEvent::Closed { error: Some(error), .. } => {
+                        NetError::io("lookup connection", std::io::Error::new(error.kind(), error.to_string()))
+                    }
+                    _ => NetError::Closed { peer: self.config.addr.to_string(), pending: self.count_on(index) },
+                };
+                self.connections[index].id = None;
+                self.fail_connection(index, &error);
+            }
+        }
+        true
+    }
+
+    /// Fails requests unanswered past `request_timeout` at `now_ns`.
+    pub fn expire(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        while let Some(&(deadline, slot)) = self.expiry.front() {
+            if deadline > now_ns {
+                break;
+            }
+            self.expiry.pop_front();
+            if let Some(pending) = self.pending.remove(slot) {
+                self.stats.failed += 1;
+                let message = format!("no answer from the lookup service within {:?}", self.config.request_timeout);
+                pending.result.complete_err(AsyncError::call(message));
+            }
+        }
+        if self.pending.is_empty() {
+            self.expiry.clear();
+        }
+    }
+
+    fn count_on(&self, index: usize) -> usize {
+        self.pending.iter().filter(|(_, p)| p.connection == index).count()
+    }
+
+    fn receive(&mut self, index: usize, bytes: &[u8]) {
+        let mut inbox = std::mem::take(&mut self.connections[index].inbox);
+        inbox.extend_from_slice(bytes);
+        let mut offset = 0;
+        loop {
+            match decode_response(&inbox[offset..]) {
+                Ok(Some((response, used))) => {
+                    offset += used;
+                    let Some(pending) = self.pending.remove(Key::from_u64(response.request_id)) else {
+                        continue; // expired meanwhile
+                    };
+                    if response.status == STATUS_OK {
+                        self.stats.values += 1;
+                        let out = pending.request.complete(response.value);
+                        pending.result.complete([out]);
+                    } else {
+                        self.stats.failed += 1;
+                        let error = NetError::Service {
+                            key: pending.request.key(),
+                            message: String::from_utf8_lossy(response.value).into_owned(),
+                        };
+                        pending.result.complete_err(AsyncError::call(error));
+                    }
+                }
+                Ok(None) => break,
+                Err(malformed) => {
+                    let error = NetError::Malformed { peer: self.config.addr.to_string(), reason: malformed.0 };
+                    eprintln!("weir lookup client: {error}");
+                    self.stats.malformed += 1;
+                    self.connections[index].close = true;
+                    self.fail_connection(index, &error);
+                    return;
+                }
+            }
+        }
+        inbox.drain(..offset);
+        self.connections[index].inbox = inbox;
+    }
+
+    /// Fails every request outstanding on connection `index` with `error`.
+    fn fail_connection(&mut self, index: usize, error: &NetError) {
+        let slots: Vec<Key> = self.pending.iter().filter(|(_, p)| p.connection == index).map(|(k, _)| k).collect();
+        for slot in slots {
+            if let Some(pending) = self.pending.remove(slot) {
+                self.stats.failed += 1;
+                pending.result.complete_err(AsyncError::call(error.to_string()));
+            }
+        }
+        let connection = &mut self.connections[index];
+        connection.outbox.clear();
+        connection.inbox.clear();
+    }
+}
+
+/// The [`AsyncFunction`] side of a [`LookupClient`].
+pub struct LookupFunction<R: LookupRequest> {
+    client: Rc<RefCell<LookupClient<R>>>,
+}
+
+impl<R: LookupRequest> LookupFunction<R> {
+    /// A function submitting to `client`.
+    pub fn new(client: Rc<RefCell<LookupClient<R>>>) -> Self {
+        LookupFunction { client }
+    }
+}
+
+impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
+    type In = R;
+    type Out = R::Out;
+
+    fn invoke(&mut self, input: &R, result: ResultFuture<R::Out>) {
+        self.client.borrow_mut().submit(input.clone(), result);
+    }
+
+    fn key(&self, input: &R) -> u64 {
+        input.key()
+    }
+}

@@ -1,0 +1,10 @@
+//! The lookup service (the embedded external system) and its client.
+
+pub mod client;
+pub mod latency;
+pub mod protocol;
+pub mod server;
+
+pub use client::{ClientConfig, ClientStats, LookupClient, LookupFunction, LookupRequest};
+pub use latency::{parse_duration, Latency, Rng};
+pub use server::{Faults, LookupServer, ServerConfig, ServerStats};

@@ -1,0 +1,383 @@
+//! The lookup service: the embedded external system of the main job and benches.
+//!
+//! A TCP server on its own thread (an epoll event loop through `mio`) answering each
+//! request after a latency drawn from a [`Latency`] distribution. Delays are timers on a
+//! hashed timing wheel, not sleeps, so many thousands of requests wait at once and
+//! answers leave out of order. Fault injection: error responses, connection resets,
+//! stalls (a request is never answered) and malformed frames, each at a rate.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use weir_engine::timer::TimerWheel;
+
+use super::latency::{Latency, Rng};
+use super::protocol::{decode_request, encode_response, STATUS_ERROR, STATUS_OK, VALUE_LEN_MAX};
+use crate::error::NetError;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONNECTION: usize = 2;
+
+/// Faults the service injects, each a probability per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    /// Answer with an error status.
+    pub error_rate: f64,
+    /// Close the connection instead of answering (the client sees a reset).
+    pub reset_rate: f64,
+    /// Never answer.
+    pub stall_rate: f64,
+    /// Answer with bytes that are not a frame.
+    pub malformed_rate: f64,
+}
+
+/// Settings of a lookup service.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen (port 0: any free port).
+    pub addr: SocketAddr,
+    /// Delay before each answer.
+    pub latency: Latency,
+    /// Bytes of each value.
+    pub value_size: usize,
+    /// Injected faults.
+    pub faults: Faults,
+    /// Seed of latency and fault sampling.
+    pub seed: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            latency: Latency::Fixed(Duration::ZERO),
+            value_size: 32,
+            faults: Faults::default(),
+            seed: 1,
+        }
+    }
+}
+
+/// What the service did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests read.
+    pub requests: u64,
+    /// Successful answers sent.
+    pub answered: u64,
+    /// Error answers sent.
+    pub errors: u64,
+    /// Connections reset on purpose.
+    pub resets: u64,
+    /// Requests never answered on purpose.
+    pub stalls: u64,
+    /// Malformed frames sent on purpose.
+    pub malformed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    answered: AtomicU64,
+    errors: AtomicU64,
+    resets: AtomicU64,
+    stalls: AtomicU64,
+    malformed: AtomicU64,
+}
+
+/// A running lookup service; stops when dropped.
+pub struct LookupServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    counters: Arc<Counters>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LookupServer {
+    /// Binds and starts the service thread.
+    pub fn start(config: ServerConfig) -> Result<Self, NetError> {
+        if config.value_size > VALUE_LEN_MAX {
+            return Err(NetError::Config(format!(
+                "value size {} exceeds the protocol's maximum of {VALUE_LEN_MAX}",
+                config.value_size
+            )));
+        }
+        for (name, rate) in [
+            ("error", config.faults.error_rate),
+            ("reset", config.faults.reset_rate),
+            ("stall", config.faults.stall_rate),
+            ("malformed", config.faults.malformed_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(NetError::Config(format!("{name} rate {rate} outside 0..=1")));
+            }
+        }
+        let listener = TcpListener::bind(config.addr).map_err(|e| NetError::io("binding the lookup service", e))?;
+        let addr = listener.local_addr().map_err(|e| NetError::io("reading the bound address", e))?;
+        let poll = Poll::new().map_err(|e| NetError::io("creating the service's poll", e))?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("creating a waker", e))?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let mut event_loop = EventLoop {
+            poll,
+            listener,
+            connections: HashMap::new(),
+            next_token: FIRST_CONNECTION,
+            timers: TimerWheel::new(65_536, 4096),
+            epoch: Instant::now(),
+            rng: Rng::new(config.seed),
+            config,
+            stop: Arc::clone(&stop),
+            counters: Arc::clone(&counters),
+            value: Vec::new(),
+        };
+        event_loop
+            .poll
+            .registry()
+            .register(&mut event_loop.listener, LISTENER, Interest::READABLE)
+            .map_err(|e| NetError::io("registering the listener", e))?;
+        let thread = std::thread::Builder::new()
+            .name("weir-lookup".into())
+            .spawn(move || event_loop.run())
+            .map_err(|e| NetError::io("spawning the service thread", e))?;
+        Ok(LookupServer { addr, stop, waker, counters, thread: Some(thread) })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            answered: c.answered.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            resets: c.resets.load(Ordering::Relaxed),
+            stalls: c.stalls.load(Ordering::Relaxed),
+            malformed: c.malformed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops the service and waits for its thread.
+    pub fn stop(mut self) -> ServerStats {
+        self.shutdown();
+        self.stats()
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.waker.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for LookupServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Connection {
+    stream: TcpStream,
+    generation: u64,
+    inbox: Vec<u8>,
+    outbox: Vec<u8>,
+}
+
+struct EventLoop {
+    poll: Poll,
+    listener: TcpListener,
+    connections: HashMap<usize, Connection>,
+    next_token: usize,
+    timers: TimerWheel<(usize, u64, u64, u64)>,
+    epoch: Instant,
+    rng: Rng,
+    config: ServerConfig,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    value: Vec<u8>,
+}
+
+impl EventLoop {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.now_ns();
+            let timeout = self.timers.next_deadline().map(|d| Duration::from_nanos(d.saturating_sub(now)));
+            if let Err(error) = self.poll.poll(&mut events, timeout) {
+                if error.kind() != io::ErrorKind::Interrupted {
+                    eprintln!("weir lookup service: poll failed: {error}");
+                    return;
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(token) => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.read(token);
+                        }
+                        if event.is_writable() {
+                            self.flush(token);
+                        }
+                    }
+                }
+            }
+            let now = self.now_ns();
+            while let Some((_, (token, generation, request_id, key))) = self.timers.pop_due(now) {
+                self.answer(token, generation, request_id, key);
+            }
+            let tokens: Vec<usize> =
+                self.connections.iter().filter(|(_, c)| !c.outbox.is_empty()).map(|(t, _)| *t).collect();
+            for token in tokens {
+                self.flush(token);
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
+                        .is_ok()
+                    {
+                        self.connections.insert(
+                            token,
+                            Connection { stream, generation: token as u64, inbox: Vec::new(), outbox: Vec::new() },
+                        );
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    eprintln!("weir lookup service: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, token: usize) {
+        if let Some(mut connection) = self.connections.remove(&token) {
+            let _ = self.poll.registry().deregister(&mut connection.stream);
+        }
+    }
+
+    fn read(&mut self, token: usize) {
+        let mut buffer = [0u8; 64 * 1024];
+        loop {
+            let Some(connection) = self.connections.get_mut(&token) else { return };
+            match connection.stream.read(&mut buffer) {
+                Ok(0) => return self.close(token),
+                Ok(n) => connection.inbox.extend_from_slice(&buffer[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return self.close(token),
+            }
+        }
+        let now = self.now_ns();
+        let mut offset = 0;
+        loop {
+            let Some(connection) = self.connections.get_mut(&token) else { return };
+            let generation = connection.generation;
+            match decode_request(&connection.inbox[offset..]) {
+                Ok(Some((request, used))) => {
+                    offset += used;
+                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                    let faults = self.config.faults;
+                    if self.rng.chance(faults.reset_rate) {
+                        self.counters.resets.fetch_add(1, Ordering::Relaxed);
+                        return self.close(token);
+                    }
+                    if self.rng.chance(faults.stall_rate) {
+                        self.counters.stalls.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
+                    if delay == 0 {
+                        self.answer(token, generation, request.request_id, request.key);
+                    } else {
+                        self.timers.schedule(now + delay, (token, generation, request.request_id, request.key));
+                    }
+                }
+                Ok(None) => break,
+                Err(malformed) => {
+                    eprintln!("weir lookup service: malformed request ({}); closing the connection", malformed.0);
+                    return self.close(token);
+                }
+            }
+        }
+        if let Some(connection) = self.connections.get_mut(&token) {
+            connection.inbox.drain(..offset);
+        }
+    }
+
+    fn answer(&mut self, token: usize, generation: u64, request_id: u64, key: u64) {
+        let faults = self.config.faults;
+        let error = self.rng.chance(faults.error_rate);
+        let malformed = self.rng.chance(faults.malformed_rate);
+        if self.value.len() != self.config.value_size {
+            self.value = vec![0; self.config.value_size];
+        }
+        for (i, byte) in self.value.iter_mut().enumerate() {
+            *byte = key.to_le_bytes()[i % 8];
+        }
+        let Some(connection) = self.connections.get_mut(&token) else { return };
+        if connection.generation != generation {
+            return;
+        }
+        if malformed {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            connection.outbox.extend_from_slice(&3u32.to_le_bytes());
+            connection.outbox.extend_from_slice(&[0xde, 0xad, 0xbe]);
+        } else if error {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            encode_response(&mut connection.outbox, request_id, STATUS_ERROR, b"injected error");
+        } else {
+            self.counters.answered.fetch_add(1, Ordering::Relaxed);
+            encode_response(&mut connection.outbox, request_id, STATUS_OK, &self.value);
+        }
+    }
+
+    fn flush(&mut self, token: usize) {
+        let Some(connection) = self.connections.get_mut(&token) else { return };
+        let mut written = 0;
+        while written < connection.outbox.len() {
+            match connection.stream.write(&connection.outbox[written..]) {
+                Ok(0) => break,
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    return self.close(token);
+                }
+            }
+        }
+        connection.outbox.drain(..written);
+    }
+}
