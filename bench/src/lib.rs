@@ -16,5 +16,6 @@ pub mod affinity;
 pub mod async_peers;
 pub mod compare;
 pub mod exchange_peers;
+pub mod job;
 pub mod pool_peers;
 pub mod ring_peers;

@@ -1,10 +1,19 @@
 //! `weir`: the command of the Weir stream-processing core.
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use weir_bench::compare;
+use weir_bench::{compare, job};
+use weir_engine::async_io::OutputMode;
+use weir_engine::runtime::job::{JobProgress, KeyDistribution};
+use weir_engine::runtime::Cores;
+use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
+use weir_net::DriverKind;
 
 #[derive(Parser)]
 #[command(
@@ -19,8 +28,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The main job (embedded lookup service → async lookup → exchange → sink).
-    Run,
+    /// The main job: embedded lookup service → async lookup → key-hash exchange → sink.
+    Run(RunArgs),
+    /// The lookup service alone, until interrupted.
+    ServeLookup(ServeArgs),
     /// Weir against its peers in interleaved turns; prints medians and ratios.
     Compare {
         /// Which structures to compare.
@@ -41,6 +52,116 @@ enum Command {
     },
 }
 
+#[derive(clap::Args, Debug, Clone)]
+struct RunArgs {
+    /// Records to generate.
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    records: u64,
+    /// Records per second (open loop, latency counted from the intended time); default:
+    /// as fast as the pipeline accepts.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Output mode of the async lookup.
+    #[arg(long, value_enum, default_value_t = Mode::Unordered)]
+    mode: Mode,
+    /// In-flight lookups per source subtask.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    capacity: u64,
+    /// Lookup latency: fixed:<d>, uniform:<d>..<d>, lognormal:<median>,<sigma>.
+    #[arg(long, default_value = "fixed:1ms", value_parser = parse_latency)]
+    latency: Latency,
+    /// Async timeout per lookup (e.g. 1s, 500ms).
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
+    timeout: Duration,
+    /// Retries after a failed lookup (fixed delay, --retry-delay).
+    #[arg(long, default_value_t = 0)]
+    retries: u32,
+    /// Delay between retries.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    retry_delay: Duration,
+    /// Workers: a count, or a comma-separated list of core ids.
+    #[arg(long)]
+    cores: Option<String>,
+    /// Do not pin workers to cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// I/O driver (default: WEIR_DRIVER, else io_uring with epoll fallback).
+    #[arg(long)]
+    driver: Option<DriverKind>,
+    /// Bytes per looked-up value.
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: u64,
+    /// Share of records on the hottest 1% of keys (skew); 0 = uniform.
+    #[arg(long, default_value_t = 0.0)]
+    skew: f64,
+    /// Lookup connections per source subtask.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    connections: u64,
+    /// Use a running service at this address instead of the embedded one.
+    #[arg(long)]
+    lookup_addr: Option<SocketAddr>,
+    /// Injected error-response rate at the embedded service.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Exchange buffer timeout (0 = flush every record).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    buffer_timeout: Duration,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    addr: SocketAddr,
+    /// Latency distribution.
+    #[arg(long, default_value = "fixed:1ms", value_parser = parse_latency)]
+    latency: Latency,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+    /// Error-response rate.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Connection-reset rate per request.
+    #[arg(long, default_value_t = 0.0)]
+    reset_rate: f64,
+    /// Rate of requests never answered.
+    #[arg(long, default_value_t = 0.0)]
+    stall_rate: f64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Ordered,
+    Unordered,
+    Keyed,
+}
+
+fn parse_latency(text: &str) -> Result<Latency, String> {
+    text.parse()
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    weir_net::lookup::parse_duration(text)
+}
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err("must be positive".into());
+    }
+    Ok(duration)
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Suite {
     Ring,
@@ -49,10 +170,21 @@ enum Suite {
     Exchange,
 }
 
+/// `weir` with no subcommand: `weir run` on its defaults.
+#[derive(Parser)]
+struct DefaultRun {
+    #[command(flatten)]
+    args: RunArgs,
+}
+
 fn main() {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => run_placeholder(),
+    let command = cli
+        .command
+        .unwrap_or_else(|| Command::Run(DefaultRun::parse_from(["weir"]).args));
+    match command {
+        Command::Run(args) => std::process::exit(run_job(args)),
+        Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::Compare {
             suite,
             rounds,
@@ -99,24 +231,211 @@ fn main() {
     }
 }
 
-/// What `weir run` says until the runtime lands: what exists, and what to run instead.
-fn run_placeholder() {
-    println!("weir {}", env!("CARGO_PKG_VERSION"));
-    println!();
-    println!("The main job (embedded lookup service -> async lookup -> key-hash exchange ->");
-    println!("counting sink) is not available yet: it needs the per-core runtime, the I/O");
-    println!("drivers and the async operator, which are still to be built. Nothing was run.");
-    println!();
-    println!("Built so far, in weir-engine:");
-    println!("  ring      SPSC mail ring (batch push/pop, disconnect detection)");
-    println!("  slab      fixed-capacity generational slab");
-    println!("  park      parker with a race-free check-then-park");
-    println!("  mailbox   per-task inbox: wired SPSC rings, a foreign MPSC inbox, local mail");
-    println!("  exchange  network and local buffer pools with lock-free recycling");
-    println!();
-    println!("Try:");
-    println!("  scripts/test.sh                       tests, benches once, loom models");
-    println!("  cargo run --release -- compare ring   Weir's ring against rtrb, crossbeam, std");
-    println!("  cargo run --release -- compare pool   Weir's pool against mutex and queue pools");
-    println!("  cargo bench --bench ring --bench pool criterion curves");
+fn run_job(args: RunArgs) -> i32 {
+    let driver = match args.driver {
+        Some(kind) => kind,
+        None => match weir_net::driver::kind_from_env() {
+            Ok(kind) => kind,
+            Err(error) => {
+                eprintln!("error: WEIR_DRIVER: {error}");
+                return 2;
+            }
+        },
+    };
+    let cores = match args.cores.as_deref() {
+        None => Cores::Count(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        ),
+        Some(text) if !text.contains(',') && text.parse::<usize>().is_ok() => {
+            Cores::Count(text.parse().unwrap_or(1))
+        }
+        Some(text) => match text
+            .split(',')
+            .map(|c| c.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(list) => Cores::List(list),
+            Err(_) => {
+                eprintln!("error: --cores takes a count or a comma-separated list of core ids, got {text:?}");
+                return 2;
+            }
+        },
+    };
+    if let Some(rate) = args.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            eprintln!("error: --rate must be a positive number of records per second");
+            return 2;
+        }
+    }
+    if !(0.0..=1.0).contains(&args.skew) {
+        eprintln!("error: --skew must be in 0..=1");
+        return 2;
+    }
+    let server = match args.lookup_addr {
+        Some(_) => None,
+        None => {
+            let config = ServerConfig {
+                latency: args.latency,
+                value_size: args.value_size,
+                faults: Faults {
+                    error_rate: args.error_rate,
+                    ..Faults::default()
+                },
+                ..ServerConfig::default()
+            };
+            match LookupServer::start(config) {
+                Ok(server) => Some(server),
+                Err(error) => {
+                    eprintln!("error: cannot start the embedded lookup service: {error}");
+                    return 1;
+                }
+            }
+        }
+    };
+    let service = args
+        .lookup_addr
+        .unwrap_or_else(|| server.as_ref().map(|s| s.addr()).expect("embedded"));
+    let keys = if args.skew > 0.0 {
+        KeyDistribution::Skewed {
+            keys: args.keys,
+            hot_keys: (args.keys / 100).max(1),
+            hot_fraction: args.skew,
+        }
+    } else {
+        KeyDistribution::Uniform { keys: args.keys }
+    };
+    let settings = job::JobSettings {
+        records: args.records,
+        rate: args.rate,
+        mode: match args.mode {
+            Mode::Ordered => OutputMode::Ordered,
+            Mode::Unordered => OutputMode::Unordered,
+            Mode::Keyed => OutputMode::KeyedOrdered,
+        },
+        capacity: args.capacity as usize,
+        timeout: args.timeout,
+        retries: args.retries,
+        retry_delay: args.retry_delay,
+        cores,
+        pin: !args.no_pin,
+        driver,
+        service,
+        connections: args.connections as usize,
+        keys,
+        buffer_timeout: Some(args.buffer_timeout),
+    };
+    eprintln!(
+        "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",
+        settings.records,
+        settings.mode,
+        settings.capacity,
+        args.latency,
+        service,
+        if server.is_some() {
+            "embedded"
+        } else {
+            "external"
+        }
+    );
+    let progress = Arc::new(JobProgress::default());
+    let handle = {
+        let settings = settings.clone();
+        let progress = Arc::clone(&progress);
+        std::thread::spawn(move || job::run(&settings, progress))
+    };
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let bar = indicatif::ProgressBar::new(settings.records);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} records  {per_sec}  in flight {msg}  [{elapsed_precise}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    while !handle.is_finished() {
+        bar.set_position(progress.received.load(Ordering::Relaxed));
+        bar.set_message(progress.in_flight.load(Ordering::Relaxed).to_string());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bar.finish_and_clear();
+    let result = handle.join();
+    let stats = server.map(|s| s.stop());
+    let (report, elapsed) = match result {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => {
+            eprintln!("error: the job failed: {error}");
+            return 1;
+        }
+        Err(_) => {
+            eprintln!("error: the job's thread panicked");
+            return 1;
+        }
+    };
+    println!(
+        "{}",
+        job::render(&settings, &report, elapsed, args.latency.mean())
+    );
+    if let Some(stats) = stats {
+        println!(
+            "  {:<28} {} requests, {} errors injected",
+            "lookup service", stats.requests, stats.errors
+        );
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&job::to_json(&settings, &report, elapsed))
+            .expect("plain JSON");
+        if let Err(error) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {error}", path.display());
+            return 1;
+        }
+    }
+    if report.missing > 0 || report.duplicates > 0 {
+        eprintln!(
+            "error: {} records lost and {} duplicated",
+            report.missing, report.duplicates
+        );
+        return 1;
+    }
+    0
+}
+
+fn serve(args: ServeArgs) -> i32 {
+    let config = ServerConfig {
+        addr: args.addr,
+        latency: args.latency,
+        value_size: args.value_size,
+        faults: Faults {
+            error_rate: args.error_rate,
+            reset_rate: args.reset_rate,
+            stall_rate: args.stall_rate,
+            malformed_rate: 0.0,
+        },
+        seed: 1,
+    };
+    match LookupServer::start(config) {
+        Ok(server) => {
+            eprintln!(
+                "weir lookup service listening on {} (latency {:?}); Ctrl-C stops it",
+                server.addr(),
+                args.latency
+            );
+            loop {
+                std::thread::sleep(Duration::from_secs(10));
+                let stats = server.stats();
+                eprintln!(
+                    "weir lookup service: {} requests, {} answered",
+                    stats.requests, stats.answered
+                );
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
+        }
+    }
 }

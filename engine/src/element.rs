@@ -60,3 +60,10 @@ impl<T> Collector<T> for Vec<StreamElement<T>> {
         self.push(element);
     }
 }
+
+impl<T> Collector<T> for std::collections::VecDeque<StreamElement<T>> {
+    #[inline]
+    fn collect(&mut self, element: StreamElement<T>) {
+        self.push_back(element);
+    }
+}

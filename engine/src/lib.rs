@@ -28,6 +28,7 @@ pub mod limits;
 pub mod mailbox;
 pub mod park;
 pub mod ring;
+pub mod runtime;
 pub mod slab;
 pub(crate) mod sync;
 pub mod timer;

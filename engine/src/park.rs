@@ -64,6 +64,37 @@ impl ParkBackend for ThreadPark {
     }
 }
 
+/// A backend on a mutex and condition variable: works whichever thread created it
+/// (unlike [`ThreadPark`], which names its thread), for workers without an I/O driver.
+#[derive(Debug, Default)]
+pub struct CondvarPark {
+    token: std::sync::Mutex<bool>,
+    condvar: std::sync::Condvar,
+}
+
+impl ParkBackend for CondvarPark {
+    fn wait(&self, timeout: Option<Duration>) {
+        let mut token = self.token.lock().unwrap_or_else(|e| e.into_inner());
+        if !*token {
+            token = match timeout {
+                Some(t) => {
+                    self.condvar
+                        .wait_timeout(token, t)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.condvar.wait(token).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+        *token = false;
+    }
+
+    fn wake(&self) {
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.condvar.notify_one();
+    }
+}
+
 struct Inner {
     state: AtomicU8,
     backend: Box<dyn ParkBackend>,
@@ -156,6 +187,46 @@ impl Parker {
             return Wakeup::Notified;
         }
         outcome
+    }
+}
+
+impl Parker {
+    /// Like [`park`](Self::park), but sleeps by calling `wait` once (e.g. a driver turn
+    /// that also reaps I/O) instead of the backend's `wait`. Returns after that one call
+    /// (a driver returns on I/O too, which is work for the caller); the backend's
+    /// `wake` must make `wait` return.
+    pub fn park_with(
+        &self,
+        timeout: Option<Duration>,
+        is_ready: impl FnOnce() -> bool,
+        wait: impl FnOnce(Option<Duration>),
+    ) -> Wakeup {
+        // AcqRel: as in `park`.
+        if self.inner.state.swap(PARKED, Ordering::AcqRel) == NOTIFIED {
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Wakeup::Notified;
+        }
+        if is_ready() {
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Wakeup::Ready;
+        }
+        wait(timeout);
+        // Swap: reads the latest state and synchronises with any waker before it.
+        if self.inner.state.swap(EMPTY, Ordering::AcqRel) == NOTIFIED {
+            Wakeup::Notified
+        } else {
+            Wakeup::TimedOut
+        }
+    }
+}
+
+impl<B: ParkBackend + ?Sized> ParkBackend for std::sync::Arc<B> {
+    fn wait(&self, timeout: Option<Duration>) {
+        (**self).wait(timeout);
+    }
+
+    fn wake(&self) {
+        (**self).wake();
     }
 }
 

@@ -1,58 +1,13 @@
-//! The per-worker I/O driver interface, and the choice between io_uring and epoll.
-//!
-//! A driver owns the worker's sockets. Tasks queue bytes with [`Driver::send`]; each
-//! loop turn, [`Driver::turn`] submits every queued send at once (one `io_uring_enter`,
-//! or one `write` per connection with epoll), reaps completions, and hands received
-//! bytes and closed connections to the caller. Blocking happens only in `turn` with a
-//! timeout, which is how an idle worker parks: another thread wakes it through the
-//! driver's [`Wake`] handle (an eventfd).
+//! Choosing a driver (io_uring or epoll) for the engine's
+//! [`Driver`](weir_engine::runtime::Driver) interface, and the eventfd both use to be
+//! woken from another thread.
 
-use std::net::TcpStream;
-use std::sync::Arc;
 use std::time::Duration;
 
 use weir_engine::park::ParkBackend;
+use weir_engine::runtime::Driver;
 
 use crate::error::NetError;
-
-/// A connection registered with a driver.
-pub type ConnId = usize;
-
-/// What a turn reports.
-#[derive(Debug)]
-pub enum DriverEvent<'a> {
-    /// Bytes arrived on `conn`.
-    Received {
-        /// The connection.
-        conn: ConnId,
-        /// The bytes (valid during the callback).
-        bytes: &'a [u8],
-    },
-    /// `conn` is closed (by the peer, an error, or [`Driver::close`]); it is forgotten.
-    Closed {
-        /// The connection.
-        conn: ConnId,
-        /// The error, if it did not close cleanly.
-        error: Option<std::io::Error>,
-    },
-}
-
-/// One worker's I/O.
-pub trait Driver {
-    /// `"uring"` or `"epoll"`.
-    fn name(&self) -> &'static str;
-    /// Takes ownership of a connected stream.
-    fn register(&mut self, stream: TcpStream) -> Result<ConnId, NetError>;
-    /// Queues `bytes` (drained from the vector) to be sent on `conn` at the next turn.
-    fn send(&mut self, conn: ConnId, bytes: &mut Vec<u8>);
-    /// Closes `conn`; a `Closed` event follows once the kernel has let go of its buffers.
-    fn close(&mut self, conn: ConnId);
-    /// Submits queued sends, waits up to `timeout` (`Some(ZERO)`: not at all) for
-    /// something to happen, and reports what did.
-    fn turn(&mut self, timeout: Option<Duration>, on_event: &mut dyn FnMut(DriverEvent<'_>)) -> Result<(), NetError>;
-    /// A handle that wakes this driver's thread from `turn`, from any thread.
-    fn wake_handle(&self) -> Arc<Wake>;
-}
 
 /// Which driver to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +27,9 @@ impl std::str::FromStr for DriverKind {
             "auto" => Ok(DriverKind::Auto),
             "uring" | "io_uring" => Ok(DriverKind::Uring),
             "epoll" | "mio" => Ok(DriverKind::Epoll),
-            other => Err(format!("unknown driver {other:?}; use uring, epoll or auto")),
+            other => Err(format!(
+                "unknown driver {other:?}; use uring, epoll or auto"
+            )),
         }
     }
 }
@@ -111,10 +68,14 @@ impl Wake {
         // SAFETY: eventfd has no memory-safety preconditions; we check the result.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(NetError::io("creating an eventfd", std::io::Error::last_os_error()));
+            return Err(NetError::io(
+                "creating an eventfd",
+                std::io::Error::last_os_error(),
+            ));
         }
         // SAFETY: `fd` is a fresh descriptor we own.
-        Ok(Wake { fd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) } })
+        let fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        Ok(Wake { fd })
     }
 
     pub(crate) fn raw(&self) -> std::os::fd::RawFd {
@@ -140,7 +101,11 @@ impl Wake {
 impl ParkBackend for Wake {
     /// Blocks on the eventfd itself (for a thread that parks without its driver).
     fn wait(&self, timeout: Option<Duration>) {
-        let mut poll = libc::pollfd { fd: self.raw(), events: libc::POLLIN, revents: 0 };
+        let mut poll = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let millis = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll, 1, millis) };

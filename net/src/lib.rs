@@ -8,7 +8,11 @@
 //!   and the pipelined client that is an `AsyncFunction`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#![warn(
+    missing_docs,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
 
 pub mod driver;
 pub mod epoll;
@@ -16,5 +20,5 @@ pub mod error;
 pub mod lookup;
 pub mod uring;
 
-pub use driver::{build as build_driver, ConnId, Driver, DriverEvent, DriverKind, Wake};
+pub use driver::{build as build_driver, DriverKind, Wake};
 pub use error::NetError;

@@ -38,3 +38,24 @@ impl AsyncMetrics {
         }
     }
 }
+
+impl Default for AsyncMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AsyncMetrics {
+    /// Adds `other`'s counts and latencies to these (for several subtasks).
+    pub fn merge(&mut self, other: &AsyncMetrics) {
+        self.completed += other.completed;
+        self.retried += other.retried;
+        self.timed_out += other.timed_out;
+        self.failed += other.failed;
+        self.emitted += other.emitted;
+        self.backpressured_ns += other.backpressured_ns;
+        self.latency_ns
+            .add(&other.latency_ns)
+            .expect("histograms share bounds");
+    }
+}

@@ -50,6 +50,8 @@ struct Entry<In, Out> {
     state: State<Out>,
     timeout_armed: bool,
     retry_armed: bool,
+    /// Attempted at once at end of input: its outcome stands (no further retry).
+    final_attempt: bool,
     next_in_chain: Option<Key>,
     next_parked: Option<Key>,
     first_invoked_ns: u64,
@@ -83,7 +85,6 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     live_timers: usize,
     completions: CompletionQueue<F::Out>,
     next_sequence: u64,
-    finishing: bool,
     closed: bool,
     failure: Option<String>,
     metrics: AsyncMetrics,
@@ -116,7 +117,6 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             live_timers: 0,
             completions: CompletionQueue::new(capacity, Box::new(notify)),
             next_sequence: 0,
-            finishing: false,
             closed: false,
             failure: None,
             metrics: AsyncMetrics::new(),
@@ -222,6 +222,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             state: State::InFlight,
             timeout_armed: self.timeout_ns.is_some(),
             retry_armed: false,
+            final_attempt: false,
             next_in_chain: None,
             next_parked: None,
             first_invoked_ns: now_ns,
@@ -320,8 +321,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         Ok(Some(deadline))
     }
 
-    /// End of input: retries waiting for their delay are attempted now, and no outcome
-    /// is retried from here on. The caller then drains until [`in_flight`] is 0 and
+    /// End of input: retries waiting for their delay are attempted now, and their
+    /// outcomes are not retried again (elements still in their first or a running
+    /// attempt keep their retries). The caller then drains until [`in_flight`] is 0 and
     /// calls [`close`](Self::close).
     ///
     /// [`in_flight`]: Self::in_flight
@@ -331,7 +333,6 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         out: &mut impl Collector<F::Out>,
     ) -> Result<(), OperatorError> {
         self.check()?;
-        self.finishing = true;
         let mut waiting: Vec<(u64, Key)> = self
             .entries
             .iter()
@@ -342,6 +343,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         for (_, slot) in waiting {
             let entry = self.entry_mut(slot);
             entry.retry_armed = false;
+            entry.final_attempt = true;
             self.live_timers -= 1;
             self.invoke_again(slot, now_ns);
         }
@@ -388,8 +390,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             .expect("entry referenced by the queue is live")
     }
 
-    fn may_retry(&self, invocations: u32) -> bool {
-        !self.finishing
+    fn may_retry(&self, invocations: u32, final_attempt: bool) -> bool {
+        !final_attempt
             && self
                 .retry
                 .as_ref()
@@ -413,7 +415,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             State::TimedOut => true,
             State::RetryWaiting | State::Done(_) => return Ok(()),
         };
-        let retry_allowed = !timed_out && self.may_retry(entry.invocations);
+        let retry_allowed = !timed_out && self.may_retry(entry.invocations, entry.final_attempt);
         match completion.outcome {
             Outcome::Results(results) => {
                 let retry = retry_allowed

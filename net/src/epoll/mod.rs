@@ -13,7 +13,10 @@ use std::time::Duration;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
-use crate::driver::{ConnId, Driver, DriverEvent, Wake};
+use weir_engine::park::ParkBackend;
+use weir_engine::runtime::{ConnId, Driver, DriverEvent};
+
+use crate::driver::Wake;
 use crate::error::NetError;
 
 const WAKE: Token = Token(usize::MAX);
@@ -38,7 +41,10 @@ pub struct EpollDriver {
 impl EpollDriver {
     /// A driver with its own epoll instance and eventfd.
     pub fn new() -> Result<Self, NetError> {
-        let setup = |source| NetError::DriverSetup { driver: "epoll", source };
+        let setup = |source| NetError::DriverSetup {
+            driver: "epoll",
+            source,
+        };
         let poll = Poll::new().map_err(setup)?;
         let wake = Arc::new(Wake::new()?);
         poll.registry()
@@ -56,7 +62,9 @@ impl EpollDriver {
     }
 
     fn flush(&mut self, conn: ConnId) {
-        let Some(connection) = self.connections.get_mut(&conn) else { return };
+        let Some(connection) = self.connections.get_mut(&conn) else {
+            return;
+        };
         let mut written = 0;
         while written < connection.outbox.len() {
             match connection.stream.write(&connection.outbox[written..]) {
@@ -79,23 +87,33 @@ impl Driver for EpollDriver {
         "epoll"
     }
 
-    fn register(&mut self, stream: TcpStream) -> Result<ConnId, NetError> {
-        stream.set_nonblocking(true).map_err(|e| NetError::io("making a socket non-blocking", e))?;
+    fn register(&mut self, stream: TcpStream) -> io::Result<ConnId> {
+        stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
         let mut stream = mio::net::TcpStream::from_std(stream);
         let id = self.next_id;
         self.next_id += 1;
-        self.poll
-            .registry()
-            .register(&mut stream, Token(id), Interest::READABLE | Interest::WRITABLE)
-            .map_err(|e| NetError::io("registering a socket with epoll", e))?;
-        self.connections.insert(id, Connection { stream, outbox: Vec::new(), closing: false });
+        self.poll.registry().register(
+            &mut stream,
+            Token(id),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        self.connections.insert(
+            id,
+            Connection {
+                stream,
+                outbox: Vec::new(),
+                closing: false,
+            },
+        );
         Ok(id)
     }
 
     fn send(&mut self, conn: ConnId, bytes: &mut Vec<u8>) {
         match self.connections.get_mut(&conn) {
-            Some(connection) if connection.outbox.is_empty() => std::mem::swap(&mut connection.outbox, bytes),
+            Some(connection) if connection.outbox.is_empty() => {
+                std::mem::swap(&mut connection.outbox, bytes)
+            }
             Some(connection) => connection.outbox.append(bytes),
             None => bytes.clear(),
         }
@@ -110,20 +128,41 @@ impl Driver for EpollDriver {
         }
     }
 
-    fn turn(&mut self, timeout: Option<Duration>, on_event: &mut dyn FnMut(DriverEvent<'_>)) -> Result<(), NetError> {
-        let pending: Vec<ConnId> =
-            self.connections.iter().filter(|(_, c)| !c.outbox.is_empty()).map(|(id, _)| *id).collect();
+    fn turn(
+        &mut self,
+        timeout: Option<Duration>,
+        on_event: &mut dyn FnMut(DriverEvent<'_>),
+    ) -> io::Result<()> {
+        let pending: Vec<ConnId> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| !c.outbox.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
         for conn in pending {
             self.flush(conn);
         }
-        let timeout = if self.closed.is_empty() { timeout } else { Some(Duration::ZERO) };
+        let timeout = if self.closed.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(NetError::io("epoll_wait", e)),
+            Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> =
-            self.events.iter().map(|e| (e.token(), e.is_readable() || e.is_read_closed() || e.is_error(), e.is_writable())).collect();
+        let ready: Vec<(Token, bool, bool)> = self
+            .events
+            .iter()
+            .map(|e| {
+                (
+                    e.token(),
+                    e.is_readable() || e.is_read_closed() || e.is_error(),
+                    e.is_writable(),
+                )
+            })
+            .collect();
         for (token, readable, writable) in ready {
             if token == WAKE {
                 self.wake.drain();
@@ -136,8 +175,7 @@ impl Driver for EpollDriver {
             if !readable {
                 continue;
             }
-            loop {
-                let Some(connection) = self.connections.get_mut(&conn) else { break };
+            while let Some(connection) = self.connections.get_mut(&conn) {
                 if connection.closing {
                     break;
                 }
@@ -146,7 +184,10 @@ impl Driver for EpollDriver {
                         self.closed.push((conn, None));
                         break;
                     }
-                    Ok(n) => on_event(DriverEvent::Received { conn, bytes: &self.buffer[..n] }),
+                    Ok(n) => on_event(DriverEvent::Received {
+                        conn,
+                        bytes: &self.buffer[..n],
+                    }),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
@@ -166,7 +207,7 @@ impl Driver for EpollDriver {
         Ok(())
     }
 
-    fn wake_handle(&self) -> Arc<Wake> {
-        Arc::clone(&self.wake)
+    fn wake_handle(&self) -> Arc<dyn ParkBackend> {
+        Arc::clone(&self.wake) as Arc<dyn ParkBackend>
     }
 }

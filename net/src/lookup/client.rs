@@ -23,8 +23,8 @@ use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
 use weir_engine::slab::{Key, Slab};
 
 use super::protocol::{decode_response, encode_request, STATUS_OK};
-use crate::driver::{ConnId, Driver, DriverEvent};
 use crate::error::NetError;
+use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
 /// A lookup as the client sees it: the key to send, and how to build the result from
 /// the value.
@@ -94,13 +94,28 @@ impl<R: LookupRequest> LookupClient<R> {
     /// A client; it connects on the first request.
     pub fn new(config: ClientConfig) -> Result<Self, NetError> {
         if config.connections == 0 {
-            return Err(NetError::Config("a lookup client needs at least one connection".into()));
+            return Err(NetError::Config(
+                "a lookup client needs at least one connection".into(),
+            ));
         }
         let pending = Slab::new(config.capacity).map_err(|e| NetError::Config(e.to_string()))?;
         let connections = (0..config.connections)
-            .map(|_| Connection { id: None, outbox: Vec::new(), inbox: Vec::new(), close: false })
+            .map(|_| Connection {
+                id: None,
+                outbox: Vec::new(),
+                inbox: Vec::new(),
+                close: false,
+            })
             .collect();
-        Ok(LookupClient { config, connections, next: 0, pending, expiry: VecDeque::new(), now_ns: 0, stats: ClientStats::default() })
+        Ok(LookupClient {
+            config,
+            connections,
+            next: 0,
+            pending,
+            expiry: VecDeque::new(),
+            now_ns: 0,
+            stats: ClientStats::default(),
+        })
     }
 
     /// Counters.
@@ -123,16 +138,25 @@ impl<R: LookupRequest> LookupClient<R> {
         let connection = self.next;
         self.next = (self.next + 1) % self.connections.len();
         let key = request.key();
-        let slot = match self.pending.try_insert(Pending { connection, request, result }) {
+        let slot = match self.pending.try_insert(Pending {
+            connection,
+            request,
+            result,
+        }) {
             Ok(slot) => slot,
             Err(refused) => {
-                let message = format!("lookup client overloaded: {} requests outstanding", self.pending.len());
+                let message = format!(
+                    "lookup client overloaded: {} requests outstanding",
+                    self.pending.len()
+                );
                 refused.result.complete_err(AsyncError::call(message));
                 return;
             }
         };
         encode_request(&mut self.connections[connection].outbox, slot.to_u64(), key);
-        let deadline = self.now_ns.saturating_add(self.config.request_timeout.as_nanos() as u64);
+        let deadline = self
+            .now_ns
+            .saturating_add(self.config.request_timeout.as_nanos() as u64);
         self.expiry.push_back((deadline, slot));
         self.stats.requests += 1;
     }
@@ -151,8 +175,13 @@ impl<R: LookupRequest> LookupClient<R> {
                 continue;
             }
             if self.connections[index].id.is_none() {
-                match TcpStream::connect(self.config.addr).map_err(|e| NetError::io("connecting to the lookup service", e)) {
-                    Ok(stream) => match driver.register(stream) {
+                match TcpStream::connect(self.config.addr)
+                    .map_err(|e| NetError::io("connecting to the lookup service", e))
+                {
+                    Ok(stream) => match driver
+                        .register(stream)
+                        .map_err(|e| NetError::io("registering a connection", e))
+                    {
                         Ok(id) => {
                             self.connections[index].id = Some(id);
                             self.connections[index].inbox.clear();
@@ -176,15 +205,23 @@ impl<R: LookupRequest> LookupClient<R> {
             DriverEvent::Received { conn, bytes } => (*conn, Some(*bytes)),
             DriverEvent::Closed { conn, .. } => (*conn, None),
         };
-        let Some(index) = self.connections.iter().position(|c| c.id == Some(conn)) else { return false };
+        let Some(index) = self.connections.iter().position(|c| c.id == Some(conn)) else {
+            return false;
+        };
         match received {
             Some(bytes) => self.receive(index, bytes),
             None => {
                 let error = match event {
-                    DriverEvent::Closed { error: Some(error), .. } => {
-                        NetError::io("lookup connection", std::io::Error::new(error.kind(), error.to_string()))
-                    }
-                    _ => NetError::Closed { peer: self.config.addr.to_string(), pending: self.count_on(index) },
+                    DriverEvent::Closed {
+                        error: Some(error), ..
+                    } => NetError::io(
+                        "lookup connection",
+                        std::io::Error::new(error.kind(), error.to_string()),
+                    ),
+                    _ => NetError::Closed {
+                        peer: self.config.addr.to_string(),
+                        pending: self.count_on(index),
+                    },
                 };
                 self.connections[index].id = None;
                 self.fail_connection(index, &error);
@@ -203,7 +240,10 @@ impl<R: LookupRequest> LookupClient<R> {
             self.expiry.pop_front();
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
-                let message = format!("no answer from the lookup service within {:?}", self.config.request_timeout);
+                let message = format!(
+                    "no answer from the lookup service within {:?}",
+                    self.config.request_timeout
+                );
                 pending.result.complete_err(AsyncError::call(message));
             }
         }
@@ -213,7 +253,10 @@ impl<R: LookupRequest> LookupClient<R> {
     }
 
     fn count_on(&self, index: usize) -> usize {
-        self.pending.iter().filter(|(_, p)| p.connection == index).count()
+        self.pending
+            .iter()
+            .filter(|(_, p)| p.connection == index)
+            .count()
     }
 
     fn receive(&mut self, index: usize, bytes: &[u8]) {
@@ -224,7 +267,8 @@ impl<R: LookupRequest> LookupClient<R> {
             match decode_response(&inbox[offset..]) {
                 Ok(Some((response, used))) => {
                     offset += used;
-                    let Some(pending) = self.pending.remove(Key::from_u64(response.request_id)) else {
+                    let Some(pending) = self.pending.remove(Key::from_u64(response.request_id))
+                    else {
                         continue; // expired meanwhile
                     };
                     if response.status == STATUS_OK {
@@ -242,7 +286,10 @@ impl<R: LookupRequest> LookupClient<R> {
                 }
                 Ok(None) => break,
                 Err(malformed) => {
-                    let error = NetError::Malformed { peer: self.config.addr.to_string(), reason: malformed.0 };
+                    let error = NetError::Malformed {
+                        peer: self.config.addr.to_string(),
+                        reason: malformed.0,
+                    };
                     eprintln!("weir lookup client: {error}");
                     self.stats.malformed += 1;
                     self.connections[index].close = true;
@@ -257,11 +304,18 @@ impl<R: LookupRequest> LookupClient<R> {
 
     /// Fails every request outstanding on connection `index` with `error`.
     fn fail_connection(&mut self, index: usize, error: &NetError) {
-        let slots: Vec<Key> = self.pending.iter().filter(|(_, p)| p.connection == index).map(|(k, _)| k).collect();
+        let slots: Vec<Key> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.connection == index)
+            .map(|(k, _)| k)
+            .collect();
         for slot in slots {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
-                pending.result.complete_err(AsyncError::call(error.to_string()));
+                pending
+                    .result
+                    .complete_err(AsyncError::call(error.to_string()));
             }
         }
         let connection = &mut self.connections[index];
@@ -292,5 +346,20 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
 
     fn key(&self, input: &R) -> u64 {
         input.key()
+    }
+}
+
+/// Connects a shared [`LookupClient`] to its task's worker driver.
+pub struct ClientIo<R: LookupRequest>(pub Rc<RefCell<LookupClient<R>>>);
+
+impl<R: LookupRequest> weir_engine::runtime::job::IoHandler for ClientIo<R> {
+    fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
+        let mut client = self.0.borrow_mut();
+        client.expire(now_ns);
+        client.flush(driver);
+    }
+
+    fn on_event(&mut self, event: &DriverEvent<'_>) -> bool {
+        self.0.borrow_mut().on_event(event)
     }
 }

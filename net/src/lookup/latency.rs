@@ -43,9 +43,9 @@ impl Latency {
         match *self {
             Latency::Fixed(d) => d,
             Latency::Uniform(low, high) => (low + high) / 2,
-            Latency::LogNormal { median, sigma } => {
-                Duration::from_nanos((median.as_nanos() as f64 * (sigma * sigma / 2.0).exp()) as u64)
-            }
+            Latency::LogNormal { median, sigma } => Duration::from_nanos(
+                (median.as_nanos() as f64 * (sigma * sigma / 2.0).exp()) as u64,
+            ),
         }
     }
 }
@@ -57,7 +57,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| c.is_ascii_alphabetic())
         .map(|i| text.split_at(i))
         .ok_or_else(|| format!("{text:?} has no unit; use ns, us, ms or s"))?;
-    let value: f64 = number.parse().map_err(|_| format!("{number:?} is not a number"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{number:?} is not a number"))?;
     if !(value.is_finite() && value >= 0.0) {
         return Err(format!("{text:?} must be a non-negative duration"));
     }
@@ -91,13 +93,21 @@ impl FromStr for Latency {
             }
             "lognormal" => {
                 let (median, sigma) = rest.split_once(',').ok_or("lognormal needs median,sigma")?;
-                let sigma: f64 = sigma.trim().parse().map_err(|_| format!("sigma {sigma:?} is not a number"))?;
+                let sigma: f64 = sigma
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("sigma {sigma:?} is not a number"))?;
                 if !(sigma.is_finite() && (0.0..=4.0).contains(&sigma)) {
                     return Err(format!("sigma {sigma} outside 0..=4"));
                 }
-                Ok(Latency::LogNormal { median: parse_duration(median)?, sigma })
+                Ok(Latency::LogNormal {
+                    median: parse_duration(median)?,
+                    sigma,
+                })
             }
-            other => Err(format!("unknown latency kind {other:?}; use fixed, uniform or lognormal")),
+            other => Err(format!(
+                "unknown latency kind {other:?}; use fixed, uniform or lognormal"
+            )),
         }
     }
 }
@@ -149,20 +159,36 @@ mod tests {
 
     #[test]
     fn parses_latency_specs() {
-        assert_eq!("fixed:1ms".parse::<Latency>().unwrap(), Latency::Fixed(Duration::from_millis(1)));
+        assert_eq!(
+            "fixed:1ms".parse::<Latency>().unwrap(),
+            Latency::Fixed(Duration::from_millis(1))
+        );
         assert_eq!(
             "uniform:500us..2ms".parse::<Latency>().unwrap(),
             Latency::Uniform(Duration::from_micros(500), Duration::from_millis(2))
         );
-        assert!(matches!("lognormal:1ms,0.5".parse::<Latency>().unwrap(), Latency::LogNormal { .. }));
-        for bad in ["1ms", "fixed:", "fixed:1", "uniform:2ms..1ms", "lognormal:1ms,-1", "gamma:1ms"] {
+        assert!(matches!(
+            "lognormal:1ms,0.5".parse::<Latency>().unwrap(),
+            Latency::LogNormal { .. }
+        ));
+        for bad in [
+            "1ms",
+            "fixed:",
+            "fixed:1",
+            "uniform:2ms..1ms",
+            "lognormal:1ms,-1",
+            "gamma:1ms",
+        ] {
             assert!(bad.parse::<Latency>().is_err(), "{bad}");
         }
     }
 
     #[test]
     fn lognormal_median_is_the_median() {
-        let latency = Latency::LogNormal { median: Duration::from_millis(1), sigma: 0.5 };
+        let latency = Latency::LogNormal {
+            median: Duration::from_millis(1),
+            sigma: 0.5,
+        };
         let mut rng = Rng::new(7);
         let mut samples: Vec<Duration> = (0..10_001).map(|_| latency.sample(&mut rng)).collect();
         samples.sort();

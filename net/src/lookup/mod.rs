@@ -5,6 +5,8 @@ pub mod latency;
 pub mod protocol;
 pub mod server;
 
-pub use client::{ClientConfig, ClientStats, LookupClient, LookupFunction, LookupRequest};
+pub use client::{
+    ClientConfig, ClientIo, ClientStats, LookupClient, LookupFunction, LookupRequest,
+};
 pub use latency::{parse_duration, Latency, Rng};
 pub use server::{Faults, LookupServer, ServerConfig, ServerStats};

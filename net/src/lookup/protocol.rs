@@ -83,7 +83,10 @@ pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Ma
     }
     let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
     if !(9..=9 + VALUE_LEN_MAX).contains(&len) {
-        return Err(Malformed(format!("response length {len} outside 9..={}", 9 + VALUE_LEN_MAX)));
+        return Err(Malformed(format!(
+            "response length {len} outside 9..={}",
+            9 + VALUE_LEN_MAX
+        )));
     }
     if bytes.len() < 4 + len {
         return Ok(None);
@@ -93,7 +96,14 @@ pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Ma
     if status != STATUS_OK && status != STATUS_ERROR {
         return Err(Malformed(format!("unknown status {status}")));
     }
-    Ok(Some((Response { request_id, status, value: &bytes[13..4 + len] }, 4 + len)))
+    Ok(Some((
+        Response {
+            request_id,
+            status,
+            value: &bytes[13..4 + len],
+        },
+        4 + len,
+    )))
 }
 
 #[cfg(test)]
@@ -129,7 +139,16 @@ mod tests {
     fn requests_round_trip() {
         let mut bytes = Vec::new();
         encode_request(&mut bytes, 7, 42);
-        assert_eq!(decode_request(&bytes).unwrap(), Some((Request { request_id: 7, key: 42 }, REQUEST_LEN)));
+        assert_eq!(
+            decode_request(&bytes).unwrap(),
+            Some((
+                Request {
+                    request_id: 7,
+                    key: 42
+                },
+                REQUEST_LEN
+            ))
+        );
         assert!(decode_request(&[1, 0, 0, 0]).is_err());
     }
 }

@@ -118,13 +118,20 @@ impl LookupServer {
             ("malformed", config.faults.malformed_rate),
         ] {
             if !(0.0..=1.0).contains(&rate) {
-                return Err(NetError::Config(format!("{name} rate {rate} outside 0..=1")));
+                return Err(NetError::Config(format!(
+                    "{name} rate {rate} outside 0..=1"
+                )));
             }
         }
-        let listener = TcpListener::bind(config.addr).map_err(|e| NetError::io("binding the lookup service", e))?;
-        let addr = listener.local_addr().map_err(|e| NetError::io("reading the bound address", e))?;
+        let listener = TcpListener::bind(config.addr)
+            .map_err(|e| NetError::io("binding the lookup service", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| NetError::io("reading the bound address", e))?;
         let poll = Poll::new().map_err(|e| NetError::io("creating the service's poll", e))?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("creating a waker", e))?);
+        let waker = Arc::new(
+            Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("creating a waker", e))?,
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
         let mut event_loop = EventLoop {
@@ -149,7 +156,13 @@ impl LookupServer {
             .name("weir-lookup".into())
             .spawn(move || event_loop.run())
             .map_err(|e| NetError::io("spawning the service thread", e))?;
-        Ok(LookupServer { addr, stop, waker, counters, thread: Some(thread) })
+        Ok(LookupServer {
+            addr,
+            stop,
+            waker,
+            counters,
+            thread: Some(thread),
+        })
     }
 
     /// Where it listens.
@@ -221,7 +234,10 @@ impl EventLoop {
         let mut events = Events::with_capacity(1024);
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now_ns();
-            let timeout = self.timers.next_deadline().map(|d| Duration::from_nanos(d.saturating_sub(now)));
+            let timeout = self
+                .timers
+                .next_deadline()
+                .map(|d| Duration::from_nanos(d.saturating_sub(now)));
             if let Err(error) = self.poll.poll(&mut events, timeout) {
                 if error.kind() != io::ErrorKind::Interrupted {
                     eprintln!("weir lookup service: poll failed: {error}");
@@ -246,8 +262,12 @@ impl EventLoop {
             while let Some((_, (token, generation, request_id, key))) = self.timers.pop_due(now) {
                 self.answer(token, generation, request_id, key);
             }
-            let tokens: Vec<usize> =
-                self.connections.iter().filter(|(_, c)| !c.outbox.is_empty()).map(|(t, _)| *t).collect();
+            let tokens: Vec<usize> = self
+                .connections
+                .iter()
+                .filter(|(_, c)| !c.outbox.is_empty())
+                .map(|(t, _)| *t)
+                .collect();
             for token in tokens {
                 self.flush(token);
             }
@@ -264,12 +284,21 @@ impl EventLoop {
                     if self
                         .poll
                         .registry()
-                        .register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)
+                        .register(
+                            &mut stream,
+                            Token(token),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
                         .is_ok()
                     {
                         self.connections.insert(
                             token,
-                            Connection { stream, generation: token as u64, inbox: Vec::new(), outbox: Vec::new() },
+                            Connection {
+                                stream,
+                                generation: token as u64,
+                                inbox: Vec::new(),
+                                outbox: Vec::new(),
+                            },
                         );
                     }
                 }
@@ -291,7 +320,9 @@ impl EventLoop {
     fn read(&mut self, token: usize) {
         let mut buffer = [0u8; 64 * 1024];
         loop {
-            let Some(connection) = self.connections.get_mut(&token) else { return };
+            let Some(connection) = self.connections.get_mut(&token) else {
+                return;
+            };
             match connection.stream.read(&mut buffer) {
                 Ok(0) => return self.close(token),
                 Ok(n) => connection.inbox.extend_from_slice(&buffer[..n]),
@@ -303,7 +334,9 @@ impl EventLoop {
         let now = self.now_ns();
         let mut offset = 0;
         loop {
-            let Some(connection) = self.connections.get_mut(&token) else { return };
+            let Some(connection) = self.connections.get_mut(&token) else {
+                return;
+            };
             let generation = connection.generation;
             match decode_request(&connection.inbox[offset..]) {
                 Ok(Some((request, used))) => {
@@ -322,12 +355,18 @@ impl EventLoop {
                     if delay == 0 {
                         self.answer(token, generation, request.request_id, request.key);
                     } else {
-                        self.timers.schedule(now + delay, (token, generation, request.request_id, request.key));
+                        self.timers.schedule(
+                            now + delay,
+                            (token, generation, request.request_id, request.key),
+                        );
                     }
                 }
                 Ok(None) => break,
                 Err(malformed) => {
-                    eprintln!("weir lookup service: malformed request ({}); closing the connection", malformed.0);
+                    eprintln!(
+                        "weir lookup service: malformed request ({}); closing the connection",
+                        malformed.0
+                    );
                     return self.close(token);
                 }
             }
@@ -347,7 +386,9 @@ impl EventLoop {
         for (i, byte) in self.value.iter_mut().enumerate() {
             *byte = key.to_le_bytes()[i % 8];
         }
-        let Some(connection) = self.connections.get_mut(&token) else { return };
+        let Some(connection) = self.connections.get_mut(&token) else {
+            return;
+        };
         if connection.generation != generation {
             return;
         }
@@ -357,7 +398,12 @@ impl EventLoop {
             connection.outbox.extend_from_slice(&[0xde, 0xad, 0xbe]);
         } else if error {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            encode_response(&mut connection.outbox, request_id, STATUS_ERROR, b"injected error");
+            encode_response(
+                &mut connection.outbox,
+                request_id,
+                STATUS_ERROR,
+                b"injected error",
+            );
         } else {
             self.counters.answered.fetch_add(1, Ordering::Relaxed);
             encode_response(&mut connection.outbox, request_id, STATUS_OK, &self.value);
@@ -365,7 +411,9 @@ impl EventLoop {
     }
 
     fn flush(&mut self, token: usize) {
-        let Some(connection) = self.connections.get_mut(&token) else { return };
+        let Some(connection) = self.connections.get_mut(&token) else {
+            return;
+        };
         let mut written = 0;
         while written < connection.outbox.len() {
             match connection.stream.write(&connection.outbox[written..]) {

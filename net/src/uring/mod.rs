@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::driver::{ConnId, Driver, DriverEvent, Wake};
+use weir_engine::park::ParkBackend;
+use weir_engine::runtime::{ConnId, Driver, DriverEvent};
+
+use crate::driver::Wake;
 use crate::error::NetError;
 
 const KIND_RECV: u64 = 1;
@@ -67,10 +70,16 @@ impl UringDriver {
     /// A ring of 1024 entries. Fails where the kernel refuses io_uring or lacks the
     /// features used (timed waits, `IORING_FEAT_EXT_ARG`, Linux 5.11).
     pub fn new() -> Result<Self, NetError> {
-        let setup = |source| NetError::DriverSetup { driver: "uring", source };
+        let setup = |source| NetError::DriverSetup {
+            driver: "uring",
+            source,
+        };
         let ring = IoUring::new(RING_ENTRIES).map_err(setup)?;
         if !ring.params().is_feature_ext_arg() {
-            return Err(setup(io::Error::new(io::ErrorKind::Unsupported, "kernel lacks IORING_FEAT_EXT_ARG")));
+            return Err(setup(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "kernel lacks IORING_FEAT_EXT_ARG",
+            )));
         }
         Ok(UringDriver {
             ring,
@@ -88,19 +97,23 @@ impl UringDriver {
     /// # Safety
     /// Every buffer `entry` points to must stay valid and untouched until its
     /// completion is reaped (see the module docs).
-    unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> Result<(), NetError> {
+    unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
         // SAFETY: the caller guarantees the buffers outlive the operation.
         while unsafe { self.ring.submission().push(entry) }.is_err() {
-            self.ring.submit().map_err(|e| NetError::io("io_uring_enter (submit)", e))?;
+            self.ring.submit()?;
         }
         Ok(())
     }
 
-    fn prepare(&mut self) -> Result<(), NetError> {
+    fn prepare(&mut self) -> io::Result<()> {
         if !self.wake_in_flight {
-            let entry = opcode::Read::new(types::Fd(self.wake.raw()), (&mut *self.wake_buffer as *mut u64).cast(), 8)
-                .build()
-                .user_data(KIND_WAKE);
+            let entry = opcode::Read::new(
+                types::Fd(self.wake.raw()),
+                (&mut *self.wake_buffer as *mut u64).cast(),
+                8,
+            )
+            .build()
+            .user_data(KIND_WAKE);
             // SAFETY: `wake_buffer` is a Box owned by the driver, freed only after every
             // completion is reaped (Drop).
             unsafe { self.push(&entry)? };
@@ -173,7 +186,7 @@ impl Driver for UringDriver {
         "uring"
     }
 
-    fn register(&mut self, stream: TcpStream) -> Result<ConnId, NetError> {
+    fn register(&mut self, stream: TcpStream) -> io::Result<ConnId> {
         let _ = stream.set_nodelay(true);
         let id = self.next_id;
         self.next_id += 1;
@@ -211,9 +224,16 @@ impl Driver for UringDriver {
         self.begin_close(conn, None);
     }
 
-    fn turn(&mut self, timeout: Option<Duration>, on_event: &mut dyn FnMut(DriverEvent<'_>)) -> Result<(), NetError> {
+    fn turn(
+        &mut self,
+        timeout: Option<Duration>,
+        on_event: &mut dyn FnMut(DriverEvent<'_>),
+    ) -> io::Result<()> {
         self.prepare()?;
-        let closing_pending = self.connections.values().any(|c| c.closing && !c.in_flight());
+        let closing_pending = self
+            .connections
+            .values()
+            .any(|c| c.closing && !c.in_flight());
         let result = match (timeout, closing_pending) {
             (Some(t), false) if t.is_zero() => self.ring.submit(),
             (_, true) => self.ring.submit(),
@@ -226,9 +246,11 @@ impl Driver for UringDriver {
         };
         match result {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ETIME) || e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETIME)
+                    || e.raw_os_error() == Some(libc::EINTR) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => return Err(NetError::io("io_uring_enter", e)),
+            Err(e) => return Err(e),
         }
         self.reap();
         let completions = std::mem::take(&mut self.completions);
@@ -238,13 +260,18 @@ impl Driver for UringDriver {
             match kind {
                 KIND_WAKE => self.wake_in_flight = false,
                 KIND_RECV => {
-                    let Some(connection) = self.connections.get_mut(&id) else { continue };
+                    let Some(connection) = self.connections.get_mut(&id) else {
+                        continue;
+                    };
                     connection.recv_in_flight = false;
                     if connection.closing {
                         continue;
                     }
                     if result > 0 {
-                        on_event(DriverEvent::Received { conn: id, bytes: &connection.recv_buffer[..result as usize] });
+                        on_event(DriverEvent::Received {
+                            conn: id,
+                            bytes: &connection.recv_buffer[..result as usize],
+                        });
                     } else if result == 0 {
                         self.begin_close(id, None);
                     } else {
@@ -252,7 +279,9 @@ impl Driver for UringDriver {
                     }
                 }
                 KIND_SEND => {
-                    let Some(connection) = self.connections.get_mut(&id) else { continue };
+                    let Some(connection) = self.connections.get_mut(&id) else {
+                        continue;
+                    };
                     connection.send_in_flight = false;
                     if result >= 0 {
                         connection.send_offset += result as usize;
@@ -264,18 +293,25 @@ impl Driver for UringDriver {
             }
         }
         self.completions = completions;
-        let finished: Vec<ConnId> =
-            self.connections.iter().filter(|(_, c)| c.closing && !c.in_flight()).map(|(id, _)| *id).collect();
+        let finished: Vec<ConnId> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| c.closing && !c.in_flight())
+            .map(|(id, _)| *id)
+            .collect();
         for id in finished {
             // No operation is in flight: the kernel holds none of its buffers.
             let connection = self.connections.remove(&id).expect("listed above");
-            on_event(DriverEvent::Closed { conn: id, error: connection.error });
+            on_event(DriverEvent::Closed {
+                conn: id,
+                error: connection.error,
+            });
         }
         Ok(())
     }
 
-    fn wake_handle(&self) -> Arc<Wake> {
-        Arc::clone(&self.wake)
+    fn wake_handle(&self) -> Arc<dyn ParkBackend> {
+        Arc::clone(&self.wake) as Arc<dyn ParkBackend>
     }
 }
 
@@ -295,7 +331,9 @@ impl Drop for UringDriver {
             if Instant::now() > deadline {
                 // The kernel still owns buffers: leak them rather than free memory it may
                 // write into.
-                eprintln!("weir: io_uring operations did not complete at shutdown; leaking their buffers");
+                eprintln!(
+                    "weir: io_uring operations did not complete at shutdown; leaking their buffers"
+                );
                 std::mem::forget(std::mem::take(&mut self.connections));
                 std::mem::forget(std::mem::replace(&mut self.wake_buffer, Box::new(0)));
                 return;

@@ -1,0 +1,275 @@
+//! The main job: embedded lookup service, `generator → async lookup → key-hash
+//! exchange → counting sink` over the workers, with its record types and report.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use weir_engine::async_io::{AsyncConfig, OutputMode, RetryStrategy};
+use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
+use weir_engine::runtime::job::{
+    run_job, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress, JobRecord,
+    JobReport, JobSpec, KeyDistribution, SourceRecord,
+};
+use weir_engine::runtime::{Cores, Runtime, RuntimeError};
+use weir_net::lookup::{ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest};
+use weir_net::DriverKind;
+
+/// A source record on its way to the lookup.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup(pub SourceRecord);
+
+impl From<SourceRecord> for Lookup {
+    fn from(record: SourceRecord) -> Self {
+        Lookup(record)
+    }
+}
+
+impl LookupRequest for Lookup {
+    type Out = Enriched;
+    fn key(&self) -> u64 {
+        self.0.key
+    }
+    fn complete(self, value: &[u8]) -> Enriched {
+        Enriched {
+            id: self.0.id,
+            key: self.0.key,
+            created_ns: self.0.created_ns,
+            value: value.to_vec(),
+        }
+    }
+}
+
+/// A record with its looked-up value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enriched {
+    /// Source id.
+    pub id: u64,
+    /// Key.
+    pub key: u64,
+    /// Creation time at the source.
+    pub created_ns: u64,
+    /// The value from the lookup service.
+    pub value: Vec<u8>,
+}
+
+impl Codec for Enriched {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        self.id.encode(out);
+        self.key.encode(out);
+        self.created_ns.encode(out);
+        self.value.encode(out);
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        Ok(Enriched {
+            id: u64::decode(input)?,
+            key: u64::decode(input)?,
+            created_ns: u64::decode(input)?,
+            value: Vec::decode(input)?,
+        })
+    }
+}
+
+impl JobRecord for Enriched {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn key(&self) -> u64 {
+        self.key
+    }
+    fn created_ns(&self) -> u64 {
+        self.created_ns
+    }
+}
+
+/// Settings of one run of the main job.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    /// Records in all.
+    pub records: u64,
+    /// Records per second (open loop), or as fast as possible.
+    pub rate: Option<f64>,
+    /// Output mode of the async operator.
+    pub mode: OutputMode,
+    /// Async capacity per subtask.
+    pub capacity: usize,
+    /// Async timeout.
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: u32,
+    /// Retry delay.
+    pub retry_delay: Duration,
+    /// Workers.
+    pub cores: Cores,
+    /// Pin workers.
+    pub pin: bool,
+    /// Driver.
+    pub driver: DriverKind,
+    /// The lookup service.
+    pub service: SocketAddr,
+    /// Connections per source subtask.
+    pub connections: usize,
+    /// Distinct keys (and the skew).
+    pub keys: KeyDistribution,
+    /// Exchange buffer timeout.
+    pub buffer_timeout: Option<Duration>,
+}
+
+/// Builds and runs the job; returns its report and wall time.
+pub fn run(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Duration), RuntimeError> {
+    let driver_kind = settings.driver;
+    let runtime = Runtime::builder()
+        .cores(settings.cores.clone())
+        .pin(settings.pin)
+        .driver(Arc::new(move || {
+            weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
+        }))
+        .build()?;
+    let workers = runtime.workers();
+    let client_config = ClientConfig {
+        addr: settings.service,
+        connections: settings.connections,
+        capacity: settings.capacity * 4 + 64,
+        // With retries, a request the service never answers fails (retryably) early
+        // enough for its retries to run within the operator's timeout.
+        request_timeout: settings.timeout / (settings.retries + 1),
+    };
+    let function: FunctionFactory<LookupFunction<Lookup>> = Arc::new(move |_subtask| {
+        let client = Rc::new(RefCell::new(
+            LookupClient::<Lookup>::new(client_config.clone())
+                .expect("client settings validated up front"),
+        ));
+        let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+        (LookupFunction::new(client), Some(io))
+    });
+    let mut async_config =
+        AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
+    if settings.retries > 0 {
+        async_config = async_config.with_retry(RetryStrategy::fixed_delay(
+            settings.retries + 1,
+            settings.retry_delay,
+        ));
+    }
+    let spec = JobSpec {
+        generator: GeneratorSpec {
+            records: settings.records,
+            rate: settings.rate,
+            keys: settings.keys,
+            seed: 42,
+        },
+        sources: workers,
+        sinks: workers,
+        async_config,
+        function,
+        exchange: ExchangeSpec {
+            buffer_timeout: settings.buffer_timeout,
+            ..ExchangeSpec::default()
+        },
+    };
+    let started = Instant::now();
+    let report = run_job(runtime, spec, progress)?;
+    Ok((report, started.elapsed()))
+}
+
+/// The end-of-run table.
+pub fn render(
+    settings: &JobSettings,
+    report: &JobReport,
+    elapsed: Duration,
+    mean_latency: Duration,
+) -> String {
+    let workers = report.run.drivers.len().max(1);
+    let throughput = report.received as f64 / elapsed.as_secs_f64();
+    let little = (settings.capacity * workers) as f64 / mean_latency.as_secs_f64().max(1e-9);
+    let h = &report.latency_ns;
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    let failed = report.async_metrics.failed;
+    let mut out = String::new();
+    let mut row = |name: &str, value: String| out.push_str(&format!("  {name:<28} {value}\n"));
+    row(
+        "workers / driver",
+        format!(
+            "{workers} / {}",
+            report.run.drivers.first().copied().unwrap_or("none")
+        ),
+    );
+    row("pinned", format!("{:?}", report.run.pinned));
+    row("records in", report.generated.to_string());
+    row("records out", report.received.to_string());
+    row("failed", failed.to_string());
+    row(
+        "lost / duplicated",
+        format!("{} / {}", report.missing, report.duplicates),
+    );
+    row("elapsed", format!("{:.3} s", elapsed.as_secs_f64()));
+    row("throughput", format!("{:.0} records/s", throughput));
+    if mean_latency > Duration::ZERO {
+        row(
+            "Little's limit",
+            format!("{little:.0} records/s (capacity × parallelism ÷ mean latency)"),
+        );
+        row(
+            "fraction of Little's limit",
+            format!("{:.1}%", throughput / little * 100.0),
+        );
+    }
+    row(
+        "latency p50 / p99 / p99.9",
+        format!("{:.0} / {:.0} / {:.0} µs", us(0.5), us(0.99), us(0.999)),
+    );
+    row("latency max", format!("{:.0} µs", h.max() as f64 / 1e3));
+    row(
+        "retried / timed out",
+        format!(
+            "{} / {}",
+            report.async_metrics.retried, report.async_metrics.timed_out
+        ),
+    );
+    row(
+        "time back-pressured",
+        format!(
+            "{:.3} s (sum over sources)",
+            report.backpressured_ns as f64 / 1e9
+        ),
+    );
+    out
+}
+
+/// The report as JSON.
+pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) -> Value {
+    let h = &report.latency_ns;
+    json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": crate::compare::machine(),
+        "settings": {
+            "records": settings.records,
+            "rate": settings.rate,
+            "mode": format!("{:?}", settings.mode),
+            "capacity": settings.capacity,
+            "timeout_ms": settings.timeout.as_secs_f64() * 1e3,
+            "retries": settings.retries,
+            "connections": settings.connections,
+        },
+        "drivers": report.run.drivers,
+        "records_in": report.generated,
+        "records_out": report.received,
+        "failed": report.async_metrics.failed,
+        "lost": report.missing,
+        "duplicated": report.duplicates,
+        "elapsed_s": elapsed.as_secs_f64(),
+        "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),
+        "latency_ns": {
+            "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99),
+            "p99.9": h.value_at_quantile(0.999), "max": h.max(),
+        },
+        "retried": report.async_metrics.retried,
+        "timed_out": report.async_metrics.timed_out,
+        "backpressured_s": report.backpressured_ns as f64 / 1e9,
+    })
+}
