@@ -150,6 +150,9 @@ pub struct JobReport {
     pub duplicates: u64,
     /// Ids never received.
     pub missing: u64,
+    /// Records that reached a sink with a lower id than the one before them on the same
+    /// channel (0 in ordered mode with one source subtask: order is kept end to end).
+    pub reordered: u64,
     /// Source-to-sink latency, ns.
     pub latency_ns: Histogram<u64>,
     /// The async operators' counters, summed (the histogram merged).
@@ -164,6 +167,7 @@ struct SinkResult {
     seen: Vec<u64>,
     received: u64,
     duplicates: u64,
+    reordered: u64,
     latency: Histogram<u64>,
 }
 
@@ -276,10 +280,12 @@ where
                 move |_driver: &mut dyn Driver| -> Result<Box<dyn Task>, TaskError> {
                     let gate = InputGate::<F::Out>::new(channels)?;
                     Ok(Box::new(SinkTask {
+                        last_id: vec![None; gate.channels()],
                         gate,
                         seen: vec![0; (records as usize).div_ceil(64)],
                         received: 0,
                         duplicates: 0,
+                        reordered: 0,
                         latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)
                             .expect("static bounds"),
                         results,
@@ -299,6 +305,7 @@ where
         received: 0,
         duplicates: 0,
         missing: 0,
+        reordered: 0,
         latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds"),
         async_metrics: AsyncMetrics::default(),
         backpressured_ns: 0,
@@ -307,6 +314,7 @@ where
     for sink in sinks.drain(..) {
         report.received += sink.received;
         report.duplicates += sink.duplicates;
+        report.reordered += sink.reordered;
         report.latency_ns.add(&sink.latency).expect("same bounds");
         for (word, bits) in merged.iter_mut().zip(&sink.seen) {
             report.duplicates += u64::from((*word & bits).count_ones());
@@ -521,9 +529,11 @@ where
 
 struct SinkTask<T: JobRecord> {
     gate: InputGate<T>,
+    last_id: Vec<Option<u64>>,
     seen: Vec<u64>,
     received: u64,
     duplicates: u64,
+    reordered: u64,
     latency: Histogram<u64>,
     results: Arc<Mutex<Vec<SinkResult>>>,
     progress: Arc<JobProgress>,
@@ -535,9 +545,13 @@ impl<T: JobRecord> Task for SinkTask<T> {
         let mut busy = false;
         for _ in 0..POLL_BATCH_MAX * 4 {
             match self.gate.poll_next()? {
-                Some(GateEvent::Record { value, .. }) => {
+                Some(GateEvent::Record { value, channel }) => {
                     busy = true;
                     self.received += 1;
+                    if self.last_id[channel].is_some_and(|last| last > value.id()) {
+                        self.reordered += 1;
+                    }
+                    self.last_id[channel] = Some(value.id());
                     let id = value.id() as usize;
                     match self.seen.get_mut(id / 64) {
                         Some(word) => {
@@ -561,6 +575,7 @@ impl<T: JobRecord> Task for SinkTask<T> {
                         seen: std::mem::take(&mut self.seen),
                         received: self.received,
                         duplicates: self.duplicates,
+                        reordered: self.reordered,
                         latency: self.latency.clone(),
                     };
                     self.results
