@@ -147,7 +147,7 @@ fn an_unreachable_service_is_a_clear_error() {
     let service = server(Latency::Fixed(Duration::ZERO), Faults::default());
     let mut settings = settings(&service, 1, DriverKind::Epoll);
     let addr = service.addr();
-    drop(service.stop());
+    let _stats = service.stop();
     settings.service = addr;
     settings.records = 100;
     let error = job::run(&settings, Arc::new(JobProgress::default())).expect_err("nothing listens");
