@@ -41,14 +41,12 @@ fn drivers() -> Vec<Box<dyn Driver>> {
 }
 
 type Client = Rc<RefCell<LookupClient<Key>>>;
+/// What a run emitted.
+type Output = Vec<StreamElement<(u64, Vec<u8>)>>;
 
 /// Runs `keys` through an unordered operator over the client until all are emitted or
 /// the operator fails; returns the output and the failure, if any.
-fn run(
-    driver: &mut dyn Driver,
-    client: &Client,
-    keys: &[u64],
-) -> (Vec<StreamElement<(u64, Vec<u8>)>>, Option<String>) {
+fn run(driver: &mut dyn Driver, client: &Client, keys: &[u64]) -> (Output, Option<String>) {
     let parker = Parker::current();
     let config = AsyncConfig::new(OutputMode::Unordered, keys.len().max(1));
     let mut operator = AsyncWaitOperator::new(
