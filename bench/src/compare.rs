@@ -16,7 +16,10 @@ use weir_engine::async_io::OutputMode;
 
 use crate::async_peers::{self, Measurement};
 use crate::exchange_peers::{self, Routing};
+use crate::lookup_peers;
 use crate::{pool_peers, ring_peers};
+use weir_net::lookup::Latency;
+use weir_net::DriverKind;
 
 /// A workload: runs `n` operations.
 pub type Workload = Arc<dyn Fn(u64) -> Measurement + Send + Sync>;
@@ -301,6 +304,86 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
         (rate as f64 * 0.5 * scale).max(1000.0),
         Arc::new(move |n| exchange_peers::weir_open_loop::<100>(rate, n)),
         Some(rate as f64),
+    ));
+    cases
+}
+
+/// The lookup experiments: lookups per second on one worker against the embedded
+/// service (pinned to the other core), through the async operator with each driver,
+/// through a tokio client, and the raw socket ceiling; and the 1 ms closed loop.
+pub fn lookup_cases(scale: f64) -> Vec<Case> {
+    fn with_service(
+        latency: Latency,
+        run: impl Fn(std::net::SocketAddr, u64) -> Measurement + Send + Sync + 'static,
+    ) -> Workload {
+        Arc::new(move |n| {
+            let server = lookup_peers::service(latency);
+            let measured = run(server.addr(), n);
+            drop(server);
+            measured
+        })
+    }
+    let zero = Latency::Fixed(Duration::ZERO);
+    let mut cases = Vec::new();
+    let sweeps: [(&'static str, usize, f64); 4] = [
+        ("lookup latency 0, 1 in flight", 1, 5_000.0),
+        ("lookup latency 0, 16 in flight", 16, 100_000.0),
+        ("lookup latency 0, 256 in flight", 256, 400_000.0),
+        ("lookup latency 0, 1024 in flight", 1024, 400_000.0),
+    ];
+    for (experiment, c, ops) in sweeps {
+        let ops = ops * scale;
+        cases.push(workload(
+            experiment,
+            "weir io_uring",
+            ops,
+            with_service(zero, move |a, n| {
+                lookup_peers::weir(DriverKind::Uring, a, c, n)
+            }),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            "weir epoll",
+            ops,
+            with_service(zero, move |a, n| {
+                lookup_peers::weir(DriverKind::Epoll, a, c, n)
+            }),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            "tokio client",
+            ops,
+            with_service(zero, move |a, n| lookup_peers::tokio(a, c, n)),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            "raw ceiling (no operator)",
+            ops,
+            with_service(zero, move |a, n| lookup_peers::raw(a, c, n)),
+            None,
+        ));
+    }
+    let one_ms = Latency::Fixed(Duration::from_millis(1));
+    let limit = 1024.0 / 1e-3;
+    let ops = 500_000.0 * scale;
+    cases.push(workload(
+        "lookup latency 1 ms, 1024 in flight",
+        "weir io_uring",
+        ops,
+        with_service(one_ms, |a, n| {
+            lookup_peers::weir(DriverKind::Uring, a, 1024, n)
+        }),
+        Some(limit),
+    ));
+    cases.push(workload(
+        "lookup latency 1 ms, 1024 in flight",
+        "tokio client",
+        ops,
+        with_service(one_ms, |a, n| lookup_peers::tokio(a, 1024, n)),
+        Some(limit),
     ));
     cases
 }

@@ -17,5 +17,6 @@ pub mod async_peers;
 pub mod compare;
 pub mod exchange_peers;
 pub mod job;
+pub mod lookup_peers;
 pub mod pool_peers;
 pub mod ring_peers;

@@ -168,6 +168,7 @@ enum Suite {
     Pool,
     Async,
     Exchange,
+    Lookup,
 }
 
 /// `weir` with no subcommand: `weir run` on its defaults.
@@ -201,6 +202,7 @@ fn main() {
                 Suite::Pool => compare::pool_cases(scale),
                 Suite::Async => compare::async_cases(scale),
                 Suite::Exchange => compare::exchange_cases(scale),
+                Suite::Lookup => compare::lookup_cases(scale),
             };
             if let Some(only) = &only {
                 cases.retain(|c| c.experiment.contains(only.as_str()));
@@ -416,6 +418,7 @@ fn serve(args: ServeArgs) -> i32 {
             malformed_rate: 0.0,
         },
         seed: 1,
+        core: None,
     };
     match LookupServer::start(config) {
         Ok(server) => {

@@ -439,7 +439,9 @@ where
         let mut generated = 0;
         while self.phase == Phase::Running && generated < POLL_BATCH_MAX {
             if self.next == self.count {
-                self.operator.begin_finish(now, &mut self.overflow)?;
+                // The source is done, but the operator's end of input waits until its
+                // elements are out: Flink's finish would attempt waiting retries at once
+                // and keep their outcome, and a job should not lose records to that.
                 self.phase = Phase::Draining;
                 break;
             }
@@ -491,6 +493,7 @@ where
                 && self.overflow.is_empty()
                 && !self.writer.has_pending()
             {
+                self.operator.begin_finish(now, &mut self.overflow)?;
                 self.operator.close();
                 self.writer.finish(now)?;
                 self.phase = Phase::Ending;

@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub faults: Faults,
     /// Seed of latency and fault sampling.
     pub seed: u64,
+    /// Core to pin the service thread to (benchmarks keep it off the workers' cores).
+    pub core: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +64,7 @@ impl Default for ServerConfig {
             value_size: 32,
             faults: Faults::default(),
             seed: 1,
+            core: None,
         }
     }
 }
@@ -152,9 +155,19 @@ impl LookupServer {
             .registry()
             .register(&mut event_loop.listener, LISTENER, Interest::READABLE)
             .map_err(|e| NetError::io("registering the listener", e))?;
+        let core = event_loop.config.core;
         let thread = std::thread::Builder::new()
             .name("weir-lookup".into())
-            .spawn(move || event_loop.run())
+            .spawn(move || {
+                if let Some(id) = core {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                        eprintln!(
+                            "weir lookup service: could not pin to core {id}; running unpinned"
+                        );
+                    }
+                }
+                event_loop.run()
+            })
             .map_err(|e| NetError::io("spawning the service thread", e))?;
         Ok(LookupServer {
             addr,
