@@ -19,4 +19,5 @@ pub mod exchange_peers;
 pub mod job;
 pub mod lookup_peers;
 pub mod pool_peers;
+pub mod report;
 pub mod ring_peers;

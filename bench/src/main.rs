@@ -50,6 +50,37 @@ enum Command {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
+    Report {
+        /// Where the JSON is.
+        #[arg(long, default_value = "results/report")]
+        data: PathBuf,
+        /// Where REPORT.md and plots/ go.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+        /// The commit measured.
+        #[arg(long, default_value = "unknown")]
+        commit: String,
+    },
+    /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
+    Profile {
+        /// What to profile.
+        #[arg(value_enum)]
+        target: ProfileTarget,
+        /// The SVG to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ProfileTarget {
+    /// The main job on its defaults (fewer records).
+    MainJob,
+    /// The async operator at latency 0.
+    Async,
+    /// The exchange, 100-byte records 1→1.
+    Exchange,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -186,6 +217,14 @@ fn main() {
     match command {
         Command::Run(args) => std::process::exit(run_job(args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
+        Command::Report { data, out, commit } => {
+            if let Err(error) = weir_bench::report::generate(&data, &out, &commit) {
+                eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+            eprintln!("wrote {}", out.join("REPORT.md").display());
+        }
+        Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Compare {
             suite,
             rounds,
@@ -438,6 +477,68 @@ fn serve(args: ServeArgs) -> i32 {
         }
         Err(error) => {
             eprintln!("error: {error}");
+            1
+        }
+    }
+}
+
+fn profile(target: ProfileTarget, out: &std::path::Path) -> i32 {
+    let guard = match pprof::ProfilerGuardBuilder::default()
+        .frequency(999)
+        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+        .build()
+    {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("error: cannot start the profiler: {error}");
+            return 1;
+        }
+    };
+    match target {
+        ProfileTarget::MainJob => {
+            let code = run_job(RunArgs {
+                records: 1_000_000,
+                quiet: true,
+                ..DefaultRun::parse_from(["weir"]).args
+            });
+            if code != 0 {
+                return code;
+            }
+        }
+        ProfileTarget::Async => {
+            for _ in 0..5 {
+                weir_bench::async_peers::weir_immediate(OutputMode::Unordered, 100, 2_000_000);
+            }
+        }
+        ProfileTarget::Exchange => {
+            for _ in 0..3 {
+                weir_bench::exchange_peers::weir_exchange::<100>(
+                    1,
+                    1,
+                    weir_bench::exchange_peers::Routing::RoundRobin,
+                    Some(Duration::from_millis(100)),
+                    3_000_000,
+                );
+            }
+        }
+    }
+    let report = match guard.report().build() {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("error: cannot build the profile: {error}");
+            return 1;
+        }
+    };
+    let written = std::fs::File::create(out)
+        .map_err(|e| e.to_string())
+        .and_then(|file| report.flamegraph(file).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => {
+            eprintln!("wrote {}", out.display());
+            0
+        }
+        Err(error) => {
+            eprintln!("error: cannot write {}: {error}", out.display());
             1
         }
     }

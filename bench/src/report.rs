@@ -1,0 +1,469 @@
+//! `weir report`: turns the JSON that `scripts/report.sh` collected into
+//! `results/REPORT.md` and SVG plots. The report is generated, never hand-edited.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde_json::Value;
+
+/// One row of a comparison JSON.
+#[derive(Debug, Clone)]
+struct Row {
+    experiment: String,
+    implementation: String,
+    is_weir: bool,
+    median_ns: f64,
+    ratio: Option<f64>,
+    limit: Option<f64>,
+    fraction: Option<f64>,
+    latency: Option<[f64; 5]>,
+}
+
+fn rows(suite: &Value) -> Vec<Row> {
+    let Some(results) = suite["results"].as_array() else {
+        return Vec::new();
+    };
+    results
+        .iter()
+        .map(|r| Row {
+            experiment: r["experiment"].as_str().unwrap_or("?").to_string(),
+            implementation: r["implementation"].as_str().unwrap_or("?").to_string(),
+            is_weir: r["is_weir"].as_bool().unwrap_or(false),
+            median_ns: r["median_ns_per_op"].as_f64().unwrap_or(f64::NAN),
+            ratio: r["peer_over_weir"].as_f64(),
+            limit: r["limit_ops_per_s"].as_f64(),
+            fraction: r["fraction_of_limit"].as_f64(),
+            latency: r["latency_ns"].as_object().map(|l| {
+                let get = |k: &str| l.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN) / 1e3;
+                [get("p50"), get("p90"), get("p99"), get("p99.9"), get("max")]
+            }),
+        })
+        .collect()
+}
+
+fn read(dir: &Path, name: &str) -> Option<Value> {
+    let text = std::fs::read_to_string(dir.join(name)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The number after `word ` in `text` (e.g. "capacity 100" → 100).
+fn number_after(text: &str, word: &str) -> Option<f64> {
+    let start = text.find(word)? + word.len();
+    let digits: String = text[start..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse().ok()
+}
+
+fn table(out: &mut String, rows: &[Row]) {
+    let mut experiments: Vec<&str> = rows.iter().map(|r| r.experiment.as_str()).collect();
+    experiments.dedup();
+    for experiment in experiments {
+        let _ = writeln!(out, "\n#### {experiment}\n");
+        let _ = writeln!(out, "| implementation | median ns/op | ops/s | peer ÷ Weir time | limit ops/s | of limit | p50 / p99 / p99.9 / max µs |");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        for r in rows.iter().filter(|r| r.experiment == experiment) {
+            let name = if r.is_weir {
+                format!("**{}**", r.implementation)
+            } else {
+                r.implementation.clone()
+            };
+            let ratio = r.ratio.map_or("—".into(), |x| format!("{x:.2}×"));
+            let limit = r.limit.map_or("—".into(), |x| format!("{x:.0}"));
+            let fraction = r
+                .fraction
+                .map_or("—".into(), |x| format!("{:.1}%", x * 100.0));
+            let latency = r.latency.map_or("—".into(), |l| {
+                format!("{:.0} / {:.0} / {:.0} / {:.0}", l[0], l[2], l[3], l[4])
+            });
+            let _ = writeln!(
+                out,
+                "| {name} | {:.1} | {:.0} | {ratio} | {limit} | {fraction} | {latency} |",
+                r.median_ns,
+                1e9 / r.median_ns
+            );
+        }
+    }
+}
+
+type Series = (String, Vec<(f64, f64)>);
+
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[Series],
+) -> Result<(), String> {
+    let points: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .filter(|(x, y)| *x > 0.0 && *y > 0.0)
+        .collect();
+    if points.is_empty() {
+        return Ok(());
+    }
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for (x, y) in &points {
+        x0 = x0.min(*x);
+        x1 = x1.max(*x);
+        y0 = y0.min(*y);
+        y1 = y1.max(*y);
+    }
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (x0 * 0.8..x1 * 1.25).log_scale(),
+            (y0 * 0.7..y1 * 1.4).log_scale(),
+        )
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (index, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let points: Vec<(f64, f64)> = points
+            .iter()
+            .copied()
+            .filter(|(x, y)| *x > 0.0 && *y > 0.0)
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+fn bar_chart(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut experiments: Vec<&str> = rows.iter().map(|r| r.experiment.as_str()).collect();
+    experiments.dedup();
+    let mut implementations: Vec<&str> = Vec::new();
+    for r in rows {
+        if !implementations.contains(&r.implementation.as_str()) {
+            implementations.push(&r.implementation);
+        }
+    }
+    let y1 = rows.iter().map(|r| 1e3 / r.median_ns).fold(0.0, f64::max) * 1.2;
+    let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let names: Vec<String> = experiments.iter().map(|e| e.to_string()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(60)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..experiments.len() as f64, 0f64..y1)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(experiments.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.26 && i < names.len() {
+                names[i].chars().take(48).collect()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("million operations per second")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let width = 0.8 / implementations.len() as f64;
+    for (k, implementation) in implementations.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let bars: Vec<Rectangle<(f64, f64)>> = experiments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let r = rows
+                    .iter()
+                    .find(|r| r.experiment == *e && r.implementation == *implementation)?;
+                let x = i as f64 + 0.1 + k as f64 * width;
+                Some(Rectangle::new(
+                    [(x, 0.0), (x + width * 0.9, 1e3 / r.median_ns)],
+                    color.filled(),
+                ))
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(|e| e.to_string())?
+            .label(*implementation)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+fn series_by(rows: &[Row], filter: impl Fn(&Row) -> Option<f64>) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for r in rows {
+        let Some(x) = filter(r) else { continue };
+        let y = 1e9 / r.median_ns;
+        match out.iter_mut().find(|(name, _)| *name == r.implementation) {
+            Some((_, points)) => points.push((x, y)),
+            None => out.push((r.implementation.clone(), vec![(x, y)])),
+        }
+    }
+    for (_, points) in out.iter_mut() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    out
+}
+
+/// Writes `REPORT.md` and `plots/*.svg` under `out` from the JSON in `data`.
+pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
+    let plots = out.join("plots");
+    std::fs::create_dir_all(&plots)
+        .map_err(|e| format!("cannot create {}: {e}", plots.display()))?;
+    let mut md = String::new();
+    let machine = ["ring", "pool", "async", "exchange", "lookup"]
+        .iter()
+        .find_map(|s| read(data, &format!("{s}.json")))
+        .map(|v| v["machine"].clone())
+        .unwrap_or(Value::Null);
+    let _ = writeln!(md, "# Weir performance report\n");
+    let _ = writeln!(md, "Generated by `scripts/report.sh` (`weir report`) from the JSON in `{}`; do not edit by hand.\n", data.display());
+    let _ = writeln!(md, "- date: {}", chrono_free_date());
+    let _ = writeln!(md, "- commit: {commit}");
+    let _ = writeln!(
+        md,
+        "- machine: {}, {} cores, kernel {}",
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["cores"].as_u64().unwrap_or(0),
+        machine["kernel"].as_str().unwrap_or("?")
+    );
+    let _ = writeln!(md, "\nEvery comparison runs Weir and its peer in alternating turns in one process and reports medians over the rounds; \"peer ÷ Weir time\" above 1 means Weir is faster. This VM's host moves vCPUs between cores, so cross-core figures swing between runs: read the ratios, not the absolute numbers.\n");
+    let suites = [
+        ("ring", "SPSC mail ring"),
+        ("pool", "Segment pool"),
+        ("async", "Async I/O operator"),
+        ("exchange", "Local data exchange"),
+        ("lookup", "Lookups through the driver"),
+    ];
+    for (suite, title) in suites {
+        let Some(value) = read(data, &format!("{suite}.json")) else {
+            let _ = writeln!(md, "\n## {title}\n\nNot measured in this run.\n");
+            continue;
+        };
+        let rows = rows(&value);
+        let _ = writeln!(
+            md,
+            "\n## {title}\n\nCommand: `{}`",
+            value["command"].as_str().unwrap_or("?")
+        );
+        match suite {
+            "ring" | "pool" => {
+                let file = format!("{suite}.svg");
+                bar_chart(
+                    &plots.join(&file),
+                    &format!("{title}: Weir and its peers"),
+                    &rows,
+                )?;
+                let _ = writeln!(md, "\n![{title}](plots/{file})");
+            }
+            "async" => {
+                let mut series = series_by(&rows, |r| {
+                    (r.experiment.contains("unordered, latency 1 ms"))
+                        .then(|| number_after(&r.experiment, "capacity"))
+                        .flatten()
+                });
+                let little: Vec<(f64, f64)> = [10.0, 100.0, 1000.0]
+                    .iter()
+                    .map(|c| (*c, c / 1e-3))
+                    .collect();
+                series.push(("Little's limit C / 1 ms".into(), little));
+                line_chart(
+                    &plots.join("async_little.svg"),
+                    "Async operator at 1 ms latency: throughput vs capacity",
+                    "capacity (in flight)",
+                    "records per second",
+                    &series,
+                )?;
+                let _ = writeln!(
+                    md,
+                    "\n![async throughput vs capacity](plots/async_little.svg)"
+                );
+            }
+            "exchange" => {
+                let series = series_by(&rows, |r| {
+                    (r.experiment.contains("1→1") && r.experiment.contains("timeout 100 ms"))
+                        .then(|| number_after(&r.experiment, "1→1,"))
+                        .flatten()
+                });
+                line_chart(
+                    &plots.join("exchange_size.svg"),
+                    "Exchange 1→1: records per second vs record size",
+                    "record size (bytes)",
+                    "records per second",
+                    &series,
+                )?;
+                let _ = writeln!(md, "\n![exchange vs record size](plots/exchange_size.svg)");
+            }
+            "lookup" => {
+                let series = series_by(&rows, |r| {
+                    r.experiment
+                        .contains("latency 0")
+                        .then(|| number_after(&r.experiment, "latency 0,"))
+                        .flatten()
+                });
+                line_chart(
+                    &plots.join("lookup.svg"),
+                    "Lookups at latency 0: io_uring, epoll, tokio, raw socket",
+                    "requests in flight",
+                    "lookups per second",
+                    &series,
+                )?;
+                let _ = writeln!(md, "\n![lookups vs in flight](plots/lookup.svg)");
+            }
+            _ => {}
+        }
+        table(&mut md, &rows);
+    }
+    // The main job and its open-loop sweep.
+    let _ = writeln!(md, "\n## The main job (`weir run`)\n");
+    if let Some(job) = read(data, "job.json") {
+        let _ = writeln!(
+            md,
+            "Command: `{}`\n",
+            job["command"].as_str().unwrap_or("?")
+        );
+        let _ = writeln!(md, "| records | throughput records/s | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
+        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        let l = &job["latency_ns"];
+        let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+            job["records_out"],
+            job["throughput_records_per_s"].as_f64().unwrap_or(0.0),
+            job["lost"],
+            job["duplicated"],
+            us("p50"),
+            us("p99"),
+            us("p99.9"),
+            us("max"),
+            job["drivers"]
+        );
+    } else {
+        let _ = writeln!(md, "Not measured in this run.");
+    }
+    let mut loads: Vec<(f64, Value)> = std::fs::read_dir(data)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let rate: f64 = name
+                        .strip_prefix("load-")?
+                        .strip_suffix(".json")?
+                        .parse()
+                        .ok()?;
+                    Some((rate, read(data, &name)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    loads.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if !loads.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n### Latency vs offered load (open loop, coordinated omission corrected)\n"
+        );
+        let _ = writeln!(
+            md,
+            "| offered records/s | achieved records/s | p50 µs | p99 µs | p99.9 µs | max µs |"
+        );
+        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+        let mut series: Vec<Series> = vec![
+            ("p50".into(), vec![]),
+            ("p99".into(), vec![]),
+            ("p99.9".into(), vec![]),
+        ];
+        for (rate, job) in &loads {
+            let l = &job["latency_ns"];
+            let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+            let _ = writeln!(
+                md,
+                "| {rate:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                job["throughput_records_per_s"].as_f64().unwrap_or(0.0),
+                us("p50"),
+                us("p99"),
+                us("p99.9"),
+                us("max")
+            );
+            series[0].1.push((*rate, us("p50")));
+            series[1].1.push((*rate, us("p99")));
+            series[2].1.push((*rate, us("p99.9")));
+        }
+        line_chart(
+            &plots.join("latency_load.svg"),
+            "Main job: latency percentiles vs offered load",
+            "offered load (records/s)",
+            "latency (µs)",
+            &series,
+        )?;
+        let _ = writeln!(md, "\n![latency vs load](plots/latency_load.svg)");
+        if let Some(bound) = loads
+            .iter()
+            .filter(|(_, j)| j["latency_ns"]["p99"].as_f64().unwrap_or(f64::MAX) <= 5e6)
+            .map(|(r, _)| *r)
+            .reduce(f64::max)
+        {
+            let _ = writeln!(md, "\nThroughput at a p99 bound of 5 ms: {bound:.0} records/s (highest offered load that met it).");
+        }
+    }
+    let _ = writeln!(md, "\n## Flamegraphs\n");
+    for (file, what) in [
+        ("main-job.svg", "the main job (`weir run`)"),
+        ("async.svg", "the async operator at latency 0"),
+        ("exchange.svg", "the exchange, 100-byte records 1→1"),
+    ] {
+        let _ = writeln!(md, "- [{what}](../flamegraphs/{file})");
+    }
+    std::fs::write(out.join("REPORT.md"), md).map_err(|e| format!("cannot write the report: {e}"))
+}
+
+fn chrono_free_date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Regenerates results/REPORT.md and results/plots/ end to end: every comparison suite
+# (Weir and its peers, interleaved), the main job, and an open-loop latency sweep,
+# each written as JSON to results/report/ first.
+#
+#   scripts/report.sh           full run (about 5 minutes on 2 cores)
+#   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute)
+#
+# Run it with nothing else heavy on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=7
+scale=1
+seconds=2
+if [ "${1:-}" = "--quick" ]; then
+  rounds=3
+  scale=0.15
+  seconds=0.5
+fi
+cargo build --release -p weir-bench
+weir=target/release/weir
+data=results/report
+mkdir -p "$data"
+rm -f "$data"/*.json "$data"/*.md
+for suite in ring pool async exchange lookup; do
+  echo "== $suite" >&2
+  "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
+done
+echo "== main job" >&2
+"$weir" run --records "$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")" --quiet --json "$data/job.json" > "$data/job.txt" 2>&1
+echo "== latency vs load" >&2
+for rate in 50000 100000 200000 400000; do
+  records=$(awk "BEGIN { printf \"%d\", $rate * $seconds }")
+  "$weir" run --rate "$rate" --records "$records" --quiet --json "$data/load-$rate.json" > "$data/load-$rate.txt" 2>&1
+done
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+"$weir" report --data "$data" --out results --commit "$commit"
