@@ -7,8 +7,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::pin::Pin;
+
 use serde_json::{json, Value};
-use weir_engine::async_io::{AsyncConfig, OutputMode, RetryStrategy};
+use weir_engine::async_io::futures::{FutureFunction, LocalExecutor};
+use weir_engine::async_io::{AsyncConfig, AsyncError, AsyncFunction, OutputMode, RetryStrategy};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::runtime::job::{
     run_job, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress, JobRecord,
@@ -116,6 +120,35 @@ pub struct JobSettings {
     pub keys: KeyDistribution,
     /// Exchange buffer timeout.
     pub buffer_timeout: Option<Duration>,
+    /// Write the lookup as an `async` block (futures adapter) instead of a callback.
+    pub futures: bool,
+}
+
+/// A boxed local future of a lookup's results.
+type LookupFuture = Pin<Box<dyn Future<Output = Result<Vec<Enriched>, AsyncError>>>>;
+/// The lookup written as an `async` block.
+type AsyncLookup = FutureFunction<Lookup, Enriched, Box<dyn FnMut(&Lookup) -> LookupFuture>>;
+
+/// The lookup client's I/O plus the executor running the futures it wakes.
+struct FuturesIo {
+    client: ClientIo<Lookup>,
+    executor: Rc<RefCell<LocalExecutor>>,
+}
+
+impl IoHandler for FuturesIo {
+    fn flush(&mut self, driver: &mut dyn weir_engine::runtime::Driver, now_ns: u64) {
+        self.executor.borrow_mut().run_ready();
+        self.client.flush(driver, now_ns);
+    }
+
+    fn on_event(&mut self, event: &weir_engine::runtime::DriverEvent<'_>) -> bool {
+        let mine = self.client.on_event(event);
+        if mine {
+            // Resume the futures the event woke now, on this thread.
+            self.executor.borrow_mut().run_ready();
+        }
+        mine
+    }
 }
 
 /// Builds and runs the job; returns its report and wall time.
@@ -131,7 +164,6 @@ pub fn run(
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
         .build()?;
-    let workers = runtime.workers();
     let client_config = ClientConfig {
         addr: settings.service,
         connections: settings.connections,
@@ -140,7 +172,34 @@ pub fn run(
         // enough for its retries to run within the operator's timeout.
         request_timeout: settings.timeout / (settings.retries + 1),
     };
-    let function: FunctionFactory<LookupFunction<Lookup>> = Arc::new(move |_subtask| {
+    let capacity = settings.capacity;
+    if settings.futures {
+        let function: FunctionFactory<AsyncLookup> = Arc::new(move |_subtask, unparker| {
+            let client = Rc::new(RefCell::new(
+                LookupClient::<Lookup>::new(client_config.clone())
+                    .expect("client settings validated up front"),
+            ));
+            let executor = Rc::new(RefCell::new(
+                LocalExecutor::new(capacity * 2 + 16, Some(unparker)).expect("positive capacity"),
+            ));
+            let lookups = Rc::clone(&client);
+            let call: Box<dyn FnMut(&Lookup) -> LookupFuture> = Box::new(move |input: &Lookup| {
+                let get = lookups.borrow_mut().get(input.0.key);
+                let input = *input;
+                Box::pin(async move {
+                    let value = get.await?;
+                    Ok(vec![input.complete(&value)])
+                })
+            });
+            let io: Box<dyn IoHandler> = Box::new(FuturesIo {
+                client: ClientIo(client),
+                executor: Rc::clone(&executor),
+            });
+            (FutureFunction::new(executor, call), Some(io))
+        });
+        return run_with(settings, runtime, function, progress);
+    }
+    let function: FunctionFactory<LookupFunction<Lookup>> = Arc::new(move |_subtask, _unparker| {
         let client = Rc::new(RefCell::new(
             LookupClient::<Lookup>::new(client_config.clone())
                 .expect("client settings validated up front"),
@@ -148,6 +207,19 @@ pub fn run(
         let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
         (LookupFunction::new(client), Some(io))
     });
+    run_with(settings, runtime, function, progress)
+}
+
+fn run_with<F>(
+    settings: &JobSettings,
+    runtime: Runtime,
+    function: FunctionFactory<F>,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Duration), RuntimeError>
+where
+    F: AsyncFunction<In = Lookup, Out = Enriched>,
+{
+    let workers = runtime.workers();
     let mut async_config =
         AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
     if settings.retries > 0 {

@@ -143,6 +143,9 @@ struct RunArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run the lookup written as an `async` block on the per-worker executor.
+    #[arg(long)]
+    futures: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -366,6 +369,7 @@ fn run_job(args: RunArgs) -> i32 {
         connections: args.connections as usize,
         keys,
         buffer_timeout: Some(args.buffer_timeout),
+        futures: args.futures,
     };
     eprintln!(
         "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",

@@ -38,6 +38,7 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         connections: 2,
         keys: KeyDistribution::Uniform { keys: 1000 },
         buffer_timeout: Some(Duration::from_millis(1)),
+        futures: false,
     }
 }
 
@@ -157,4 +158,31 @@ fn an_unreachable_service_is_a_clear_error() {
             .contains("connecting to the lookup service"),
         "{error}"
     );
+}
+
+#[test]
+fn the_lookup_written_as_an_async_block_loses_nothing() {
+    let faults = Faults {
+        error_rate: 0.01,
+        ..Faults::default()
+    };
+    let service = server(
+        Latency::Uniform(Duration::from_micros(20), Duration::from_micros(300)),
+        faults,
+    );
+    for driver in drivers() {
+        for workers in [1, 2] {
+            let mut settings = settings(&service, workers, driver);
+            settings.futures = true;
+            settings.retries = 8;
+            let (report, _) =
+                job::run(&settings, Arc::new(JobProgress::default())).expect("job runs");
+            assert_eq!(report.received, settings.records, "{driver:?} × {workers}");
+            assert_eq!((report.missing, report.duplicates), (0, 0));
+            assert!(
+                report.async_metrics.retried > 0,
+                "errors were injected: the futures path retried nothing"
+            );
+        }
+    }
 }

@@ -13,11 +13,13 @@
 //! - [`ResultFuture`]: the handle through which a call's result comes back, from the
 //!   task's own thread (fast path, no atomics) or any other;
 //! - [`RetryStrategy`], [`AsyncConfig`]: how calls are retried and bounded;
+//! - [`futures`]: writing the call as an `async` block, run on a per-worker executor;
 //! - [`AsyncHarness`]: the real operator with a manual clock and an inline mailbox, for
 //!   tests (Flink's `OneInputStreamOperatorTestHarness`).
 
 mod error;
 mod future;
+pub mod futures;
 mod harness;
 mod metrics;
 mod operator;

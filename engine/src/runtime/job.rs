@@ -109,8 +109,10 @@ pub trait IoHandler {
     fn on_event(&mut self, event: &DriverEvent<'_>) -> bool;
 }
 
-/// Makes subtask `i`'s async function (and its I/O handler) on its worker's thread.
-pub type FunctionFactory<F> = Arc<dyn Fn(usize) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync>;
+/// Makes subtask `i`'s async function (and its I/O handler) on its worker's thread;
+/// the [`Unparker`](crate::park::Unparker) wakes that worker (e.g. for a future's waker).
+pub type FunctionFactory<F> =
+    Arc<dyn Fn(usize, crate::park::Unparker) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync>;
 
 /// The job.
 pub struct JobSpec<F: AsyncFunction> {
@@ -236,7 +238,7 @@ where
             worker,
             Box::new(
                 move |_driver: &mut dyn Driver| -> Result<Box<dyn Task>, TaskError> {
-                    let (function, io) = function(source);
+                    let (function, io) = function(source, unparker.clone());
                     let operator = AsyncWaitOperator::new(function, config, unparker)?;
                     let writer_config = WriterConfig {
                         buffer_timeout: timeout,

@@ -72,10 +72,74 @@ struct Connection {
     close: bool,
 }
 
+/// Where a lookup's outcome goes.
+enum Sink<R: LookupRequest> {
+    /// A callback call: complete its handle.
+    Call {
+        request: R,
+        result: ResultFuture<R::Out>,
+    },
+    /// A future from [`LookupClient::get`]: fill its slot and wake it.
+    Wait(Rc<Slot>),
+}
+
 struct Pending<R: LookupRequest> {
     connection: usize,
-    request: R,
-    result: ResultFuture<R::Out>,
+    key: u64,
+    sink: Sink<R>,
+}
+
+/// The shared slot between a pending lookup and its [`Get`] future.
+#[derive(Default)]
+struct Slot {
+    outcome: RefCell<Option<Result<Vec<u8>, String>>>,
+    waker: RefCell<Option<std::task::Waker>>,
+}
+
+impl Slot {
+    fn fill(&self, outcome: Result<Vec<u8>, String>) {
+        *self.outcome.borrow_mut() = Some(outcome);
+        if let Some(waker) = self.waker.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+}
+
+/// A lookup as a future (see [`LookupClient::get`]): resolves to the value, or to the
+/// same errors a callback call gets.
+pub struct Get(Rc<Slot>);
+
+impl std::future::Future for Get {
+    type Output = Result<Vec<u8>, AsyncError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.0.outcome.borrow_mut().take() {
+            Some(outcome) => std::task::Poll::Ready(outcome.map_err(AsyncError::call)),
+            None => {
+                *self.0.waker.borrow_mut() = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+impl<R: LookupRequest> Pending<R> {
+    fn succeed(self, value: &[u8]) {
+        match self.sink {
+            Sink::Call { request, result } => result.complete([request.complete(value)]),
+            Sink::Wait(slot) => slot.fill(Ok(value.to_vec())),
+        }
+    }
+
+    fn fail(self, message: String) {
+        match self.sink {
+            Sink::Call { result, .. } => result.complete_err(AsyncError::call(message)),
+            Sink::Wait(slot) => slot.fill(Err(message)),
+        }
+    }
 }
 
 /// See the module docs. Shared (through `Rc<RefCell<_>>`) between the
@@ -135,13 +199,26 @@ impl<R: LookupRequest> LookupClient<R> {
 
     /// Starts a lookup for `request`; its outcome completes `result`.
     pub fn submit(&mut self, request: R, result: ResultFuture<R::Out>) {
+        let key = request.key();
+        self.start(key, Sink::Call { request, result });
+    }
+
+    /// Starts a lookup of `key` whose value a future awaits: for functions written as
+    /// `async` blocks (see `weir_engine::async_io::futures`). The value arrives through
+    /// this worker's driver, on this thread.
+    pub fn get(&mut self, key: u64) -> Get {
+        let slot = Rc::new(Slot::default());
+        self.start(key, Sink::Wait(Rc::clone(&slot)));
+        Get(slot)
+    }
+
+    fn start(&mut self, key: u64, sink: Sink<R>) {
         let connection = self.next;
         self.next = (self.next + 1) % self.connections.len();
-        let key = request.key();
         let slot = match self.pending.try_insert(Pending {
             connection,
-            request,
-            result,
+            key,
+            sink,
         }) {
             Ok(slot) => slot,
             Err(refused) => {
@@ -149,7 +226,7 @@ impl<R: LookupRequest> LookupClient<R> {
                     "lookup client overloaded: {} requests outstanding",
                     self.pending.len()
                 );
-                refused.result.complete_err(AsyncError::call(message));
+                refused.fail(message);
                 return;
             }
         };
@@ -244,7 +321,7 @@ impl<R: LookupRequest> LookupClient<R> {
                     "no answer from the lookup service within {:?}",
                     self.config.request_timeout
                 );
-                pending.result.complete_err(AsyncError::call(message));
+                pending.fail(message);
             }
         }
         if self.pending.is_empty() {
@@ -273,15 +350,14 @@ impl<R: LookupRequest> LookupClient<R> {
                     };
                     if response.status == STATUS_OK {
                         self.stats.values += 1;
-                        let out = pending.request.complete(response.value);
-                        pending.result.complete([out]);
+                        pending.succeed(response.value);
                     } else {
                         self.stats.failed += 1;
                         let error = NetError::Service {
-                            key: pending.request.key(),
+                            key: pending.key,
                             message: String::from_utf8_lossy(response.value).into_owned(),
                         };
-                        pending.result.complete_err(AsyncError::call(error));
+                        pending.fail(error.to_string());
                     }
                 }
                 Ok(None) => break,
@@ -313,9 +389,7 @@ impl<R: LookupRequest> LookupClient<R> {
         for slot in slots {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
-                pending
-                    .result
-                    .complete_err(AsyncError::call(error.to_string()));
+                pending.fail(error.to_string());
             }
         }
         let connection = &mut self.connections[index];
