@@ -687,3 +687,21 @@ fn waiting_at_capacity_lets_time_run_to_the_next_timer() {
     assert_eq!(h.now_ns(), 10_000_000);
     assert_eq!(h.take_output(), vec![StreamElement::record(0, None)]);
 }
+
+/// Handles completed on the operator's thread give their reference back as credit; many
+/// of them in a row (more than one batch of credits) must not upset later calls.
+#[test]
+fn credits_returned_by_many_same_thread_completions() {
+    let (mut h, stash) = harness(OutputMode::Unordered, 300);
+    for round in 0..3u32 {
+        for i in 0..200 {
+            h.process_record(round * 1000 + i, None).unwrap();
+        }
+        for i in 0..200 {
+            stash.complete(round * 1000 + i);
+        }
+        h.run_mailbox().unwrap();
+        assert_eq!(h.take_output().len(), 200);
+    }
+    h.finish().unwrap();
+}

@@ -1,0 +1,61 @@
+//! Criterion curves for lookups on one worker against the embedded service (pinned to
+//! the other core): through the async operator with the io_uring and the epoll driver,
+//! a tokio client speaking the same protocol, and the raw socket ceiling, over the
+//! number of requests in flight.
+//!
+//! The 1 ms closed loop (fraction of Little's limit, p99): `weir compare lookup`.
+
+// criterion_group! generates an undocumented `pub fn`.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use weir_bench::lookup_peers::{raw, service, tokio, weir};
+use weir_net::lookup::Latency;
+use weir_net::DriverKind;
+
+fn config() -> Criterion {
+    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
+    let base = Criterion::default().configure_from_args().sample_size(10);
+    if quick {
+        base.warm_up_time(Duration::from_millis(200))
+            .measurement_time(Duration::from_millis(600))
+    } else {
+        base.warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2))
+    }
+}
+
+fn in_flight(c: &mut Criterion) {
+    let server = service(Latency::Fixed(Duration::ZERO));
+    let addr = server.addr();
+    let mut group = c.benchmark_group("lookup/latency0");
+    group.throughput(Throughput::Elements(1));
+    for inflight in [16usize, 256, 1024] {
+        group.bench_with_input(
+            BenchmarkId::new("weir io_uring", inflight),
+            &inflight,
+            |b, &c| b.iter_custom(|n| weir(DriverKind::Uring, addr, c, n).elapsed),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("weir epoll", inflight),
+            &inflight,
+            |b, &c| b.iter_custom(|n| weir(DriverKind::Epoll, addr, c, n).elapsed),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("tokio client", inflight),
+            &inflight,
+            |b, &c| b.iter_custom(|n| tokio(addr, c, n).elapsed),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("raw ceiling", inflight),
+            &inflight,
+            |b, &c| b.iter_custom(|n| raw(addr, c, n).elapsed),
+        );
+    }
+    group.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = in_flight }
+criterion_main!(benches);
