@@ -37,7 +37,11 @@ fn pipeline(c: &mut Criterion) {
     .expect("service");
     let mut group = c.benchmark_group("pipeline/latency0");
     group.throughput(Throughput::Elements(1));
-    for (driver, name) in [(DriverKind::Uring, "uring"), (DriverKind::Epoll, "epoll")] {
+    let mut drivers = vec![(DriverKind::Epoll, "epoll")];
+    if weir_net::build_driver(DriverKind::Uring).is_ok() {
+        drivers.insert(0, (DriverKind::Uring, "uring"));
+    }
+    for (driver, name) in drivers {
         for workers in [1usize, 2] {
             group.bench_with_input(BenchmarkId::new(name, workers), &workers, |b, &workers| {
                 b.iter_custom(|n| {

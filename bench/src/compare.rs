@@ -324,6 +324,12 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
         })
     }
     let zero = Latency::Fixed(Duration::ZERO);
+    let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
+    let driver = if uring {
+        DriverKind::Uring
+    } else {
+        DriverKind::Epoll
+    };
     let mut cases = Vec::new();
     let sweeps: [(&'static str, usize, f64); 4] = [
         ("lookup latency 0, 1 in flight", 1, 5_000.0),
@@ -333,15 +339,17 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
     ];
     for (experiment, c, ops) in sweeps {
         let ops = ops * scale;
-        cases.push(workload(
-            experiment,
-            "weir io_uring",
-            ops,
-            with_service(zero, move |a, n| {
-                lookup_peers::weir(DriverKind::Uring, a, c, n)
-            }),
-            None,
-        ));
+        if uring {
+            cases.push(workload(
+                experiment,
+                "weir io_uring",
+                ops,
+                with_service(zero, move |a, n| {
+                    lookup_peers::weir(DriverKind::Uring, a, c, n)
+                }),
+                None,
+            ));
+        }
         cases.push(workload(
             experiment,
             "weir epoll",
@@ -371,11 +379,9 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
     let ops = 500_000.0 * scale;
     cases.push(workload(
         "lookup latency 1 ms, 1024 in flight",
-        "weir io_uring",
+        if uring { "weir io_uring" } else { "weir epoll" },
         ops,
-        with_service(one_ms, |a, n| {
-            lookup_peers::weir(DriverKind::Uring, a, 1024, n)
-        }),
+        with_service(one_ms, move |a, n| lookup_peers::weir(driver, a, 1024, n)),
         Some(limit),
     ));
     cases.push(workload(
