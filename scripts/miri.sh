@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the engine's tests that exercise its unsafe modules (ring, slab, segment pool)
+# Runs the engine's tests that exercise its unsafe modules (ring, slab, segment pool, exchange)
 # under Miri, which checks every pointer access, aliasing rule and data race.
 # Needs the nightly toolchain with the miri component (installed here if missing).
 set -euo pipefail
@@ -13,4 +13,4 @@ export PROPTEST_CASES="${PROPTEST_CASES:-8}"
 # Isolation off: proptest reads the working directory, the mailbox test reads the clock.
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-disable-isolation}"
 cargo +nightly miri test -p weir-engine --lib -- ring slab exchange
-cargo +nightly miri test -p weir-engine --test ring_model --test slab_model --test pool_recycle --test mailbox_wakeup
+cargo +nightly miri test -p weir-engine --test ring_model --test slab_model --test pool_recycle --test mailbox_wakeup --test exchange_roundtrip

@@ -149,6 +149,29 @@ impl<T> Slab<T> {
         Some(value)
     }
 
+    /// Removes the value named by `key` after letting `take` move out what it needs;
+    /// the value is dropped in place (no move of the whole value), which matters for
+    /// large entries on hot paths. `None` if the key is stale.
+    #[inline]
+    pub fn remove_with<R>(&mut self, key: Key, take: impl FnOnce(&mut T) -> R) -> Option<R> {
+        let entry = self.entries.get_mut(key.index as usize)?;
+        if entry.generation != key.generation {
+            return None;
+        }
+        let Slot::Occupied(value) = &mut entry.slot else {
+            return None;
+        };
+        let taken = take(value);
+        // Assigning drops the old value in place.
+        entry.slot = Slot::Vacant {
+            next: self.free_head,
+        };
+        entry.generation = entry.generation.wrapping_add(1);
+        self.free_head = key.index;
+        self.len -= 1;
+        Some(taken)
+    }
+
     /// The value named by `key`, unless the key is stale.
     #[inline]
     pub fn get(&self, key: Key) -> Option<&T> {

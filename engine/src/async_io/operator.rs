@@ -531,22 +531,26 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let entry = self.entry_mut(slot);
         let disarm = entry.timeout_armed;
         entry.timeout_armed = false;
-        entry.state = State::Done(results);
         let (key, epoch) = (entry.key, entry.epoch);
         if disarm {
             self.live_timers -= 1;
         }
         self.metrics.completed += 1;
-        if !self.chains.is_head(key, slot) {
-            // Its predecessor in the chain emits it when it leaves.
+        let head = self.chains.is_head(key, slot);
+        if head && epoch == self.segments.head_epoch {
+            // Emittable now: hand the results straight out instead of storing them.
+            let next = self.emit_one(slot, results, now_ns, out);
+            if let Some(next) = next {
+                self.follow(next, now_ns, out);
+            }
+            self.advance(now_ns, out);
             return;
         }
-        if epoch == self.segments.head_epoch {
-            self.emit_chain(slot, now_ns, out);
-            self.advance(now_ns, out);
-        } else {
+        self.entry_mut(slot).state = State::Done(results);
+        if head {
             self.park(slot, epoch);
         }
+        // Otherwise its predecessor in the chain emits it when it leaves.
     }
 
     fn park(&mut self, slot: Key, epoch: u64) {
@@ -564,40 +568,76 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         }
     }
 
+    /// Removes entry `slot` (chain head, head segment) and emits `results` for it;
+    /// returns its chain successor.
+    #[inline]
+    fn emit_one(
+        &mut self,
+        slot: Key,
+        results: Results<F::Out>,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Option<Key> {
+        let (key, timestamp, next, sequence, first_invoked_ns) = self
+            .entries
+            .remove_with(slot, |e| {
+                (
+                    e.key,
+                    e.timestamp,
+                    e.next_in_chain,
+                    e.sequence,
+                    e.first_invoked_ns,
+                )
+            })
+            .expect("emitting a live entry");
+        self.segments.list[0].remaining -= 1;
+        self.chains.pop_head(key, slot, next);
+        results.for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
+        self.metrics.emitted += 1;
+        // NB: recording costs ~40 instructions, a sixth of the whole per-record path at
+        // latency 0 (callgrind); one record in LATENCY_SAMPLE_EVERY is plenty for
+        // percentiles.
+        if sequence % LATENCY_SAMPLE_EVERY == 0 {
+            let latency_ns = now_ns.saturating_sub(first_invoked_ns).max(1);
+            self.metrics.latency_ns.saturating_record(latency_ns);
+        }
+        next
+    }
+
+    /// After a chain head left: emits its done successors in the head segment, and
+    /// parks the first done successor of a later segment.
+    fn follow(&mut self, mut next: Key, now_ns: u64, out: &mut impl Collector<F::Out>) {
+        loop {
+            let successor = self.entries.get_mut(next).expect("chain successor is live");
+            if !matches!(successor.state, State::Done(_)) {
+                return;
+            }
+            let epoch = successor.epoch;
+            if epoch != self.segments.head_epoch {
+                self.park(next, epoch);
+                return;
+            }
+            let State::Done(results) = std::mem::replace(&mut successor.state, State::InFlight)
+            else {
+                unreachable!("checked done above");
+            };
+            match self.emit_one(next, results, now_ns, out) {
+                Some(after) => next = after,
+                None => return,
+            }
+        }
+    }
+
     /// Emits `slot` (done, chain head, head segment) and the done successors of its
     /// chain in the head segment; parks a done successor of a later segment.
     fn emit_chain(&mut self, slot: Key, now_ns: u64, out: &mut impl Collector<F::Out>) {
-        let mut current = Some(slot);
-        while let Some(slot) = current.take() {
-            let entry = self.entries.remove(slot).expect("emitting a live entry");
-            let State::Done(results) = entry.state else {
-                unreachable!("only done entries are emitted");
-            };
-            debug_assert_eq!(entry.epoch, self.segments.head_epoch);
-            self.segments.list[0].remaining -= 1;
-            self.chains.pop_head(entry.key, slot, entry.next_in_chain);
-            let timestamp = entry.timestamp;
-            results
-                .for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
-            self.metrics.emitted += 1;
-            // NB: recording costs ~40 instructions, a sixth of the whole per-record path
-            // at latency 0 (callgrind); one record in LATENCY_SAMPLE_EVERY is plenty for
-            // percentiles.
-            if entry.sequence % LATENCY_SAMPLE_EVERY == 0 {
-                let latency_ns = now_ns.saturating_sub(entry.first_invoked_ns).max(1);
-                self.metrics.latency_ns.saturating_record(latency_ns);
-            }
-            if let Some(next) = entry.next_in_chain {
-                let successor = self.entries.get(next).expect("chain successor is live");
-                if matches!(successor.state, State::Done(_)) {
-                    let epoch = successor.epoch;
-                    if epoch == self.segments.head_epoch {
-                        current = Some(next);
-                    } else {
-                        self.park(next, epoch);
-                    }
-                }
-            }
+        let entry = self.entries.get_mut(slot).expect("emitting a live entry");
+        debug_assert_eq!(entry.epoch, self.segments.head_epoch);
+        let State::Done(results) = std::mem::replace(&mut entry.state, State::InFlight) else {
+            unreachable!("only done entries are emitted");
+        };
+        if let Some(next) = self.emit_one(slot, results, now_ns, out) {
+            self.follow(next, now_ns, out);
         }
     }
 
