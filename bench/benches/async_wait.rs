@@ -7,6 +7,8 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -17,19 +19,6 @@ use weir_engine::async_io::OutputMode;
 
 fn quick() -> bool {
     std::env::var_os("WEIR_BENCH_QUICK").is_some()
-}
-
-fn config() -> Criterion {
-    let base = Criterion::default().configure_from_args();
-    if quick() {
-        base.sample_size(10)
-            .warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_millis(600))
-    } else {
-        base.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2))
-    }
 }
 
 const MODES: [(OutputMode, &str); 3] = [
@@ -96,5 +85,5 @@ fn timer_latency(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = overhead, cross_thread, timer_latency }
+criterion_group! { name = benches; config = common::config(20); targets = overhead, cross_thread, timer_latency }
 criterion_main!(benches);

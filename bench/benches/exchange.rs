@@ -8,24 +8,12 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use weir_bench::exchange_peers::{crossbeam_channel, memcpy_ceiling, weir_exchange, Routing};
-
-fn config() -> Criterion {
-    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
-    let base = Criterion::default().configure_from_args();
-    if quick {
-        base.sample_size(10)
-            .warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_millis(600))
-    } else {
-        base.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2))
-    }
-}
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
 
@@ -72,5 +60,5 @@ fn fan_out(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = record_size, fan_out }
+criterion_group! { name = benches; config = common::config(20); targets = record_size, fan_out }
 criterion_main!(benches);

@@ -8,24 +8,14 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::lookup_peers::{raw, service, tokio, weir};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
-
-fn config() -> Criterion {
-    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
-    let base = Criterion::default().configure_from_args().sample_size(10);
-    if quick {
-        base.warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_millis(600))
-    } else {
-        base.warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2))
-    }
-}
 
 fn in_flight(c: &mut Criterion) {
     let server = service(Latency::Fixed(Duration::ZERO));
@@ -57,5 +47,5 @@ fn in_flight(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = in_flight }
+criterion_group! { name = benches; config = common::config(10); targets = in_flight }
 criterion_main!(benches);

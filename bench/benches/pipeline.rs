@@ -6,6 +6,8 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,18 +18,6 @@ use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_engine::runtime::Cores;
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
-
-fn config() -> Criterion {
-    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
-    let base = Criterion::default().configure_from_args().sample_size(10);
-    if quick {
-        base.warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_secs(1))
-    } else {
-        base.warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(3))
-    }
-}
 
 fn pipeline(c: &mut Criterion) {
     let server = LookupServer::start(ServerConfig {
@@ -74,5 +64,5 @@ fn pipeline(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = pipeline }
+criterion_group! { name = benches; config = common::config(10); targets = pipeline }
 criterion_main!(benches);

@@ -7,22 +7,10 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use weir_bench::pool_peers::{cross_thread, single_thread, ArrayQueuePool, MutexPool, Pool, Weir};
-
-fn config() -> Criterion {
-    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
-    let base = Criterion::default().configure_from_args();
-    if quick {
-        base.sample_size(10)
-            .warm_up_time(std::time::Duration::from_millis(200))
-            .measurement_time(std::time::Duration::from_millis(600))
-    } else {
-        base.sample_size(20)
-            .warm_up_time(std::time::Duration::from_millis(500))
-            .measurement_time(std::time::Duration::from_secs(2))
-    }
-}
 
 fn uncontended(c: &mut Criterion) {
     let mut group = c.benchmark_group("pool/uncontended");
@@ -50,5 +38,5 @@ fn cross_core(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = uncontended, cross_core }
+criterion_group! { name = benches; config = common::config(20); targets = uncontended, cross_core }
 criterion_main!(benches);

@@ -8,24 +8,12 @@
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::ring_peers::{
     round_trip, stream_batched, stream_with, ArrayQueue, Queue, Rtrb, StdSync, Weir,
 };
-
-fn config() -> Criterion {
-    let quick = std::env::var_os("WEIR_BENCH_QUICK").is_some();
-    let base = Criterion::default().configure_from_args();
-    if quick {
-        base.sample_size(10)
-            .warm_up_time(std::time::Duration::from_millis(200))
-            .measurement_time(std::time::Duration::from_millis(600))
-    } else {
-        base.sample_size(20)
-            .warm_up_time(std::time::Duration::from_millis(500))
-            .measurement_time(std::time::Duration::from_secs(2))
-    }
-}
 
 fn streaming(c: &mut Criterion) {
     let mut group = c.benchmark_group("ring/streaming");
@@ -66,5 +54,5 @@ fn ping_pong(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = streaming, batched, ping_pong }
+criterion_group! { name = benches; config = common::config(20); targets = streaming, batched, ping_pong }
 criterion_main!(benches);

@@ -116,3 +116,26 @@ impl ParkBackend for Wake {
         Wake::wake(self);
     }
 }
+
+/// Writes from the front of `outbox` until the socket would block, and removes what was
+/// written. `Err` on a socket error (the connection is finished).
+pub(crate) fn flush_outbox(
+    stream: &mut impl std::io::Write,
+    outbox: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut written = 0;
+    let result = loop {
+        if written == outbox.len() {
+            break Ok(());
+        }
+        match stream.write(&outbox[written..]) {
+            Ok(0) => break Ok(()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    outbox.drain(..written);
+    result
+}

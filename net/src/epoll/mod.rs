@@ -5,7 +5,7 @@
 //! `epoll_wait`, then reads every readable connection until `WouldBlock`.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,20 +65,11 @@ impl EpollDriver {
         let Some(connection) = self.connections.get_mut(&conn) else {
             return;
         };
-        let mut written = 0;
-        while written < connection.outbox.len() {
-            match connection.stream.write(&connection.outbox[written..]) {
-                Ok(0) => break,
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.closed.push((conn, Some(e)));
-                    return;
-                }
-            }
+        if let Err(error) =
+            crate::driver::flush_outbox(&mut connection.stream, &mut connection.outbox)
+        {
+            self.closed.push((conn, Some(error)));
         }
-        connection.outbox.drain(..written);
     }
 }
 

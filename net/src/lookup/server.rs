@@ -7,7 +7,7 @@
 //! stalls (a request is never answered) and malformed frames, each at a rate.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -494,18 +494,8 @@ impl EventLoop {
         let Some(connection) = self.connections.get_mut(&token) else {
             return;
         };
-        let mut written = 0;
-        while written < connection.outbox.len() {
-            match connection.stream.write(&connection.outbox[written..]) {
-                Ok(0) => break,
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    return self.close(token);
-                }
-            }
+        if crate::driver::flush_outbox(&mut connection.stream, &mut connection.outbox).is_err() {
+            self.close(token);
         }
-        connection.outbox.drain(..written);
     }
 }
