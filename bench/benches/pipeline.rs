@@ -51,6 +51,8 @@ fn pipeline(c: &mut Criterion) {
                         keys: KeyDistribution::Uniform { keys: 1 << 20 },
                         buffer_timeout: Some(Duration::from_millis(1)),
                         futures: false,
+                        key_iter: None,
+                        collect: None,
                     };
                     let (report, elapsed) =
                         job::run(&settings, Arc::new(JobProgress::default())).expect("job runs");

@@ -15,8 +15,8 @@ use weir_engine::async_io::futures::{FutureFunction, LocalExecutor};
 use weir_engine::async_io::{AsyncConfig, AsyncError, AsyncFunction, OutputMode, RetryStrategy};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::runtime::job::{
-    run_job, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress, JobRecord,
-    JobReport, JobSpec, KeyDistribution, SourceRecord,
+    run_job, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress,
+    JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
 };
 use weir_engine::runtime::{Cores, Runtime, RuntimeError};
 use weir_net::lookup::{ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest};
@@ -90,7 +90,7 @@ impl JobRecord for Enriched {
 }
 
 /// Settings of one run of the main job.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct JobSettings {
     /// Records in all.
     pub records: u64,
@@ -122,6 +122,10 @@ pub struct JobSettings {
     pub buffer_timeout: Option<Duration>,
     /// Write the lookup as an `async` block (futures adapter) instead of a callback.
     pub futures: bool,
+    /// An iterator source instead of the generator (`records` = what it yields in all).
+    pub key_iter: Option<KeyIterFactory>,
+    /// A collecting sink (tests).
+    pub collect: Option<Collected<Enriched>>,
 }
 
 /// A boxed local future of a lookup's results.
@@ -220,6 +224,10 @@ where
     F: AsyncFunction<In = Lookup, Out = Enriched>,
 {
     let workers = runtime.workers();
+    eprintln!(
+        "weir: {workers} workers on the {} driver",
+        runtime.driver_name(0)
+    );
     let mut async_config =
         AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
     if settings.retries > 0 {
@@ -235,6 +243,8 @@ where
             keys: settings.keys,
             seed: 42,
         },
+        keys: settings.key_iter.clone(),
+        collect: settings.collect.clone(),
         sources: workers,
         sinks: workers,
         async_config,

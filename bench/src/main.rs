@@ -370,6 +370,8 @@ fn run_job(args: RunArgs) -> i32 {
         keys,
         buffer_timeout: Some(args.buffer_timeout),
         futures: args.futures,
+        key_iter: None,
+        collect: None,
     };
     eprintln!(
         "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",

@@ -114,10 +114,21 @@ pub trait IoHandler {
 pub type FunctionFactory<F> =
     Arc<dyn Fn(usize, crate::park::Unparker) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync>;
 
+/// Makes subtask `i` of `n`'s key iterator on its worker's thread (an iterator source).
+pub type KeyIterFactory = Arc<dyn Fn(usize, usize) -> Box<dyn Iterator<Item = u64>> + Send + Sync>;
+
+/// Where a collecting sink puts every record it receives (for tests).
+pub type Collected<T> = Arc<Mutex<Vec<T>>>;
+
 /// The job.
 pub struct JobSpec<F: AsyncFunction> {
-    /// The source.
+    /// The source: record count, rate and key distribution. With [`JobSpec::keys`] the
+    /// keys come from iterators instead, and `records` must be how many they yield in all.
     pub generator: GeneratorSpec,
+    /// An iterator source: subtask `i`'s keys, in order; its records end with them.
+    pub keys: Option<KeyIterFactory>,
+    /// A collecting sink: every record received is also appended here.
+    pub collect: Option<Collected<F::Out>>,
     /// Source (and async) subtasks.
     pub sources: usize,
     /// Sink subtasks.
@@ -228,6 +239,7 @@ where
         let function = Arc::clone(&spec.function);
         let config = spec.async_config.clone();
         let generator = spec.generator;
+        let key_iter = spec.keys.clone();
         let sources = spec.sources;
         let timeout = spec.exchange.buffer_timeout;
         let progress = Arc::clone(&progress);
@@ -239,6 +251,7 @@ where
             Box::new(
                 move |_driver: &mut dyn Driver| -> Result<Box<dyn Task>, TaskError> {
                     let (function, io) = function(source, unparker.clone());
+                    let key_iter = key_iter.map(|make| make(source, sources));
                     let operator = AsyncWaitOperator::new(function, config, unparker)?;
                     let writer_config = WriterConfig {
                         buffer_timeout: timeout,
@@ -250,8 +263,14 @@ where
                         subtask: source as u64,
                         sources: sources as u64,
                         next: 0,
-                        count: records / sources as u64
-                            + u64::from((source as u64) < records % sources as u64),
+                        count: match key_iter {
+                            Some(_) => u64::MAX,
+                            None => {
+                                records / sources as u64
+                                    + u64::from((source as u64) < records % sources as u64)
+                            }
+                        },
+                        key_iter,
                         interval_ns: generator.rate.map(|r| (1e9 * sources as f64 / r) as u64),
                         start_ns: None,
                         keys: generator.keys,
@@ -275,6 +294,7 @@ where
     for (sink, channels) in gates.into_iter().enumerate() {
         let worker = (spec.sources + sink) % workers;
         let results = Arc::clone(&results);
+        let collect = spec.collect.clone();
         let progress = Arc::clone(&progress);
         runtime.spawn(
             worker,
@@ -293,6 +313,7 @@ where
                         results,
                         progress,
                         reported: 0,
+                        collect: collect.map(|shared| (Vec::new(), shared)),
                     }))
                 },
             ),
@@ -358,6 +379,7 @@ where
     sources: u64,
     next: u64,
     count: u64,
+    key_iter: Option<Box<dyn Iterator<Item = u64>>>,
     interval_ns: Option<u64>,
     start_ns: Option<u64>,
     keys: KeyDistribution,
@@ -467,9 +489,19 @@ where
             if let Some(since) = self.blocked_since.take() {
                 self.backpressured_ns += now.saturating_sub(since);
             }
+            let key = match self.key_iter.as_mut() {
+                Some(keys) => match keys.next() {
+                    Some(key) => key,
+                    None => {
+                        self.count = self.next;
+                        continue;
+                    }
+                },
+                None => self.next_key(),
+            };
             let record = SourceRecord {
                 id: self.subtask + self.next * self.sources,
-                key: self.next_key(),
+                key,
                 created_ns: intended,
             };
             self.next += 1;
@@ -543,6 +575,7 @@ struct SinkTask<T: JobRecord> {
     results: Arc<Mutex<Vec<SinkResult>>>,
     progress: Arc<JobProgress>,
     reported: u64,
+    collect: Option<(Vec<T>, Collected<T>)>,
 }
 
 impl<T: JobRecord> Task for SinkTask<T> {
@@ -570,9 +603,18 @@ impl<T: JobRecord> Task for SinkTask<T> {
                     }
                     self.latency
                         .saturating_record(cx.now_ns.saturating_sub(value.created_ns()).max(1));
+                    if let Some((local, _)) = self.collect.as_mut() {
+                        local.push(value);
+                    }
                 }
                 Some(GateEvent::Watermark(_)) => busy = true,
                 Some(GateEvent::End) => {
+                    if let Some((local, shared)) = self.collect.take() {
+                        shared
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .extend(local);
+                    }
                     self.progress
                         .received
                         .fetch_add(self.received - self.reported, Ordering::Relaxed);
