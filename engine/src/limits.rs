@@ -18,15 +18,6 @@ pub const RING_CAPACITY_MAX: usize = 1 << 30;
 const _: () = assert!(RING_CAPACITY_MAX.is_power_of_two());
 const _: () = assert!(MAIL_RING_CAPACITY <= RING_CAPACITY_MAX);
 
-/// Mail handled per `Mailbox::drain` call when the caller names no budget: bounds the
-/// time a task spends on mail before it returns to its default action (~1024 × 20 ns).
-pub const MAIL_DRAIN_BUDGET: usize = 1024;
-const _: () = assert!(MAIL_DRAIN_BUDGET >= MAIL_RING_CAPACITY);
-
-/// Entries of the multi-producer inbox for threads that are not wired workers.
-/// Bounded so a runaway foreign thread pool cannot grow a task's memory; 64 B per slot.
-pub const FOREIGN_INBOX_CAPACITY: usize = 4096;
-
 /// Largest slab: keys store the index in 32 bits.
 pub const SLAB_CAPACITY_MAX: usize = u32::MAX as usize;
 

@@ -39,6 +39,40 @@ impl Encoder for Vec<u8> {
     }
 }
 
+/// Encodes into a fixed slice (the free part of a segment); if the value does not fit,
+/// it notes the overflow and the caller falls back to encoding into a growable buffer.
+#[derive(Debug)]
+pub struct SliceEncoder<'a> {
+    buffer: &'a mut [u8],
+    len: usize,
+    overflow: bool,
+}
+
+impl<'a> SliceEncoder<'a> {
+    /// An encoder filling `buffer` from its start.
+    pub fn new(buffer: &'a mut [u8]) -> Self {
+        SliceEncoder { buffer, len: 0, overflow: false }
+    }
+
+    /// Bytes written, or `None` if the value did not fit.
+    pub fn finish(self) -> Option<usize> {
+        (!self.overflow).then_some(self.len)
+    }
+}
+
+impl Encoder for SliceEncoder<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if self.overflow || end > self.buffer.len() {
+            self.overflow = true;
+            return;
+        }
+        self.buffer[self.len..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+}
+
 /// Where decoded bytes come from: one record's bytes.
 pub trait Decoder {
     /// Fills `out` with the next bytes, or fails if fewer remain.

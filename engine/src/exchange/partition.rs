@@ -21,6 +21,7 @@
 
 use crate::error::{ConfigError, ExchangeError};
 use crate::exchange::channel::ChannelSender;
+use crate::exchange::codec::{Codec, SliceEncoder};
 use crate::exchange::pool::{Buffer, LocalBufferPool};
 
 /// Where bytes go.
@@ -160,6 +161,55 @@ impl ResultPartition {
             }
         }
         Ok(offset)
+    }
+
+    /// Encodes one record straight into `dest`'s current buffer, length prefix first,
+    /// when it fits in the room left (the common case): no scratch copy. Takes a fresh
+    /// buffer if there is none (never overdraft: this is a record's start). Returns
+    /// `Ok(false)`, having written nothing, when there is no buffer or the record does
+    /// not fit (or exceeds `max_size`); the caller then takes the spanning path.
+    #[inline]
+    pub(crate) fn try_encode<T: Codec>(
+        &mut self,
+        dest: Dest,
+        record: &T,
+        max_size: usize,
+        now_ns: u64,
+    ) -> Result<bool, ExchangeError> {
+        let (slot, charge) = match dest {
+            Dest::One(sub) => (&mut self.subpartitions[sub].builder, sub),
+            Dest::Shared => (&mut self.shared, 0),
+        };
+        if slot.is_none() {
+            match self.pool.request(charge) {
+                Some(buffer) => *slot = Some(buffer),
+                None => return Ok(false),
+            }
+        }
+        let builder = slot.as_mut().expect("filled above");
+        let start = builder.len();
+        let capacity = builder.capacity();
+        if capacity - start <= 4 {
+            return Ok(false);
+        }
+        let free = &mut builder.as_mut_slice()[start..];
+        let (prefix, body) = free.split_at_mut(4);
+        let mut encoder = SliceEncoder::new(body);
+        record.encode(&mut encoder);
+        let Some(size) = encoder.finish() else { return Ok(false) };
+        if size > max_size {
+            return Ok(false);
+        }
+        prefix.copy_from_slice(&(size as u32).to_le_bytes());
+        builder.set_len(start + 4 + size);
+        self.metrics.bytes_out += 4 + size as u64;
+        if self.unflushed_since_ns.is_none() {
+            self.unflushed_since_ns = Some(now_ns);
+        }
+        if start + 4 + size == capacity {
+            self.send(dest)?;
+        }
+        Ok(true)
     }
 
     /// Sends `dest`'s buffer if it holds anything.

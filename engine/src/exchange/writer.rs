@@ -241,6 +241,31 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
     /// and the writer is pending: call [`resume`](Self::resume) once buffers return.
     pub fn emit(&mut self, record: &T, now_ns: u64) -> Result<(), ExchangeError> {
         self.ready_to_write()?;
+        let subpartitions = self.partition.subpartitions();
+        let target = self.selector.select(record, subpartitions);
+        let dest = match target {
+            Target::One(sub) => {
+                assert!(sub < subpartitions, "selector chose subpartition {sub} of {subpartitions}");
+                Some(Dest::One(sub))
+            }
+            Target::All if self.broadcast => Some(Dest::Shared),
+            Target::All => None,
+        };
+        // Fast path: the record fits in the current buffer; encode it there directly.
+        if let Some(dest) = dest {
+            if self.partition.try_encode(dest, record, self.max_record_size, now_ns)? {
+                self.metrics.records_out += 1;
+                if self.timeout_ns == Some(0) {
+                    self.partition.flush_all()?;
+                }
+                return Ok(());
+            }
+        }
+        self.emit_spanning(record, target, now_ns)
+    }
+
+    /// Serializes `record` into the scratch buffer and writes it across buffers.
+    fn emit_spanning(&mut self, record: &T, target: Target, now_ns: u64) -> Result<(), ExchangeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&[0; 4]);
         record.encode(&mut self.scratch);
@@ -253,14 +278,6 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             });
         }
         self.scratch[..4].copy_from_slice(&(size as u32).to_le_bytes());
-        let subpartitions = self.partition.subpartitions();
-        let target = self.selector.select(record, subpartitions);
-        if let Target::One(sub) = target {
-            assert!(
-                sub < subpartitions,
-                "selector chose subpartition {sub} of {subpartitions}"
-            );
-        }
         self.metrics.records_out += 1;
         self.write(
             Pending {
