@@ -51,7 +51,11 @@ pub struct SliceEncoder<'a> {
 impl<'a> SliceEncoder<'a> {
     /// An encoder filling `buffer` from its start.
     pub fn new(buffer: &'a mut [u8]) -> Self {
-        SliceEncoder { buffer, len: 0, overflow: false }
+        SliceEncoder {
+            buffer,
+            len: 0,
+            overflow: false,
+        }
     }
 
     /// Bytes written, or `None` if the value did not fit.

@@ -196,7 +196,9 @@ impl ResultPartition {
         let (prefix, body) = free.split_at_mut(4);
         let mut encoder = SliceEncoder::new(body);
         record.encode(&mut encoder);
-        let Some(size) = encoder.finish() else { return Ok(false) };
+        let Some(size) = encoder.finish() else {
+            return Ok(false);
+        };
         if size > max_size {
             return Ok(false);
         }

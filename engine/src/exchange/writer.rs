@@ -245,7 +245,10 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         let target = self.selector.select(record, subpartitions);
         let dest = match target {
             Target::One(sub) => {
-                assert!(sub < subpartitions, "selector chose subpartition {sub} of {subpartitions}");
+                assert!(
+                    sub < subpartitions,
+                    "selector chose subpartition {sub} of {subpartitions}"
+                );
                 Some(Dest::One(sub))
             }
             Target::All if self.broadcast => Some(Dest::Shared),
@@ -253,7 +256,10 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         };
         // Fast path: the record fits in the current buffer; encode it there directly.
         if let Some(dest) = dest {
-            if self.partition.try_encode(dest, record, self.max_record_size, now_ns)? {
+            if self
+                .partition
+                .try_encode(dest, record, self.max_record_size, now_ns)?
+            {
                 self.metrics.records_out += 1;
                 if self.timeout_ns == Some(0) {
                     self.partition.flush_all()?;
@@ -265,7 +271,12 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
     }
 
     /// Serializes `record` into the scratch buffer and writes it across buffers.
-    fn emit_spanning(&mut self, record: &T, target: Target, now_ns: u64) -> Result<(), ExchangeError> {
+    fn emit_spanning(
+        &mut self,
+        record: &T,
+        target: Target,
+        now_ns: u64,
+    ) -> Result<(), ExchangeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&[0; 4]);
         record.encode(&mut self.scratch);
