@@ -19,7 +19,6 @@ use weir_engine::exchange::{
     WriterConfig,
 };
 use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
-use weir_engine::park::Parker;
 
 use crate::affinity::{bench_cores, pin, Backoff};
 use crate::async_peers::{histogram, Measurement};
@@ -149,7 +148,6 @@ pub fn weir_exchange<const N: usize>(
         let start_gate = Arc::clone(&start_gate);
         producer_threads.push(std::thread::spawn(move || {
             pin(if index % 2 == 0 { core_a } else { core_b });
-            let parker = Parker::current();
             let partition = ResultPartition::new(pool, senders).expect("partition");
             let selector = match routing {
                 Routing::RoundRobin => Selector::RoundRobin(RoundRobin::default()),
@@ -166,14 +164,10 @@ pub fn weir_exchange<const N: usize>(
             start_gate.wait();
             for seq in 0..per_producer {
                 stamp(&mut value, seq, epoch);
-                wait_available(&mut writer, &parker);
+                wait_available(&mut writer);
                 writer.emit(&value, 0).expect("emit");
             }
-            wait_available(&mut writer, &parker);
-            writer.finish(0).expect("finish");
-            while !writer.resume(0).expect("resume") {
-                wait_available(&mut writer, &parker);
-            }
+            finish(&mut writer);
         }));
     }
     start_gate.wait();
@@ -199,7 +193,6 @@ pub fn weir_exchange<const N: usize>(
 
 fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
     writer: &mut RecordWriter<FixedBytes<N>, S>,
-    parker: &Parker,
 ) {
     loop {
         if writer.has_pending() {
@@ -209,9 +202,19 @@ fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
         } else if writer.is_available() {
             return;
         }
-        // The benchmark's pools have no notify: spin politely instead of parking.
-        let _ = parker;
+        // The benchmark's pools have no notify: yield instead of parking.
         std::thread::yield_now();
+    }
+}
+
+/// Ends the writer's partition, waiting for buffers as needed.
+fn finish<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
+    writer: &mut RecordWriter<FixedBytes<N>, S>,
+) {
+    wait_available(writer);
+    writer.finish(0).expect("finish");
+    while !writer.resume(0).expect("resume") {
+        wait_available(writer);
     }
 }
 
@@ -329,7 +332,6 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
         }
     });
     pin(core_a);
-    let parker = Parker::current();
     assert!(N >= 16, "open-loop records carry their intended send time");
     let mut value = FixedBytes([7u8; N]);
     ready.wait();
@@ -343,14 +345,10 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
         }
         value.0[..8].copy_from_slice(&seq.to_le_bytes());
         value.0[8..16].copy_from_slice(&intended.to_le_bytes());
-        wait_available(&mut writer, &parker);
+        wait_available(&mut writer);
         writer.emit(&value, 0).expect("emit");
     }
-    wait_available(&mut writer, &parker);
-    writer.finish(0).expect("finish");
-    while !writer.resume(0).expect("resume") {
-        wait_available(&mut writer, &parker);
-    }
+    finish(&mut writer);
     let elapsed = start.elapsed();
     let (count, latency) = consumer.join().expect("consumer");
     assert_eq!(count, n);

@@ -151,17 +151,8 @@ impl Parker {
     /// `is_ready` must look at everything a waker publishes before it calls
     /// [`Unparker::unpark`]; that is what makes the check-then-park race-free.
     pub fn park(&self, timeout: Option<Duration>, is_ready: impl FnOnce() -> bool) -> Wakeup {
-        // AcqRel: Acquire sees the work of any waker whose NOTIFIED we read; Release
-        // orders our earlier queue reads before the announcement.
-        if self.inner.state.swap(PARKED, Ordering::AcqRel) == NOTIFIED {
-            self.inner.state.swap(EMPTY, Ordering::AcqRel);
-            return Wakeup::Notified;
-        }
-        if is_ready() {
-            // A waker that saw PARKED meanwhile leaves a backend token: at worst one
-            // spurious return from a later wait.
-            self.inner.state.swap(EMPTY, Ordering::AcqRel);
-            return Wakeup::Ready;
+        if let Some(early) = self.announce(is_ready) {
+            return early;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let outcome = loop {
@@ -201,14 +192,8 @@ impl Parker {
         is_ready: impl FnOnce() -> bool,
         wait: impl FnOnce(Option<Duration>),
     ) -> Wakeup {
-        // AcqRel: as in `park`.
-        if self.inner.state.swap(PARKED, Ordering::AcqRel) == NOTIFIED {
-            self.inner.state.swap(EMPTY, Ordering::AcqRel);
-            return Wakeup::Notified;
-        }
-        if is_ready() {
-            self.inner.state.swap(EMPTY, Ordering::AcqRel);
-            return Wakeup::Ready;
+        if let Some(early) = self.announce(is_ready) {
+            return early;
         }
         wait(timeout);
         // Swap: reads the latest state and synchronises with any waker before it.
@@ -217,6 +202,26 @@ impl Parker {
         } else {
             Wakeup::TimedOut
         }
+    }
+}
+
+impl Parker {
+    /// Announces the park, then re-checks: `Some` if the thread must not sleep (a
+    /// notification was pending, or `is_ready` found work), with the state reset.
+    fn announce(&self, is_ready: impl FnOnce() -> bool) -> Option<Wakeup> {
+        // AcqRel: Acquire sees the work of any waker whose NOTIFIED we read; Release
+        // orders our earlier queue reads before the announcement.
+        if self.inner.state.swap(PARKED, Ordering::AcqRel) == NOTIFIED {
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Some(Wakeup::Notified);
+        }
+        if is_ready() {
+            // A waker that saw PARKED meanwhile leaves a backend token: at worst one
+            // spurious return from a later wait.
+            self.inner.state.swap(EMPTY, Ordering::AcqRel);
+            return Some(Wakeup::Ready);
+        }
+        None
     }
 }
 

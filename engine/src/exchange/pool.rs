@@ -110,6 +110,20 @@ impl Global {
         self.free.push(index, &self.links);
     }
 
+    /// The first `len` bytes of segment `index`.
+    ///
+    /// # Safety
+    /// No one may write those bytes while the slice lives, and `len` must not exceed
+    /// the segment size.
+    #[inline(always)]
+    unsafe fn written(&self, index: u32, len: usize) -> &[u8] {
+        let start = index as usize * self.segment_size;
+        debug_assert!(len <= self.segment_size && start + len <= self.layout.size());
+        // SAFETY: inside the region (index < count, len <= segment size); the caller
+        // guarantees no concurrent writes.
+        unsafe { core::slice::from_raw_parts(self.memory.as_ptr().add(start), len) }
+    }
+
     #[inline(always)]
     fn mark_owned(&self, _index: u32) {
         #[cfg(any(debug_assertions, loom))]
@@ -702,12 +716,9 @@ impl Buffer {
     /// The written bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        let global = self.global();
-        let start = self.segment as usize * global.segment_size;
-        debug_assert!(start + self.len <= global.layout.size());
-        // SAFETY: the segment lies inside the region (index < count) and this buffer owns
-        // it exclusively (invariant 1); `len <= capacity` (checked in `set_len`).
-        unsafe { core::slice::from_raw_parts(global.memory.as_ptr().add(start), self.len) }
+        // SAFETY: this buffer owns its segment exclusively (invariant 1), so no one
+        // writes it while the slice lives; `len <= capacity` (checked in `set_len`).
+        unsafe { self.global().written(self.segment, self.len) }
     }
 
     /// The whole segment, for writing.
@@ -811,12 +822,9 @@ impl SharedBuffer {
     /// The written bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        let global = self.global();
-        let start = self.segment as usize * global.segment_size;
-        debug_assert!(start + self.len <= global.layout.size());
-        // SAFETY: inside the region; the segment is immutable while shared (nobody holds
-        // a `Buffer` for it), so shared reads are sound.
-        unsafe { core::slice::from_raw_parts(global.memory.as_ptr().add(start), self.len) }
+        // SAFETY: the segment is immutable while shared (no `Buffer` holds it), and
+        // `len` came from the buffer it was made from.
+        unsafe { self.global().written(self.segment, self.len) }
     }
 
     /// Bytes written.

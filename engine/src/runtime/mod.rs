@@ -306,6 +306,25 @@ struct WorkerStats {
 /// source of work wakes the worker explicitly.
 const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 
+/// One driver turn, handing each event to the task that owns its connection; returns
+/// how many events there were.
+fn turn(
+    driver: &mut dyn Driver,
+    tasks: &mut [Option<Box<dyn Task>>],
+    timeout: Option<Duration>,
+) -> std::io::Result<usize> {
+    let mut events = 0;
+    driver.turn(timeout, &mut |event: DriverEvent<'_>| {
+        events += 1;
+        for task in tasks.iter_mut().flatten() {
+            if task.on_io(&event) {
+                break;
+            }
+        }
+    })?;
+    Ok(events)
+}
+
 fn worker_main(
     index: usize,
     slot: WorkerSlot,
@@ -385,18 +404,10 @@ fn worker_main(
                 }
             }
         }
-        let mut events = 0usize;
-        let mut dispatch = |event: DriverEvent<'_>| {
-            events += 1;
-            for task in tasks.iter_mut().flatten() {
-                if task.on_io(&event) {
-                    break;
-                }
-            }
+        let events = match turn(driver.as_mut(), &mut tasks, Some(Duration::ZERO)) {
+            Ok(events) => events,
+            Err(error) => return (stats, Err(RuntimeError::Driver(error))),
         };
-        if let Err(error) = driver.turn(Some(Duration::ZERO), &mut dispatch) {
-            return (stats, Err(RuntimeError::Driver(error)));
-        }
         // I/O events complete calls on this thread (no wake-up): poll the tasks again.
         if busy || events > 0 || live == 0 {
             continue;
@@ -418,14 +429,7 @@ fn worker_main(
             Some(timeout),
             || abort.load(Ordering::Acquire),
             |timeout| {
-                let mut dispatch = |event: DriverEvent<'_>| {
-                    for task in tasks.iter_mut().flatten() {
-                        if task.on_io(&event) {
-                            break;
-                        }
-                    }
-                };
-                if let Err(error) = driver.turn(timeout, &mut dispatch) {
+                if let Err(error) = turn(driver.as_mut(), &mut tasks, timeout) {
                     turn_error = Some(error);
                 }
             },
