@@ -603,3 +603,31 @@ fn two_thread_stress_with_a_tiny_pool() {
     drop(writer);
     network.assert_whole();
 }
+
+/// The gate's idle time runs from its first empty poll to the next poll that yields.
+#[test]
+fn gate_counts_idle_time() {
+    let network = NetworkBufferPool::new(8, 256).unwrap();
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).unwrap();
+    let (sender, receiver) = local_channel(16, None);
+    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
+    let config = WriterConfig {
+        max_record_size: 100,
+        buffer_timeout: Some(Duration::ZERO),
+    };
+    let mut writer: RecordWriter<u64, Forward> =
+        RecordWriter::new(partition, Forward, config).unwrap();
+    let mut gate: InputGate<u64> = InputGate::new(vec![Box::new(receiver)]).unwrap();
+    assert_eq!(gate.poll_next_at(100).unwrap(), None);
+    assert_eq!(gate.poll_next_at(200).unwrap(), None);
+    writer.emit(&9, 300).unwrap();
+    assert_eq!(
+        gate.poll_next_at(350).unwrap(),
+        Some(GateEvent::Record {
+            value: 9,
+            channel: 0
+        })
+    );
+    assert_eq!(gate.metrics().idle_ns, 250);
+    assert_eq!(gate.metrics().records_in, 1);
+}

@@ -47,6 +47,8 @@ pub struct GateMetrics {
     pub bytes_in: u64,
     /// Buffers consumed.
     pub buffers_in: u64,
+    /// Nanoseconds the gate had nothing to give (measured by [`InputGate::poll_next_at`]).
+    pub idle_ns: u64,
 }
 
 /// A frame being reassembled across buffers.
@@ -83,6 +85,7 @@ pub struct InputGate<T: Codec> {
     end_emitted: bool,
     max_record_size: usize,
     metrics: GateMetrics,
+    idle_since_ns: Option<u64>,
     _records: PhantomData<fn() -> T>,
 }
 
@@ -121,6 +124,7 @@ impl<T: Codec> InputGate<T> {
             end_emitted: false,
             max_record_size,
             metrics: GateMetrics::default(),
+            idle_since_ns: None,
             _records: PhantomData,
         })
     }
@@ -143,6 +147,21 @@ impl<T: Codec> InputGate<T> {
     /// Whether every channel ended and `End` was returned.
     pub fn is_finished(&self) -> bool {
         self.end_emitted
+    }
+
+    /// Like [`poll_next`](Self::poll_next), also counting idle time by the caller's
+    /// clock: from the first empty poll to the next one that yields something.
+    pub fn poll_next_at(&mut self, now_ns: u64) -> Result<Option<GateEvent<T>>, ExchangeError> {
+        let next = self.poll_next()?;
+        match (&next, self.idle_since_ns) {
+            (None, None) => self.idle_since_ns = Some(now_ns),
+            (Some(_), Some(since)) => {
+                self.metrics.idle_ns += now_ns.saturating_sub(since);
+                self.idle_since_ns = None;
+            }
+            _ => {}
+        }
+        Ok(next)
     }
 
     /// The next record or event, or `None` if no channel has anything now.

@@ -582,7 +582,7 @@ impl<T: JobRecord> Task for SinkTask<T> {
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let mut busy = false;
         for _ in 0..POLL_BATCH_MAX * 4 {
-            match self.gate.poll_next()? {
+            match self.gate.poll_next_at(cx.now_ns)? {
                 Some(GateEvent::Record { value, channel }) => {
                     busy = true;
                     self.received += 1;
