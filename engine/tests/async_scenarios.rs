@@ -28,8 +28,8 @@ fn wm<T>(ts: i64) -> StreamElement<T> {
 
 /// Calls waiting for the test to complete them, with their input.
 type Pending = Rc<RefCell<VecDeque<(u32, ResultFuture<u32>)>>>;
-/// Attempts made: (input, unused).
-type Attempts = Rc<RefCell<Vec<(u32, u64)>>>;
+/// The input of every attempt made, in order.
+type Attempts = Rc<RefCell<Vec<u32>>>;
 
 /// Keeps every handle so the test completes them in the order it chooses.
 #[derive(Clone, Default)]
@@ -371,8 +371,8 @@ impl AsyncFunction for Flaky {
     type Out = u32;
     fn invoke(&mut self, input: &u32, result: ResultFuture<u32>) {
         let mut attempts = self.attempts.borrow_mut();
-        let made = attempts.iter().filter(|(i, _)| i == input).count() as u32;
-        attempts.push((*input, 0));
+        let made = attempts.iter().filter(|i| *i == input).count() as u32;
+        attempts.push(*input);
         if made < self.failures {
             if self.empty_first {
                 result.complete([]);

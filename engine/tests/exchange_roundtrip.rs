@@ -423,19 +423,30 @@ fn bad_input_is_a_clear_error() {
     ));
 }
 
-/// A record above the writer's maximum is refused whole; the writer stays usable.
-#[test]
-fn oversized_records_are_refused_on_the_writer_side() {
-    let config = WriterConfig {
-        max_record_size: 100,
-        buffer_timeout: None,
-    };
-    let network = NetworkBufferPool::new(8, 64).unwrap();
+/// One writer (forward, 4-segment pool, segments of `segment_size` bytes) wired to one
+/// gate through a local channel.
+fn one_to_one<T: Codec>(
+    segment_size: usize,
+    max_record_size: usize,
+    buffer_timeout: Option<Duration>,
+) -> (NetworkBufferPool, RecordWriter<T, Forward>, InputGate<T>) {
+    let network = NetworkBufferPool::new(8, segment_size).unwrap();
     let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).unwrap();
     let (sender, receiver) = local_channel(16, None);
     let partition = ResultPartition::new(pool, vec![sender]).unwrap();
-    let mut writer: RecordWriter<Vec<u8>, Forward> =
-        RecordWriter::new(partition, Forward, config).unwrap();
+    let config = WriterConfig {
+        max_record_size,
+        buffer_timeout,
+    };
+    let writer = RecordWriter::new(partition, Forward, config).unwrap();
+    let gate = InputGate::new(vec![Box::new(receiver) as Box<dyn InputChannel>]).unwrap();
+    (network, writer, gate)
+}
+
+/// A record above the writer's maximum is refused whole; the writer stays usable.
+#[test]
+fn oversized_records_are_refused_on_the_writer_side() {
+    let (_network, mut writer, mut gate) = one_to_one::<Vec<u8>>(64, 100, None);
     let error = writer.emit(&vec![0u8; 200], 0).unwrap_err();
     assert!(
         matches!(
@@ -449,7 +460,6 @@ fn oversized_records_are_refused_on_the_writer_side() {
     );
     writer.emit(&vec![1u8; 10], 0).unwrap();
     writer.finish(0).unwrap();
-    let mut gate: InputGate<Vec<u8>> = InputGate::new(vec![Box::new(receiver)]).unwrap();
     assert_eq!(
         gate.poll_next().unwrap(),
         Some(GateEvent::Record {
@@ -463,17 +473,8 @@ fn oversized_records_are_refused_on_the_writer_side() {
 /// Writing to a consumer that disconnected is an error naming the subpartition.
 #[test]
 fn a_disconnected_consumer_is_reported() {
-    let network = NetworkBufferPool::new(8, 64).unwrap();
-    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).unwrap();
-    let (sender, receiver) = local_channel(16, None);
-    drop(receiver);
-    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
-    let config = WriterConfig {
-        max_record_size: 100,
-        buffer_timeout: Some(Duration::ZERO),
-    };
-    let mut writer: RecordWriter<u64, Forward> =
-        RecordWriter::new(partition, Forward, config).unwrap();
+    let (_network, mut writer, gate) = one_to_one::<u64>(64, 100, Some(Duration::ZERO));
+    drop(gate);
     let error = writer.emit(&7, 0).unwrap_err();
     assert!(
         matches!(error, ExchangeError::ConsumerGone { subpartition: 0 }),
@@ -498,17 +499,8 @@ fn channels_must_hold_the_pool() {
 /// with no timeout it waits for an event.
 #[test]
 fn buffer_timeout_flushes_partial_buffers() {
-    let network = NetworkBufferPool::new(8, 4096).unwrap();
-    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).unwrap();
-    let (sender, receiver) = local_channel(16, None);
-    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
-    let config = WriterConfig {
-        max_record_size: 100,
-        buffer_timeout: Some(Duration::from_millis(100)),
-    };
-    let mut writer: RecordWriter<u64, Forward> =
-        RecordWriter::new(partition, Forward, config).unwrap();
-    let mut gate: InputGate<u64> = InputGate::new(vec![Box::new(receiver)]).unwrap();
+    let (_network, mut writer, mut gate) =
+        one_to_one::<u64>(4096, 100, Some(Duration::from_millis(100)));
     writer.emit(&1, 1_000).unwrap();
     writer.emit(&2, 50_000_000).unwrap();
     assert_eq!(writer.next_flush_deadline(), Some(100_001_000));
@@ -607,17 +599,7 @@ fn two_thread_stress_with_a_tiny_pool() {
 /// The gate's idle time runs from its first empty poll to the next poll that yields.
 #[test]
 fn gate_counts_idle_time() {
-    let network = NetworkBufferPool::new(8, 256).unwrap();
-    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).unwrap();
-    let (sender, receiver) = local_channel(16, None);
-    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
-    let config = WriterConfig {
-        max_record_size: 100,
-        buffer_timeout: Some(Duration::ZERO),
-    };
-    let mut writer: RecordWriter<u64, Forward> =
-        RecordWriter::new(partition, Forward, config).unwrap();
-    let mut gate: InputGate<u64> = InputGate::new(vec![Box::new(receiver)]).unwrap();
+    let (_network, mut writer, mut gate) = one_to_one::<u64>(256, 100, Some(Duration::ZERO));
     assert_eq!(gate.poll_next_at(100).unwrap(), None);
     assert_eq!(gate.poll_next_at(200).unwrap(), None);
     writer.emit(&9, 300).unwrap();

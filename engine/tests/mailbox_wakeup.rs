@@ -2,8 +2,6 @@
 //! in which senders race the receiver's park (a lost wake-up hangs the test; the park
 //! timeout turns a hang into a counted failure instead).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use weir_engine::mailbox::Mailbox;
@@ -81,7 +79,6 @@ fn park_times_out_or_returns_ready() {
 fn senders_race_the_parking_receiver() {
     let per_sender: u64 = if cfg!(miri) { 50 } else { 20_000 };
     let mut mailbox = Mailbox::new(Parker::current());
-    let done = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     for sender_id in 0..2u64 {
         let mut sender = mailbox.connect(8);
@@ -122,7 +119,6 @@ fn senders_race_the_parking_receiver() {
             assert!(timeouts < 5, "receiver slept through mail: {next:?}");
         }
     }
-    done.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
     }

@@ -246,8 +246,13 @@ impl Runtime {
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{index}"))
                 .spawn(move || {
-                    let result = worker_main(index, slot, pin, epoch, &abort);
-                    match result.1 {
+                    let mut stats = WorkerStats {
+                        driver: slot.driver.name(),
+                        pinned: false,
+                        turns: 0,
+                        parks: 0,
+                    };
+                    match worker_main(index, slot, pin, epoch, &abort, &mut stats) {
                         Ok(()) => {}
                         Err(error) => {
                             let mut first = failure.lock().unwrap_or_else(|e| e.into_inner());
@@ -260,7 +265,7 @@ impl Runtime {
                             }
                         }
                     }
-                    result.0
+                    stats
                 })
                 .map_err(RuntimeError::Driver)?;
             handles.push(handle);
@@ -331,47 +336,38 @@ fn worker_main(
     pin: bool,
     epoch: Instant,
     abort: &AtomicBool,
-) -> (WorkerStats, Result<(), RuntimeError>) {
+    stats: &mut WorkerStats,
+) -> Result<(), RuntimeError> {
     let WorkerSlot {
         core,
         mut driver,
         parker,
         tasks: factories,
     } = slot;
-    let mut pinned = false;
     if pin {
         if let Some(id) = core {
-            pinned = core_affinity::set_for_current(core_affinity::CoreId { id });
-            if !pinned {
+            stats.pinned = core_affinity::set_for_current(core_affinity::CoreId { id });
+            if !stats.pinned {
                 eprintln!("weir: could not pin worker {index} to core {id}; it runs unpinned");
             }
         }
     }
-    let mut stats = WorkerStats {
-        driver: driver.name(),
-        pinned,
-        turns: 0,
-        parks: 0,
-    };
     let mut tasks: Vec<Option<Box<dyn Task>>> = Vec::with_capacity(factories.len());
     for factory in factories {
         match factory(driver.as_mut()) {
             Ok(task) => tasks.push(Some(task)),
             Err(error) => {
-                return (
-                    stats,
-                    Err(RuntimeError::Task {
-                        worker: index,
-                        error,
-                    }),
-                )
+                return Err(RuntimeError::Task {
+                    worker: index,
+                    error,
+                })
             }
         }
     }
     let mut live = tasks.len();
     while live > 0 {
         if abort.load(Ordering::Acquire) {
-            return (stats, Ok(()));
+            return Ok(());
         }
         stats.turns += 1;
         let now_ns = epoch.elapsed().as_nanos() as u64;
@@ -394,19 +390,16 @@ fn worker_main(
                     busy = true;
                 }
                 Err(error) => {
-                    return (
-                        stats,
-                        Err(RuntimeError::Task {
-                            worker: index,
-                            error,
-                        }),
-                    )
+                    return Err(RuntimeError::Task {
+                        worker: index,
+                        error,
+                    })
                 }
             }
         }
         let events = match turn(driver.as_mut(), &mut tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
-            Err(error) => return (stats, Err(RuntimeError::Driver(error))),
+            Err(error) => return Err(RuntimeError::Driver(error)),
         };
         // I/O events complete calls on this thread (no wake-up): poll the tasks again.
         if busy || events > 0 || live == 0 {
@@ -435,8 +428,8 @@ fn worker_main(
             },
         );
         if let Some(error) = turn_error {
-            return (stats, Err(RuntimeError::Driver(error)));
+            return Err(RuntimeError::Driver(error));
         }
     }
-    (stats, Ok(()))
+    Ok(())
 }
