@@ -1,163 +1,364 @@
-//! Hashed timing wheel: O(1) scheduling of timers on the task's thread.
+//! Hashed timing wheel with O(1) cancellation: timeouts and retry delays on the task's
+//! thread.
 //!
-//! A timer goes into slot `(deadline / tick) % slots` with its exact deadline; a slot
-//! holds timers of every revolution, and each is checked against its own deadline when
-//! its slot is scanned, so the tick only sets how much a scan touches, never when a timer
-//! fires. Due timers are handed out in `(deadline, schedule order)` order.
+//! Timers live in a slab of nodes (`nodes`, reused through a free list, so the wheel's
+//! memory is bounded by the most timers ever pending at once, not by how many were
+//! scheduled). Each node sits in exactly one doubly linked list, kept sorted by
+//! `(deadline, schedule order)`:
+//! - one list per slot for the *window* of ticks `[base_tick, base_tick + slots)`: a
+//!   timer whose tick lies in the window is in slot `tick % slots`, and each slot then
+//!   holds one tick's timers only (a deadline before `base_tick` is clamped into the
+//!   base slot, where sorting still puts it first);
+//! - one overflow list for timers past the window, moved into their slot as the window
+//!   slides over them.
 //!
-//! There is no cancellation by removal (DESIGN.md, performance notes): the owner keeps a
-//! generation per timer target and ignores a stale expiry. Memory: slot vectors keep
-//! their capacity, so steady state does not allocate.
+//! A bitmap of non-empty slots finds the earliest slot in `slots / 64` word reads, and
+//! the head of that slot is the earliest timer: [`TimerWheel::next_deadline`] is exact
+//! and cheap, with no scan of the timers themselves. Scheduling appends at a list's
+//! tail and walks back only past later deadlines (none for a fixed timeout, whose
+//! deadlines grow with the clock). [`TimerWheel::cancel`] unlinks a node in O(1); a
+//! [`TimerKey`] carries the node's generation, so cancelling a timer that already fired
+//! (or was cancelled) is a no-op, never another timer's removal.
+//!
+//! Invariants:
+//! 1. Every pending timer is in exactly one list; `len` counts them.
+//! 2. Slot lists hold timers whose tick is `< base_tick + slots`; the overflow list the
+//!    others. `base_tick` never passes the tick of a pending timer's slot, so a slot
+//!    index names one tick of the window.
+//! 3. Each list is sorted by `(deadline, sequence)`.
 //!
 //! Single owner, `&mut` only.
+
+/// Identifies a scheduled timer for [`TimerWheel::cancel`]; stale once it fired or
+/// was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerKey {
+    index: u32,
+    generation: u32,
+}
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+    };
+}
+
+/// Which list a node is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Slot(u32),
+    Overflow,
+    Free,
+}
+
+struct Node<E> {
+    deadline_ns: u64,
+    sequence: u64,
+    generation: u32,
+    place: Place,
+    prev: u32,
+    /// The next node of its list, or of the free list.
+    next: u32,
+    event: Option<E>,
+}
 
 /// A timer wheel of events `E`, times in nanoseconds of the owner's clock.
 pub struct TimerWheel<E> {
     tick_ns: u64,
-    slots: Box<[Vec<Timer<E>>]>,
     mask: u64,
-    /// First tick not yet scanned past (the current tick is always rescanned).
-    scanned_tick: u64,
-    /// Time of the last scan: timers scheduled at or before it go straight to `due`.
-    scanned_ns: u64,
-    /// Whether any scan happened yet (before one, every timer goes to its slot).
-    scanned: bool,
-    /// Due timers, sorted descending so the earliest pops from the end.
-    due: Vec<Timer<E>>,
+    slots: Box<[List]>,
+    occupied: Box<[u64]>,
+    overflow: List,
+    base_tick: u64,
+    nodes: Vec<Node<E>>,
+    free: u32,
     len: usize,
+    len_peak: usize,
     sequence: u64,
-}
-
-struct Timer<E> {
-    deadline_ns: u64,
-    sequence: u64,
-    event: E,
-}
-
-impl<E> Timer<E> {
-    fn order(&self) -> (u64, u64) {
-        (self.deadline_ns, self.sequence)
-    }
 }
 
 impl<E> TimerWheel<E> {
-    /// A wheel of `slots` slots (rounded up to a power of two) of `tick_ns` each.
+    /// A wheel of `slots` slots (rounded up to a power of two, at least 64) of `tick_ns`
+    /// each.
     ///
     /// # Panics
     /// If `tick_ns` or `slots` is zero (fixed by the engine's limits, not user input).
     pub fn new(tick_ns: u64, slots: usize) -> Self {
         assert!(tick_ns > 0, "timer tick must be positive");
         assert!(slots > 0, "timer wheel needs a slot");
-        let slots = slots.next_power_of_two();
+        let slots = slots.next_power_of_two().max(64);
         TimerWheel {
             tick_ns,
-            slots: (0..slots).map(|_| Vec::new()).collect(),
             mask: slots as u64 - 1,
-            scanned_tick: 0,
-            scanned_ns: 0,
-            scanned: false,
-            due: Vec::new(),
+            slots: vec![List::EMPTY; slots].into_boxed_slice(),
+            occupied: vec![0; slots / 64].into_boxed_slice(),
+            overflow: List::EMPTY,
+            base_tick: 0,
+            nodes: Vec::new(),
+            free: NIL,
             len: 0,
+            len_peak: 0,
             sequence: 0,
         }
     }
 
-    /// Schedules `event` at `deadline_ns`. O(1), except for a deadline already passed
-    /// by the last scan, which is inserted in order among the due timers.
-    pub fn schedule(&mut self, deadline_ns: u64, event: E) {
-        let timer = Timer {
-            deadline_ns,
-            sequence: self.sequence,
-            event,
-        };
+    /// Schedules `event` at `deadline_ns`; returns the key that cancels it.
+    pub fn schedule(&mut self, deadline_ns: u64, event: E) -> TimerKey {
+        let sequence = self.sequence;
         self.sequence += 1;
+        let index = match self.free {
+            NIL => {
+                let index = self.nodes.len();
+                assert!(index < NIL as usize, "timer wheel holds 2^32 - 1 timers");
+                self.nodes.push(Node {
+                    deadline_ns,
+                    sequence,
+                    generation: 0,
+                    place: Place::Free,
+                    prev: NIL,
+                    next: NIL,
+                    event: Some(event),
+                });
+                index as u32
+            }
+            index => {
+                let node = &mut self.nodes[index as usize];
+                self.free = node.next;
+                node.deadline_ns = deadline_ns;
+                node.sequence = sequence;
+                node.event = Some(event);
+                index
+            }
+        };
         self.len += 1;
-        if self.scanned && deadline_ns <= self.scanned_ns {
-            let order = timer.order();
-            let at = self.due.partition_point(|t| t.order() > order);
-            self.due.insert(at, timer);
-        } else {
-            let slot = ((deadline_ns / self.tick_ns) & self.mask) as usize;
-            self.slots[slot].push(timer);
+        self.len_peak = self.len_peak.max(self.len);
+        let place = self.place_of(deadline_ns);
+        self.link_sorted(index, place);
+        TimerKey {
+            index,
+            generation: self.nodes[index as usize].generation,
         }
+    }
+
+    /// Cancels the timer `key` and returns its event; `None` if it already fired or was
+    /// cancelled. O(1).
+    pub fn cancel(&mut self, key: TimerKey) -> Option<E> {
+        let node = self.nodes.get(key.index as usize)?;
+        if node.generation != key.generation || node.place == Place::Free {
+            return None;
+        }
+        Some(self.take(key.index).1)
     }
 
     /// The deadline of the earliest timer due at or before `now_ns`, without taking it.
     pub fn peek_due(&mut self, now_ns: u64) -> Option<u64> {
-        if !self.scanned || now_ns > self.scanned_ns {
-            self.scan(now_ns);
-        }
-        self.due
-            .last()
-            .filter(|t| t.deadline_ns <= now_ns)
-            .map(|t| t.deadline_ns)
+        self.advance(now_ns);
+        let first = self.first()?;
+        let deadline = self.nodes[first as usize].deadline_ns;
+        (deadline <= now_ns).then_some(deadline)
     }
 
     /// The earliest timer due at or before `now_ns`, with its deadline.
     pub fn pop_due(&mut self, now_ns: u64) -> Option<(u64, E)> {
         self.peek_due(now_ns)?;
-        let timer = self.due.pop()?;
-        self.len -= 1;
-        Some((timer.deadline_ns, timer.event))
+        let first = self.first().expect("peeked above");
+        Some(self.take(first))
     }
 
-    fn scan(&mut self, now_ns: u64) {
-        let now_tick = now_ns / self.tick_ns;
-        let first = self.scanned_tick.min(now_tick);
-        let ticks = now_tick - first + 1;
-        let slot_count = self.slots.len() as u64;
-        let before = self.due.len();
-        for offset in 0..ticks.min(slot_count) {
-            let slot = &mut self.slots[((first + offset) & self.mask) as usize];
-            let mut index = 0;
-            while index < slot.len() {
-                if slot[index].deadline_ns <= now_ns {
-                    self.due.push(slot.swap_remove(index));
-                } else {
-                    index += 1;
-                }
-            }
-        }
-        if self.due.len() != before {
-            self.due
-                .sort_unstable_by_key(|t| core::cmp::Reverse(t.order()));
-        }
-        self.scanned_tick = now_tick.max(self.scanned_tick);
-        self.scanned_ns = now_ns.max(self.scanned_ns);
-        self.scanned = true;
-    }
-
-    /// The earliest deadline of any scheduled timer. Walks the slots forward from the
-    /// last scan and stops as soon as the best deadline found precedes the next slot's
-    /// start (every timer in a slot is due no earlier than that slot's start), so a busy
-    /// wheel answers after a slot or two.
+    /// The earliest deadline of any pending timer: the head of the first non-empty slot
+    /// (a bitmap search), else of the overflow list.
     pub fn next_deadline(&self) -> Option<u64> {
-        let mut best = self.due.last().map(|t| t.deadline_ns);
-        if self.len == self.due.len() {
-            return best;
-        }
-        let first = if self.scanned { self.scanned_tick } else { 0 };
-        for offset in 0..self.slots.len() as u64 {
-            let tick = first + offset;
-            let start_ns = tick.saturating_mul(self.tick_ns);
-            if best.is_some_and(|b| b <= start_ns) {
-                break;
-            }
-            for timer in &self.slots[(tick & self.mask) as usize] {
-                best = Some(best.map_or(timer.deadline_ns, |b| b.min(timer.deadline_ns)));
-            }
-        }
-        best
+        self.first()
+            .map(|index| self.nodes[index as usize].deadline_ns)
     }
 
-    /// Timers scheduled and not yet popped (stale ones included).
+    /// Timers pending (cancelled and fired ones are gone).
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether no timer is scheduled.
+    /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The most timers pending at once since the wheel was made.
+    pub fn len_peak(&self) -> usize {
+        self.len_peak
+    }
+
+    /// Nodes allocated (pending plus free for reuse): the wheel's memory, in timers.
+    pub fn node_capacity(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn slot_count(&self) -> u64 {
+        self.mask + 1
+    }
+
+    fn place_of(&self, deadline_ns: u64) -> Place {
+        let tick = (deadline_ns / self.tick_ns).max(self.base_tick);
+        if tick - self.base_tick < self.slot_count() {
+            Place::Slot((tick & self.mask) as u32)
+        } else {
+            Place::Overflow
+        }
+    }
+
+    fn list_mut(&mut self, place: Place) -> &mut List {
+        match place {
+            Place::Slot(slot) => &mut self.slots[slot as usize],
+            Place::Overflow => &mut self.overflow,
+            Place::Free => unreachable!("the free list is singly linked"),
+        }
+    }
+
+    /// Links node `index` into `place`'s list at its sorted position, walking back from
+    /// the tail past later timers.
+    fn link_sorted(&mut self, index: u32, place: Place) {
+        let order = {
+            let node = &self.nodes[index as usize];
+            (node.deadline_ns, node.sequence)
+        };
+        let mut after = self.list_mut(place).tail;
+        while after != NIL {
+            let node = &self.nodes[after as usize];
+            if (node.deadline_ns, node.sequence) <= order {
+                break;
+            }
+            after = node.prev;
+        }
+        let before = if after == NIL {
+            self.list_mut(place).head
+        } else {
+            self.nodes[after as usize].next
+        };
+        {
+            let node = &mut self.nodes[index as usize];
+            node.place = place;
+            node.prev = after;
+            node.next = before;
+        }
+        if after == NIL {
+            self.list_mut(place).head = index;
+        } else {
+            self.nodes[after as usize].next = index;
+        }
+        if before == NIL {
+            self.list_mut(place).tail = index;
+        } else {
+            self.nodes[before as usize].prev = index;
+        }
+        if let Place::Slot(slot) = place {
+            self.occupied[slot as usize / 64] |= 1 << (slot % 64);
+        }
+    }
+
+    /// Unlinks node `index` from its list (it stays allocated).
+    fn unlink(&mut self, index: u32) {
+        let (place, prev, next) = {
+            let node = &self.nodes[index as usize];
+            (node.place, node.prev, node.next)
+        };
+        if prev == NIL {
+            self.list_mut(place).head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.list_mut(place).tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
+        }
+        if let Place::Slot(slot) = place {
+            if self.slots[slot as usize].head == NIL {
+                self.occupied[slot as usize / 64] &= !(1 << (slot % 64));
+            }
+        }
+    }
+
+    /// Unlinks and frees node `index`, returning its deadline and event.
+    fn take(&mut self, index: u32) -> (u64, E) {
+        self.unlink(index);
+        self.len -= 1;
+        let free = self.free;
+        let node = &mut self.nodes[index as usize];
+        node.place = Place::Free;
+        node.generation = node.generation.wrapping_add(1);
+        node.next = free;
+        node.prev = NIL;
+        self.free = index;
+        let event = node.event.take().expect("a pending timer has its event");
+        (node.deadline_ns, event)
+    }
+
+    /// The first non-empty slot at or after the base tick, as an offset from it.
+    fn first_occupied_offset(&self) -> Option<u64> {
+        let slots = self.slot_count();
+        let start = self.base_tick & self.mask;
+        let words = self.occupied.len() as u64;
+        // Word by word from the base slot's word, wrapping once; the first word's bits
+        // below the base slot are later ticks, handled on the wrap.
+        for step in 0..=words {
+            let word_index = ((start / 64) + step) % words;
+            let mut bits = self.occupied[word_index as usize];
+            if step == 0 {
+                bits &= !0u64 << (start % 64);
+            } else if step == words {
+                bits &= !(!0u64 << (start % 64));
+            }
+            if bits != 0 {
+                let slot = word_index * 64 + u64::from(bits.trailing_zeros());
+                return Some((slot + slots - start) & self.mask);
+            }
+        }
+        None
+    }
+
+    fn first(&self) -> Option<u32> {
+        match self.first_occupied_offset() {
+            Some(offset) => {
+                let slot = (self.base_tick + offset) & self.mask;
+                Some(self.slots[slot as usize].head)
+            }
+            None => (self.overflow.head != NIL).then_some(self.overflow.head),
+        }
+    }
+
+    /// Slides the window towards `now_ns` (never past a non-empty slot) and moves the
+    /// overflow timers it now covers into their slots.
+    fn advance(&mut self, now_ns: u64) {
+        let now_tick = now_ns / self.tick_ns;
+        if now_tick <= self.base_tick {
+            return;
+        }
+        let target = match self.first_occupied_offset() {
+            Some(offset) => now_tick.min(self.base_tick + offset),
+            None => now_tick,
+        };
+        if target == self.base_tick {
+            return;
+        }
+        self.base_tick = target;
+        let end = self.base_tick.saturating_add(self.slot_count());
+        while self.overflow.head != NIL {
+            let head = self.overflow.head;
+            if self.nodes[head as usize].deadline_ns / self.tick_ns >= end {
+                break;
+            }
+            self.unlink(head);
+            let place = self.place_of(self.nodes[head as usize].deadline_ns);
+            self.link_sorted(head, place);
+        }
     }
 }
 
@@ -166,6 +367,7 @@ impl<E> core::fmt::Debug for TimerWheel<E> {
         f.debug_struct("TimerWheel")
             .field("tick_ns", &self.tick_ns)
             .field("len", &self.len)
+            .field("len_peak", &self.len_peak)
             .finish()
     }
 }
@@ -176,9 +378,9 @@ mod tests {
 
     #[test]
     fn fires_in_deadline_then_schedule_order_across_revolutions() {
-        // 4 slots of 10 ns: deadlines 5 and 45 share a slot one revolution apart.
+        // 64 slots of 10 ns: deadlines 5 and 645 share a slot one revolution apart.
         let mut wheel = TimerWheel::new(10, 4);
-        wheel.schedule(45, "late");
+        wheel.schedule(645, "late");
         wheel.schedule(5, "early");
         wheel.schedule(12, "b");
         wheel.schedule(12, "c");
@@ -190,40 +392,64 @@ mod tests {
         assert_eq!(wheel.pop_due(20), Some((12, "b")));
         assert_eq!(wheel.pop_due(20), Some((12, "c")));
         assert_eq!(wheel.pop_due(20), None);
-        assert_eq!(wheel.next_deadline(), Some(45));
-        assert_eq!(wheel.pop_due(1_000), Some((45, "late")));
+        assert_eq!(wheel.next_deadline(), Some(645));
+        assert_eq!(wheel.pop_due(1_000), Some((645, "late")));
         assert!(wheel.is_empty());
     }
 
     #[test]
-    fn next_deadline_matches_a_full_scan() {
-        // Deadlines across several revolutions, scheduled in random order, popped in
-        // random steps: the walk always agrees with the minimum over all timers.
-        let mut wheel = TimerWheel::new(10, 8);
-        let mut live: Vec<u64> = Vec::new();
+    fn next_deadline_and_firing_match_a_model_with_cancels() {
+        // Deadlines across several revolutions and the overflow, scheduled in random
+        // order, cancelled at random, popped in random steps: the wheel always agrees
+        // with a plain list of live timers.
+        let mut wheel = TimerWheel::new(10, 64);
+        let mut live: Vec<(u64, u64, TimerKey)> = Vec::new();
+        let mut dead: Vec<TimerKey> = Vec::new();
         let mut x = 12345u64;
         let mut now = 0;
-        for _ in 0..500 {
+        for id in 0..5_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 3 == 0 {
-                now += x % 40;
-                while let Some((deadline, ())) = wheel.pop_due(now) {
-                    let at = live.iter().position(|d| *d == deadline).unwrap();
-                    live.swap_remove(at);
+            match x % 5 {
+                0 => {
+                    now += x % 400;
+                    while let Some((deadline, fired)) = wheel.pop_due(now) {
+                        let expected = live
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, (d, i, _))| (*d, *i))
+                            .map(|(at, _)| at)
+                            .expect("a live timer fired");
+                        let (d, i, key) = live.remove(expected);
+                        assert_eq!((deadline, fired), (d, i));
+                        assert!(deadline <= now);
+                        dead.push(key);
+                    }
+                    assert!(live.iter().all(|(d, _, _)| *d > now));
                 }
-            } else {
-                let deadline = now + x % 300;
-                wheel.schedule(deadline, ());
-                live.push(deadline);
+                1 if !live.is_empty() => {
+                    let (d, i, key) = live.swap_remove((x >> 8) as usize % live.len());
+                    assert_eq!(wheel.cancel(key), Some(i), "deadline {d}");
+                    dead.push(key);
+                }
+                2 if !dead.is_empty() => {
+                    let key = dead[(x >> 8) as usize % dead.len()];
+                    assert_eq!(wheel.cancel(key), None, "a stale key cancels nothing");
+                }
+                _ => {
+                    let deadline = (now + x % 3_000).saturating_sub(x % 50);
+                    let key = wheel.schedule(deadline, id);
+                    live.push((deadline, id, key));
+                }
             }
-            assert_eq!(wheel.next_deadline(), live.iter().copied().min());
+            assert_eq!(wheel.len(), live.len());
+            assert_eq!(wheel.next_deadline(), live.iter().map(|(d, _, _)| *d).min());
         }
     }
 
     #[test]
-    fn a_long_jump_scans_every_slot_once() {
+    fn a_long_jump_fires_everything_due_once() {
         let mut wheel = TimerWheel::new(1, 8);
         for deadline in [100, 3, 77, 1_000_000] {
             wheel.schedule(deadline, deadline);
@@ -231,5 +457,28 @@ mod tests {
         let fired: Vec<u64> = std::iter::from_fn(|| wheel.pop_due(500).map(|(d, _)| d)).collect();
         assert_eq!(fired, vec![3, 77, 100]);
         assert_eq!(wheel.len(), 1);
+        assert_eq!(wheel.next_deadline(), Some(1_000_000));
+    }
+
+    #[test]
+    fn cancelled_timers_free_their_memory() {
+        // A steady stream of fixed timeouts, each cancelled soon after (a call that
+        // completed): the wheel holds only the live ones and reuses their nodes.
+        let mut wheel = TimerWheel::new(65_536, 4096);
+        let timeout = 5_000_000_000;
+        let mut keys = std::collections::VecDeque::new();
+        for i in 0..1_000_000u64 {
+            let now = i * 1_000;
+            keys.push_back(wheel.schedule(now + timeout, i));
+            if keys.len() > 100 {
+                let key = keys.pop_front().expect("non-empty");
+                assert!(wheel.cancel(key).is_some());
+            }
+            assert_eq!(wheel.pop_due(now), None);
+        }
+        assert_eq!(wheel.len(), 100);
+        assert_eq!(wheel.len_peak(), 101);
+        assert!(wheel.node_capacity() <= 101);
+        assert_eq!(wheel.next_deadline(), Some(999_900 * 1_000 + timeout));
     }
 }

@@ -402,8 +402,8 @@ fn flaky(failures: u32, empty_first: bool) -> (Flaky, Attempts) {
 #[test]
 fn fixed_delay_retry_succeeds_within_attempts() {
     let (function, attempts) = flaky(2, false);
-    let config =
-        AsyncConfig::new(OutputMode::Ordered, 4).with_retry(RetryStrategy::fixed_delay(3, 10 * MS));
+    let config = AsyncConfig::new(OutputMode::Ordered, 4)
+        .with_retry(RetryStrategy::fixed_delay(3, 10 * MS).retry_on_any_error());
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(7, Some(1)).unwrap();
     assert_eq!(attempts.borrow().len(), 1);
@@ -423,8 +423,8 @@ fn fixed_delay_retry_succeeds_within_attempts() {
 #[test]
 fn retries_exhausted_the_last_error_stands() {
     let (function, attempts) = flaky(5, false);
-    let config =
-        AsyncConfig::new(OutputMode::Ordered, 4).with_retry(RetryStrategy::fixed_delay(3, MS));
+    let config = AsyncConfig::new(OutputMode::Ordered, 4)
+        .with_retry(RetryStrategy::fixed_delay(3, MS).retry_on_any_error());
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(1, None).unwrap();
     let error = h.advance_time(10 * MS).unwrap_err();
@@ -447,6 +447,19 @@ fn result_predicate_retries_and_last_result_stands() {
     assert_eq!(h.in_flight(), 0);
 }
 
+/// Flink's rule: without an error predicate, an error is not retried (only results
+/// a result predicate names are); `retry_on_any_error` is the explicit retry-all.
+#[test]
+fn without_an_error_predicate_errors_are_not_retried() {
+    let (function, attempts) = flaky(5, false);
+    let config =
+        AsyncConfig::new(OutputMode::Ordered, 4).with_retry(RetryStrategy::fixed_delay(3, MS));
+    let mut h = AsyncHarness::new(function, config).unwrap();
+    assert!(h.process_record(1, None).is_err());
+    assert_eq!(attempts.borrow().len(), 1);
+    assert_eq!(h.operator().metrics().retried, 0);
+}
+
 /// An error predicate that refuses fails at once, without retry.
 #[test]
 fn error_predicate_can_refuse() {
@@ -462,7 +475,8 @@ fn error_predicate_can_refuse() {
 #[test]
 fn exponential_backoff_spaces_attempts() {
     let (function, attempts) = flaky(10, false);
-    let strategy = RetryStrategy::exponential_backoff(5, 10 * MS, 25 * MS, 2.0);
+    let strategy =
+        RetryStrategy::exponential_backoff(5, 10 * MS, 25 * MS, 2.0).retry_on_any_error();
     let config = AsyncConfig::new(OutputMode::Ordered, 4).with_retry(strategy);
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(1, None).unwrap();
@@ -493,7 +507,7 @@ fn timeout_covers_retries() {
     };
     let config = AsyncConfig::new(OutputMode::Ordered, 4)
         .with_timeout(50 * MS)
-        .with_retry(RetryStrategy::fixed_delay(10, 30 * MS));
+        .with_retry(RetryStrategy::fixed_delay(10, 30 * MS).retry_on_any_error());
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(1, None).unwrap();
     let error = h.advance_time(100 * MS).unwrap_err();
@@ -514,7 +528,7 @@ fn timeout_covers_retries() {
 fn finish_attempts_waiting_retries_once() {
     let (function, attempts) = flaky(1, false);
     let config = AsyncConfig::new(OutputMode::Ordered, 4)
-        .with_retry(RetryStrategy::fixed_delay(5, 1000 * MS));
+        .with_retry(RetryStrategy::fixed_delay(5, 1000 * MS).retry_on_any_error());
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(1, None).unwrap();
     h.process_record(2, None).unwrap();
@@ -533,7 +547,7 @@ fn finish_attempts_waiting_retries_once() {
 
     let (function, attempts) = flaky(5, false);
     let config = AsyncConfig::new(OutputMode::Ordered, 4)
-        .with_retry(RetryStrategy::fixed_delay(5, 1000 * MS));
+        .with_retry(RetryStrategy::fixed_delay(5, 1000 * MS).retry_on_any_error());
     let mut h = AsyncHarness::new(function, config).unwrap();
     h.process_record(1, None).unwrap();
     assert!(
@@ -704,4 +718,34 @@ fn credits_returned_by_many_same_thread_completions() {
         assert_eq!(h.take_output().len(), 200);
     }
     h.finish().unwrap();
+}
+
+/// A completed record's timeout timer is cancelled at once: the wheel holds only the
+/// timers of records still in flight, its next deadline is a live record's, and its
+/// peak stays within the capacity however many records passed.
+#[test]
+fn completed_records_cancel_their_timeouts() {
+    let function = Stash::default();
+    let config = AsyncConfig::new(OutputMode::Unordered, 4).with_timeout(10_000 * MS);
+    let mut h = AsyncHarness::new(function.clone(), config).unwrap();
+    for input in 0..10_000 {
+        h.process_record(input, None).unwrap();
+        function.complete(input);
+        h.run_mailbox().unwrap();
+        h.advance_time(MS).unwrap();
+    }
+    assert_eq!(h.pending_timers(), 0);
+    assert_eq!(h.operator().next_timer_deadline(), None);
+    // One record in flight, started at 10 s: its deadline (20 s) is the next one, not a
+    // completed record's (10 s and after).
+    h.process_record(77, None).unwrap();
+    assert_eq!(h.pending_timers(), 1);
+    assert_eq!(
+        h.operator().next_timer_deadline(),
+        Some(h.now_ns() + 10_000_000_000)
+    );
+    assert_eq!(h.operator().metrics().timer_wheel_peak, 1);
+    function.complete(77);
+    h.finish().unwrap();
+    assert_eq!(h.operator().metrics().timed_out, 0);
 }

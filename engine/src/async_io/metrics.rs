@@ -19,6 +19,10 @@ pub struct AsyncMetrics {
     pub emitted: u64,
     /// Nanoseconds the task spent waiting for capacity.
     pub backpressured_ns: u64,
+    /// The most timeout and retry timers pending at once in the operator's wheel
+    /// (bounded by twice the capacity: completed records cancel theirs). Merged as a
+    /// maximum over subtasks.
+    pub timer_wheel_peak: u64,
     /// Invoke-to-emit latency of every `LATENCY_SAMPLE_EVERY`-th record (by input order),
     /// in ns of the operator's clock.
     pub latency_ns: Histogram<u64>,
@@ -33,6 +37,7 @@ impl AsyncMetrics {
             failed: 0,
             emitted: 0,
             backpressured_ns: 0,
+            timer_wheel_peak: 0,
             latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
                 .expect("static histogram bounds are valid"),
         }
@@ -54,6 +59,7 @@ impl AsyncMetrics {
         self.failed += other.failed;
         self.emitted += other.emitted;
         self.backpressured_ns += other.backpressured_ns;
+        self.timer_wheel_peak = self.timer_wheel_peak.max(other.timer_wheel_peak);
         self.latency_ns
             .add(&other.latency_ns)
             .expect("histograms share bounds");

@@ -5,8 +5,22 @@
 //! up to `capacity` records and watermarks are in flight; results are emitted in input
 //! order ([`OutputMode::Ordered`]), in completion order fenced by watermarks
 //! ([`OutputMode::Unordered`]), or in order per key ([`OutputMode::KeyedOrdered`]);
-//! calls time out and may be retried. The exact rules are in `DESIGN.md`
-//! ("Async I/O semantics") and on [`AsyncWaitOperator`].
+//! calls time out and may be retried.
+//!
+//! The rules (Flink's, plus the keyed mode):
+//! - `capacity > 0` elements in flight, watermarks included; a full operator does not
+//!   block its thread: the task yields to its mailbox until a slot frees.
+//! - Ordered: strictly in input order. Unordered: in completion order, but never across
+//!   a watermark: a watermark is emitted once everything before it is, and before
+//!   anything after it. Keyed-ordered: in order per key only.
+//! - The first completion of a call wins; an empty result emits nothing; an error
+//!   fails the operator unless a retry applies.
+//! - The timeout runs from the first invocation and covers every attempt; on expiry the
+//!   function's `timeout` hook runs (default: fail with a timeout error), and a result
+//!   arriving after it is ignored. Retries stop at the timeout.
+//! - End of input: every element in flight is completed and emitted before the
+//!   operator finishes; a snapshot holds the elements in flight, in input order, to be
+//!   processed again first on restore.
 //!
 //! - [`AsyncWaitOperator`]: the operator, driven by its task (records, watermarks,
 //!   completions, timers, end of input, snapshot);

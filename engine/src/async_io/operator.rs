@@ -11,8 +11,13 @@
 //! Every invocation (first call, retry, timeout hook) gets a new `attempt` number; a
 //! completion whose attempt or slab generation no longer matches is stale and ignored,
 //! which is how "first completion wins" and "a result after the timeout is ignored"
-//! hold without cancelling anything. Timers are not removed either: a timer whose entry
-//! is gone (generation) or no longer armed is ignored when it fires.
+//! hold without cancelling the call itself. Timers *are* cancelled, in O(1) through the
+//! [`TimerKey`] kept in the entry, the moment they stop mattering (a record completes,
+//! a retry is attempted early, a timeout overtakes a retry delay): the wheel holds at
+//! most two timers per entry, so its memory and [`pending_timers`] stay bounded by the
+//! capacity, and its next deadline is always a live timer's.
+//!
+//! [`pending_timers`]: AsyncWaitOperator::pending_timers
 //!
 //! Owned by one thread (the operator is not `Send`): construct it on the task's thread.
 
@@ -28,7 +33,7 @@ use crate::error::ConfigError;
 use crate::limits::{LATENCY_SAMPLE_EVERY, TIMER_SLOTS, TIMER_TICK_NS};
 use crate::park::Notify;
 use crate::slab::{Key, Slab};
-use crate::timer::TimerWheel;
+use crate::timer::{TimerKey, TimerWheel};
 
 enum State<Out> {
     InFlight,
@@ -48,8 +53,10 @@ struct Entry<In, Out> {
     attempt: u32,
     invocations: u32,
     state: State<Out>,
-    timeout_armed: bool,
-    retry_armed: bool,
+    /// The timeout timer, until it fires or the record completes.
+    timeout_timer: Option<TimerKey>,
+    /// The retry-delay timer, while the entry waits for its next attempt.
+    retry_timer: Option<TimerKey>,
     /// Attempted at once at end of input: its outcome stands (no further retry).
     final_attempt: bool,
     next_in_chain: Option<Key>,
@@ -82,7 +89,6 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     chains: Chains,
     segments: Segments,
     timers: TimerWheel<TimerEvent>,
-    live_timers: usize,
     completions: CompletionQueue<F::Out>,
     next_sequence: u64,
     closed: bool,
@@ -114,7 +120,6 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             chains: Chains::new(config.mode, capacity),
             segments: Segments::new(capacity),
             timers: TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS),
-            live_timers: 0,
             completions: CompletionQueue::new(capacity, Box::new(notify)),
             next_sequence: 0,
             closed: false,
@@ -140,16 +145,14 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.in_flight() >= self.capacity
     }
 
-    /// Timeout and retry timers armed (cancelled ones are not counted).
+    /// Timeout and retry timers pending in the wheel (at most two per element held).
     pub fn pending_timers(&self) -> usize {
-        self.live_timers
+        self.timers.len()
     }
 
-    /// The earliest armed-or-stale timer deadline, if any timer is armed.
+    /// The earliest pending timer's deadline. Exact (completed records' timers are
+    /// cancelled), and found without scanning the timers.
     pub fn next_timer_deadline(&self) -> Option<u64> {
-        if self.live_timers == 0 {
-            return None;
-        }
         self.timers.next_deadline()
     }
 
@@ -220,8 +223,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             attempt: 0,
             invocations: 1,
             state: State::InFlight,
-            timeout_armed: self.timeout_ns.is_some(),
-            retry_armed: false,
+            timeout_timer: None,
+            retry_timer: None,
             final_attempt: false,
             next_in_chain: None,
             next_parked: None,
@@ -236,9 +239,11 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         }
         self.segments.get_mut(epoch).remaining += 1;
         if let Some(timeout_ns) = self.timeout_ns {
-            self.timers
+            let timer = self
+                .timers
                 .schedule(now_ns.saturating_add(timeout_ns), TimerEvent::Timeout(slot));
-            self.live_timers += 1;
+            self.entry_mut(slot).timeout_timer = Some(timer);
+            self.note_timers();
         }
         let handle = self.completions.issue(slot, 0);
         let input = &self.entries.get(slot).expect("just inserted").input;
@@ -296,7 +301,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         Ok(processed)
     }
 
-    /// The deadline of the earliest timer due at or before `limit_ns` (armed or stale).
+    /// The deadline of the earliest timer due at or before `limit_ns`.
     pub fn next_due_timer(&mut self, limit_ns: u64) -> Option<u64> {
         self.timers.peek_due(limit_ns)
     }
@@ -342,9 +347,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         waiting.sort_unstable();
         for (_, slot) in waiting {
             let entry = self.entry_mut(slot);
-            entry.retry_armed = false;
             entry.final_attempt = true;
-            self.live_timers -= 1;
+            let retry = entry.retry_timer.take();
+            self.cancel_timer(retry);
             self.invoke_again(slot, now_ns);
         }
         self.drain(now_ns, out)?;
@@ -463,14 +468,28 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let entry = self.entry_mut(slot);
         entry.state = State::RetryWaiting;
         entry.attempt += 1;
-        entry.retry_armed = true;
         let attempt = entry.attempt;
-        self.live_timers += 1;
         self.metrics.retried += 1;
-        self.timers.schedule(
+        let timer = self.timers.schedule(
             now_ns.saturating_add(delay_ns),
             TimerEvent::Retry(slot, attempt),
         );
+        self.entry_mut(slot).retry_timer = Some(timer);
+        self.note_timers();
+    }
+
+    /// Cancels a timer that no longer matters (O(1); a fired one is a no-op).
+    fn cancel_timer(&mut self, timer: Option<TimerKey>) {
+        if let Some(timer) = timer {
+            self.timers.cancel(timer);
+        }
+    }
+
+    fn note_timers(&mut self) {
+        let pending = self.timers.len() as u64;
+        if pending > self.metrics.timer_wheel_peak {
+            self.metrics.timer_wheel_peak = pending;
+        }
     }
 
     fn invoke_again(&mut self, slot: Key, _now_ns: u64) {
@@ -487,14 +506,13 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let Some(entry) = self.entries.get_mut(slot) else {
             return;
         };
-        if !(entry.retry_armed
+        if !(entry.retry_timer.is_some()
             && entry.attempt == attempt
             && matches!(entry.state, State::RetryWaiting))
         {
             return;
         }
-        entry.retry_armed = false;
-        self.live_timers -= 1;
+        entry.retry_timer = None;
         self.invoke_again(slot, now_ns);
     }
 
@@ -502,19 +520,14 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let Some(entry) = self.entries.get_mut(slot) else {
             return;
         };
-        if !entry.timeout_armed {
+        if entry.timeout_timer.take().is_none() {
             return;
         }
-        entry.timeout_armed = false;
-        let mut disarmed = 1;
-        if entry.retry_armed {
-            entry.retry_armed = false;
-            disarmed += 1;
-        }
+        let retry = entry.retry_timer.take();
         entry.state = State::TimedOut;
         entry.attempt += 1;
         let attempt = entry.attempt;
-        self.live_timers -= disarmed;
+        self.cancel_timer(retry);
         self.metrics.timed_out += 1;
         let handle = self.completions.issue(slot, attempt);
         let input = &self.entries.get(slot).expect("live").input;
@@ -529,12 +542,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         out: &mut impl Collector<F::Out>,
     ) {
         let entry = self.entry_mut(slot);
-        let disarm = entry.timeout_armed;
-        entry.timeout_armed = false;
+        let timeout = entry.timeout_timer.take();
         let (key, epoch) = (entry.key, entry.epoch);
-        if disarm {
-            self.live_timers -= 1;
-        }
+        self.cancel_timer(timeout);
         self.metrics.completed += 1;
         let head = self.chains.is_head(key, slot);
         if head && epoch == self.segments.head_epoch {
@@ -669,7 +679,7 @@ impl<F: AsyncFunction> core::fmt::Debug for AsyncWaitOperator<F> {
             .field("mode", &self.mode)
             .field("capacity", &self.capacity)
             .field("in_flight", &self.in_flight())
-            .field("pending_timers", &self.live_timers)
+            .field("pending_timers", &self.timers.len())
             .field("failed", &self.failure.is_some())
             .finish_non_exhaustive()
     }

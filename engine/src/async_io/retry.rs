@@ -22,12 +22,16 @@ enum Backoff {
 /// When to call again, and after what delay.
 ///
 /// `max_attempts` counts every invocation, the first included (so 1 means no retry).
-/// Which outcomes are retried: every error unless [`retry_on_error`] narrows it (a
-/// timeout is never retried: retries stop at the timeout), and no result unless
-/// [`retry_on_result`] says so. When attempts run out, the last result or error stands.
+/// Which outcomes are retried, as in Flink's `AsyncRetryStrategies`: nothing unless a
+/// predicate says so. An error is retried only under [`retry_on_error`] (or
+/// [`retry_on_any_error`], the explicit retry-all), a result only under
+/// [`retry_on_result`]; a strategy with neither never retries. A timeout is never
+/// retried: the timeout covers every attempt. When attempts run out, the last result or
+/// error stands.
 /// A retry's delay counts from when the failed attempt's outcome was processed.
 ///
 /// [`retry_on_error`]: RetryStrategy::retry_on_error
+/// [`retry_on_any_error`]: RetryStrategy::retry_on_any_error
 /// [`retry_on_result`]: RetryStrategy::retry_on_result
 pub struct RetryStrategy<T> {
     max_attempts: u32,
@@ -76,6 +80,11 @@ impl<T> RetryStrategy<T> {
         self
     }
 
+    /// Retries every error (but a timeout): the explicit retry-all.
+    pub fn retry_on_any_error(self) -> Self {
+        self.retry_on_error(|_| true)
+    }
+
     /// Retries the results for which `predicate` holds (e.g. `|r| r.is_empty()`).
     pub fn retry_on_result(
         mut self,
@@ -114,7 +123,7 @@ impl<T> RetryStrategy<T> {
         if matches!(error, AsyncError::Timeout) {
             return false;
         }
-        self.on_error.as_ref().is_none_or(|p| p(error))
+        self.on_error.as_ref().is_some_and(|p| p(error))
     }
 
     pub(crate) fn should_retry_result(&self, results: &[T]) -> bool {
