@@ -10,17 +10,20 @@
 //! with a logged [`NetError::Malformed`] and fails its outstanding requests; a closed
 //! or reset connection fails its outstanding requests; a request unanswered for
 //! `request_timeout` is failed (the operator's timeout normally fires first, making
-//! this completion stale). Failures are [`AsyncError::Call`], so the operator's retries
+//! this completion stale). Expiry timers sit in a timing wheel and are cancelled when
+//! the answer arrives, so the wheel holds one timer per outstanding request, never one
+//! per request sent within the timeout. Failures are [`AsyncError::Call`], so the operator's retries
 //! apply. A connection that went away is re-established on the next request.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::rc::Rc;
 use std::time::Duration;
 
 use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
+use weir_engine::limits::{TIMER_SLOTS, TIMER_TICK_NS};
 use weir_engine::slab::{Key, Slab};
+use weir_engine::timer::{TimerKey, TimerWheel};
 
 use super::protocol::{decode_response, encode_request, STATUS_OK};
 use crate::error::NetError;
@@ -87,6 +90,8 @@ struct Pending<R: LookupRequest> {
     connection: usize,
     key: u64,
     sink: Sink<R>,
+    /// The expiry timer, cancelled when the request leaves by any other way.
+    expiry: Option<TimerKey>,
 }
 
 /// The shared slot between a pending lookup and its [`Get`] future.
@@ -149,7 +154,7 @@ pub struct LookupClient<R: LookupRequest> {
     connections: Vec<Connection>,
     next: usize,
     pending: Slab<Pending<R>>,
-    expiry: VecDeque<(u64, Key)>,
+    expiry: TimerWheel<Key>,
     now_ns: u64,
     stats: ClientStats,
 }
@@ -176,7 +181,7 @@ impl<R: LookupRequest> LookupClient<R> {
             connections,
             next: 0,
             pending,
-            expiry: VecDeque::new(),
+            expiry: TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS),
             now_ns: 0,
             stats: ClientStats::default(),
         })
@@ -190,6 +195,11 @@ impl<R: LookupRequest> LookupClient<R> {
     /// Requests waiting for an answer.
     pub fn outstanding(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Expiry timers pending: one per outstanding request.
+    pub fn pending_expiries(&self) -> usize {
+        self.expiry.len()
     }
 
     /// Sets the clock used for request expiry.
@@ -219,6 +229,7 @@ impl<R: LookupRequest> LookupClient<R> {
             connection,
             key,
             sink,
+            expiry: None,
         }) {
             Ok(slot) => slot,
             Err(refused) => {
@@ -234,7 +245,10 @@ impl<R: LookupRequest> LookupClient<R> {
         let deadline = self
             .now_ns
             .saturating_add(self.config.request_timeout.as_nanos() as u64);
-        self.expiry.push_back((deadline, slot));
+        let timer = self.expiry.schedule(deadline, slot);
+        if let Some(pending) = self.pending.get_mut(slot) {
+            pending.expiry = Some(timer);
+        }
         self.stats.requests += 1;
     }
 
@@ -310,11 +324,7 @@ impl<R: LookupRequest> LookupClient<R> {
     /// Fails requests unanswered past `request_timeout` at `now_ns`.
     pub fn expire(&mut self, now_ns: u64) {
         self.now_ns = now_ns;
-        while let Some(&(deadline, slot)) = self.expiry.front() {
-            if deadline > now_ns {
-                break;
-            }
-            self.expiry.pop_front();
+        while let Some((_, slot)) = self.expiry.pop_due(now_ns) {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
                 let message = format!(
@@ -324,9 +334,15 @@ impl<R: LookupRequest> LookupClient<R> {
                 pending.fail(message);
             }
         }
-        if self.pending.is_empty() {
-            self.expiry.clear();
+    }
+
+    /// Removes an outstanding request that is answered or failed, cancelling its expiry.
+    fn take(&mut self, slot: Key) -> Option<Pending<R>> {
+        let pending = self.pending.remove(slot)?;
+        if let Some(timer) = pending.expiry {
+            self.expiry.cancel(timer);
         }
+        Some(pending)
     }
 
     fn count_on(&self, index: usize) -> usize {
@@ -344,8 +360,7 @@ impl<R: LookupRequest> LookupClient<R> {
             match decode_response(&inbox[offset..]) {
                 Ok(Some((response, used))) => {
                     offset += used;
-                    let Some(pending) = self.pending.remove(Key::from_u64(response.request_id))
-                    else {
+                    let Some(pending) = self.take(Key::from_u64(response.request_id)) else {
                         continue; // expired meanwhile
                     };
                     if response.status == STATUS_OK {
@@ -387,7 +402,7 @@ impl<R: LookupRequest> LookupClient<R> {
             .map(|(k, _)| k)
             .collect();
         for slot in slots {
-            if let Some(pending) = self.pending.remove(slot) {
+            if let Some(pending) = self.take(slot) {
                 self.stats.failed += 1;
                 pending.fail(error.to_string());
             }
@@ -435,5 +450,60 @@ impl<R: LookupRequest> weir_engine::runtime::job::IoHandler for ClientIo<R> {
 
     fn on_event(&mut self, event: &DriverEvent<'_>) -> bool {
         self.0.borrow_mut().on_event(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::protocol::{decode_request, encode_response};
+
+    #[derive(Clone)]
+    struct Key64(u64);
+
+    impl LookupRequest for Key64 {
+        type Out = usize;
+        fn key(&self) -> u64 {
+            self.0
+        }
+        fn complete(self, value: &[u8]) -> usize {
+            value.len()
+        }
+    }
+
+    /// Answered requests cancel their expiry: the wheel holds one timer per outstanding
+    /// request however many were answered within the timeout.
+    #[test]
+    fn answered_requests_cancel_their_expiry() {
+        let mut client = LookupClient::<Key64>::new(ClientConfig {
+            addr: "127.0.0.1:9".parse().expect("address"),
+            connections: 1,
+            capacity: 64,
+            request_timeout: Duration::from_secs(10),
+        })
+        .expect("client");
+        let mut responses = Vec::new();
+        for round in 0..1_000u64 {
+            client.set_now(round * 1_000);
+            let gets: Vec<Get> = (0..8).map(|i| client.get(round * 8 + i)).collect();
+            let outbox = std::mem::take(&mut client.connections[0].outbox);
+            responses.clear();
+            let mut offset = 0;
+            while let Some((request, used)) = decode_request(&outbox[offset..]).expect("valid") {
+                encode_response(&mut responses, request.request_id, STATUS_OK, b"v");
+                offset += used;
+            }
+            client.receive(0, &responses);
+            assert_eq!(client.outstanding(), 0);
+            assert_eq!(client.pending_expiries(), 0);
+            drop(gets);
+        }
+        assert_eq!(client.stats().values, 8_000);
+        // An unanswered one expires on time and fails.
+        let _get = client.get(1);
+        assert_eq!(client.pending_expiries(), 1);
+        client.expire(999_000 + 10_000_000_000);
+        assert_eq!(client.outstanding(), 0);
+        assert_eq!(client.stats().failed, 1);
     }
 }
