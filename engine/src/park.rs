@@ -1,7 +1,12 @@
 //! Parking an idle thread without lost wake-ups.
 //!
-//! A [`Parker`] belongs to the one thread that sleeps on it; any number of
-//! [`Unparker`]s wake it. Sleeping and waking are delegated to a [`ParkBackend`]:
+//! A [`Parker`] belongs to the one thread that sleeps on it, and its type says so: it
+//! is not `Send`. Any number of [`Unparker`]s (`Send + Sync`) wake it. Wiring that must
+//! name a thread's unparker before the thread exists (the runtime's workers) makes an
+//! [`UnboundParker`], which is `Send`, and turns it into the `Parker` on the thread that
+//! will sleep; only a backend that is not tied to a thread (an eventfd, a condition
+//! variable) can be given that way. [`ThreadPark`], which names its thread, also checks
+//! it: waiting on it from another thread panics instead of losing wake-ups silently. Sleeping and waking are delegated to a [`ParkBackend`]:
 //! `std::thread::park` by default, an eventfd registered with the worker's io_uring
 //! on Linux (supplied by `weir-net`).
 //!
@@ -18,6 +23,7 @@
 //! `wait` return at once. No `SeqCst` is needed, which also keeps the protocol within
 //! what loom models exactly.
 
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::sync::{thread, Arc, AtomicU8, Ordering};
@@ -53,6 +59,11 @@ impl ThreadPark {
 
 impl ParkBackend for ThreadPark {
     fn wait(&self, timeout: Option<Duration>) {
+        assert!(
+            thread::current().id() == self.thread.id(),
+            "a ThreadPark waited on by a thread other than the one that made it: its \
+             wake-ups would go to the wrong thread (make the Parker on the thread that parks)"
+        );
         match timeout {
             Some(timeout) => thread::park_timeout(timeout),
             None => thread::park(),
@@ -100,9 +111,57 @@ struct Inner {
     backend: Box<dyn ParkBackend>,
 }
 
-/// The sleeping side. Owned by one thread; see the module docs for the protocol.
+/// The sleeping side. Owned by one thread, so not `Send`; see the module docs for the
+/// protocol.
+///
+/// ```compile_fail
+/// fn needs_send<T: Send>() {}
+/// needs_send::<weir_engine::park::Parker>();
+/// ```
 pub struct Parker {
     inner: Arc<Inner>,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// A parker not yet owned by a thread: made where the wiring happens, moved to the
+/// thread that will sleep, and turned into its [`Parker`] there with
+/// [`into_parker`](Self::into_parker). Its backend must not be tied to a thread.
+pub struct UnboundParker {
+    inner: Arc<Inner>,
+}
+
+impl UnboundParker {
+    /// A parker over a backend that any thread may wait on (an eventfd, a condition
+    /// variable; not [`ThreadPark`]).
+    pub fn new(backend: impl ParkBackend) -> Self {
+        UnboundParker {
+            inner: Arc::new(Inner {
+                state: AtomicU8::new(EMPTY),
+                backend: Box::new(backend),
+            }),
+        }
+    }
+
+    /// A handle that wakes the future parker.
+    pub fn unparker(&self) -> Unparker {
+        Unparker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// The parker, owned from now on by the calling thread.
+    pub fn into_parker(self) -> Parker {
+        Parker {
+            inner: self.inner,
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl core::fmt::Debug for UnboundParker {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("UnboundParker").finish_non_exhaustive()
+    }
 }
 
 /// The waking side: cheap to clone, callable from any thread.
@@ -128,14 +187,10 @@ impl Parker {
         Self::with_backend(ThreadPark::current())
     }
 
-    /// A parker over another way to sleep (an eventfd, an io_uring wait).
+    /// A parker for the calling thread over another way to sleep (an eventfd, an
+    /// io_uring wait).
     pub fn with_backend(backend: impl ParkBackend) -> Self {
-        Parker {
-            inner: Arc::new(Inner {
-                state: AtomicU8::new(EMPTY),
-                backend: Box::new(backend),
-            }),
-        }
+        UnboundParker::new(backend).into_parker()
     }
 
     /// A handle that wakes this parker.

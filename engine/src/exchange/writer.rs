@@ -232,6 +232,26 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         available && self.pending.is_none()
     }
 
+    /// Whether the task can make progress with this writer now: nothing pending (after
+    /// resuming what was, on whatever buffers came back) and the pool available. When
+    /// not, the pool's notification is armed before returning `false`, so the next
+    /// recycled buffer wakes the task: a task that parks on `false` loses no wake-up.
+    pub fn poll_ready(&mut self, now_ns: u64) -> Result<bool, ExchangeError> {
+        loop {
+            if self.pending.is_some() {
+                self.resume(now_ns)?;
+            }
+            if !self.partition.pool().available_or_notify() {
+                // Armed: any buffer recycled from here on notifies.
+                return Ok(false);
+            }
+            if self.pending.is_none() {
+                return Ok(true);
+            }
+            // Buffers came back while a write is pending: continue it.
+        }
+    }
+
     /// Whether part of a record or event still waits for buffers.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()

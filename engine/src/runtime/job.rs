@@ -520,6 +520,11 @@ where
         }
         busy |= self.push_output(now)?;
         self.writer.on_timer(now)?;
+        if !self.writer.is_available() && self.writer.poll_ready(now)? {
+            // Back-pressured: the pool's wake-up is now armed (a recycled buffer unparks
+            // this worker), but a buffer came back meanwhile, so go on instead of parking.
+            busy = true;
+        }
         if self.phase == Phase::Draining {
             busy |= self.operator.drain(now, &mut self.overflow)? > 0;
             busy |= self.push_output(now)?;

@@ -8,8 +8,9 @@
 //!    each event to the task that owns the connection;
 //! 3. if no task made progress, park in the driver until the earliest task deadline,
 //!    I/O, or a wake-up from another thread (channels, pools and foreign completions
-//!    notify the worker's [`Unparker`]); the [`Parker`] protocol makes the
-//!    check-then-park race-free.
+//!    notify the worker's [`Unparker`]); the [`Parker`](crate::park::Parker) protocol
+//!    makes the check-then-park race-free. Each wake-up is counted by its cause
+//!    ([`Wakeups`]), so a test or a report can show what woke a worker.
 //!
 //! Drivers and parkers are made before the threads start, so wiring (channels, pools)
 //! can name every worker's [`Unparker`]; tasks are built on their worker's thread by a
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 pub use driver::{ConnId, Driver, DriverEvent, NoIo};
 
 use crate::error::ConfigError;
-use crate::park::{Parker, Unparker};
+use crate::park::{UnboundParker, Unparker, Wakeup};
 
 /// Builds a worker's driver (called once per worker, before the threads start).
 pub type DriverFactory = Arc<dyn Fn() -> std::io::Result<Box<dyn Driver>> + Send + Sync>;
@@ -128,7 +129,7 @@ impl RuntimeBuilder {
         let mut workers = Vec::with_capacity(placements.len());
         for core in placements {
             let driver = (self.driver)().map_err(RuntimeError::Driver)?;
-            let parker = Parker::with_backend(driver.wake_handle());
+            let parker = UnboundParker::new(driver.wake_handle());
             workers.push(WorkerSlot {
                 core,
                 driver,
@@ -146,7 +147,7 @@ impl RuntimeBuilder {
 struct WorkerSlot {
     core: Option<usize>,
     driver: Box<dyn Driver>,
-    parker: Parker,
+    parker: UnboundParker,
     tasks: Vec<TaskFactory>,
 }
 
@@ -178,6 +179,31 @@ pub enum RuntimeError {
     },
 }
 
+/// Why a parked worker woke, counted per worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wakeups {
+    /// An [`Unparker`] was called: a channel got a buffer, a pool got a buffer back
+    /// for a waiting writer, a call completed on another thread, the run was stopped.
+    pub notified: u64,
+    /// The driver reported I/O.
+    pub io: u64,
+    /// A task's deadline came (a timer, a buffer timeout, an open-loop source's next
+    /// record).
+    pub deadline: u64,
+    /// The idle safety net: nothing woke the worker within the longest park.
+    pub idle: u64,
+}
+
+impl Wakeups {
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &Wakeups) {
+        self.notified += other.notified;
+        self.io += other.io;
+        self.deadline += other.deadline;
+        self.idle += other.idle;
+    }
+}
+
 /// What a run did, per worker.
 #[derive(Debug, Clone, Default)]
 pub struct RunReport {
@@ -189,6 +215,8 @@ pub struct RunReport {
     pub turns: Vec<u64>,
     /// Times each worker parked.
     pub parks: Vec<u64>,
+    /// Why each worker woke from its parks.
+    pub wakeups: Vec<Wakeups>,
 }
 
 /// Workers with their drivers, ready to run tasks.
@@ -251,6 +279,7 @@ impl Runtime {
                         pinned: false,
                         turns: 0,
                         parks: 0,
+                        wakeups: Wakeups::default(),
                     };
                     match worker_main(index, slot, pin, epoch, &abort, &mut stats) {
                         Ok(()) => {}
@@ -278,6 +307,7 @@ impl Runtime {
                     report.pinned.push(stats.pinned);
                     report.turns.push(stats.turns);
                     report.parks.push(stats.parks);
+                    report.wakeups.push(stats.wakeups);
                 }
                 Err(panic) => {
                     let message = panic
@@ -305,6 +335,7 @@ struct WorkerStats {
     pinned: bool,
     turns: u64,
     parks: u64,
+    wakeups: Wakeups,
 }
 
 /// Longest an idle worker parks without a task deadline: a safety net, since every
@@ -344,6 +375,7 @@ fn worker_main(
         parker,
         tasks: factories,
     } = slot;
+    let parker = parker.into_parker();
     if pin {
         if let Some(id) = core {
             stats.pinned = core_affinity::set_for_current(core_affinity::CoreId { id });
@@ -411,24 +443,34 @@ fn worker_main(
             .flatten()
             .filter_map(|t| t.next_deadline())
             .min();
-        let timeout = match deadline {
+        let (timeout, by_deadline) = match deadline {
             Some(deadline) if deadline <= now_ns => continue,
-            Some(deadline) => Duration::from_nanos(deadline - now_ns).min(IDLE_PARK_MAX),
-            None => IDLE_PARK_MAX,
+            Some(deadline) => {
+                let wait = Duration::from_nanos(deadline - now_ns);
+                (wait.min(IDLE_PARK_MAX), wait <= IDLE_PARK_MAX)
+            }
+            None => (IDLE_PARK_MAX, false),
         };
         stats.parks += 1;
         let mut turn_error = None;
-        parker.park_with(
+        let mut io_events = 0;
+        let wakeup = parker.park_with(
             Some(timeout),
             || abort.load(Ordering::Acquire),
-            |timeout| {
-                if let Err(error) = turn(driver.as_mut(), &mut tasks, timeout) {
-                    turn_error = Some(error);
-                }
+            |timeout| match turn(driver.as_mut(), &mut tasks, timeout) {
+                Ok(events) => io_events = events,
+                Err(error) => turn_error = Some(error),
             },
         );
         if let Some(error) = turn_error {
             return Err(RuntimeError::Driver(error));
+        }
+        let cause = &mut stats.wakeups;
+        match wakeup {
+            Wakeup::Notified | Wakeup::Ready => cause.notified += 1,
+            Wakeup::TimedOut if io_events > 0 => cause.io += 1,
+            Wakeup::TimedOut if by_deadline => cause.deadline += 1,
+            Wakeup::TimedOut => cause.idle += 1,
         }
     }
     Ok(())
