@@ -613,3 +613,98 @@ fn gate_counts_idle_time() {
     assert_eq!(gate.metrics().idle_ns, 250);
     assert_eq!(gate.metrics().records_in, 1);
 }
+
+/// Buffer timeout 0: a record the writer finished in `resume`, after back-pressure, is
+/// visible to the consumer at once, like any other record (no tail left behind).
+#[test]
+fn timeout_zero_flushes_a_record_finished_by_resume() {
+    let network = NetworkBufferPool::new(8, 64).unwrap();
+    let config = LocalPoolConfig::new(2, 1).with_overdraft(0);
+    let pool = LocalBufferPool::new(&network, config).unwrap();
+    let (sender, receiver) = local_channel(16, None);
+    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
+    let writer_config = WriterConfig {
+        max_record_size: 1_000,
+        buffer_timeout: Some(Duration::ZERO),
+    };
+    let mut writer = RecordWriter::new(partition, Forward, writer_config).unwrap();
+    let mut gate =
+        InputGate::<Vec<u8>>::new(vec![Box::new(receiver) as Box<dyn InputChannel>]).unwrap();
+    writer.emit(&vec![1u8; 10], 0).unwrap();
+    // 158 bytes over 64-byte segments from a 2-segment pool: it goes pending.
+    writer.emit(&vec![2u8; 150], 0).unwrap();
+    assert!(writer.has_pending());
+    let mut seen = Vec::new();
+    while !writer.resume(0).unwrap() {
+        while let Some(event) = gate.poll_next().unwrap() {
+            seen.push(event);
+        }
+    }
+    while let Some(event) = gate.poll_next().unwrap() {
+        seen.push(event);
+    }
+    let lengths: Vec<usize> = seen
+        .iter()
+        .map(|e| match e {
+            GateEvent::Record { value, .. } => value.len(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        lengths,
+        vec![10, 150],
+        "the resumed record is visible at once"
+    );
+}
+
+/// The buffer that ends a spanning record is recycled with that record: a writer at its
+/// per-subpartition maximum is available again as soon as the record is read.
+#[test]
+fn the_buffer_ending_a_spanning_record_is_recycled_with_it() {
+    let network = NetworkBufferPool::new(8, 64).unwrap();
+    let config = LocalPoolConfig::new(4, 1)
+        .with_max_per_subpartition(1)
+        .with_overdraft(0);
+    let pool = LocalBufferPool::new(&network, config).unwrap();
+    let (sender, receiver) = local_channel(16, None);
+    let partition = ResultPartition::new(pool, vec![sender]).unwrap();
+    let mut writer = RecordWriter::new(partition, Forward, WriterConfig::default()).unwrap();
+    let mut gate =
+        InputGate::<Vec<u8>>::new(vec![Box::new(receiver) as Box<dyn InputChannel>]).unwrap();
+    // 4 (frame length) + 4 (vector length) + 120 = 128 bytes: exactly two segments.
+    writer.emit(&vec![3u8; 120], 0).unwrap();
+    assert!(!writer.is_available(), "the subpartition is at its maximum");
+    assert_eq!(
+        gate.poll_next().unwrap(),
+        Some(GateEvent::Record {
+            value: vec![3u8; 120],
+            channel: 0
+        })
+    );
+    assert!(
+        writer.is_available(),
+        "both segments came back with the record"
+    );
+}
+
+/// A record refused as too large, first into a fresh buffer, leaves nothing to send: a
+/// flush after it sends no empty buffer.
+#[test]
+fn no_empty_buffer_is_ever_sent() {
+    let (_network, mut writer, mut gate) = one_to_one::<Vec<u8>>(64, 100, None);
+    assert!(writer.emit(&vec![0u8; 200], 0).is_err());
+    writer.flush().unwrap();
+    assert_eq!(gate.poll_next().unwrap(), None);
+    assert_eq!(writer.metrics().partition.buffers_out, 0);
+    assert_eq!(gate.metrics().buffers_in, 0);
+    writer.emit(&vec![1u8; 10], 0).unwrap();
+    writer.flush().unwrap();
+    assert_eq!(
+        gate.poll_next().unwrap(),
+        Some(GateEvent::Record {
+            value: vec![1u8; 10],
+            channel: 0
+        })
+    );
+    assert_eq!(gate.metrics().buffers_in, 1);
+}

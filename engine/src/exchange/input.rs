@@ -379,6 +379,12 @@ impl<T: Codec> InputGate<T> {
                     partial.header_len = 0;
                     partial.body_len = 0;
                     partial.body.clear();
+                    if state.offset == buffer.len() {
+                        // The record's last piece ended this buffer: recycle it with the
+                        // record, so a writer waiting for it is not held up until the
+                        // next poll.
+                        state.buffer = None;
+                    }
                     return Ok(Some(frame));
                 }
             } else {

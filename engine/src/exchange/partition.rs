@@ -15,7 +15,9 @@
 //! copied once.
 //!
 //! Invariants:
-//! 1. A builder holds at least one byte or is `None` (empty buffers are never sent).
+//! 1. An empty buffer is never sent: `send` keeps an empty builder for the next write
+//!    (one is left when a record refused as too large was the first to try a fresh
+//!    buffer).
 //! 2. Bytes are written and buffers sent in the order the writer submits them, per
 //!    subpartition, so events are never reordered with the records around them.
 
@@ -218,8 +220,15 @@ impl ResultPartition {
     pub(crate) fn send(&mut self, dest: Dest) -> Result<(), ExchangeError> {
         match dest {
             Dest::One(sub) => {
-                let Some(buffer) = self.subpartitions[sub].builder.take() else {
+                if self.subpartitions[sub]
+                    .builder
+                    .as_ref()
+                    .is_none_or(|b| b.is_empty())
+                {
                     return Ok(());
+                }
+                let Some(buffer) = self.subpartitions[sub].builder.take() else {
+                    unreachable!("checked above");
                 };
                 let channel = &mut self.subpartitions[sub].channel;
                 if channel.is_disconnected() {
@@ -231,8 +240,11 @@ impl ResultPartition {
                 self.metrics.buffers_out += 1;
             }
             Dest::Shared => {
-                let Some(buffer) = self.shared.take() else {
+                if self.shared.as_ref().is_none_or(|b| b.is_empty()) {
                     return Ok(());
+                }
+                let Some(buffer) = self.shared.take() else {
+                    unreachable!("checked above");
                 };
                 let shared = buffer.into_shared();
                 for (sub, subpartition) in self.subpartitions.iter_mut().enumerate() {

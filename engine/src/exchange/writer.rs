@@ -366,6 +366,11 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             self.write(pending, now_ns)?;
             if self.pending.is_none() {
                 self.metrics.backpressured_ns += now_ns.saturating_sub(self.pending_since_ns);
+                if !pending.event && self.timeout_ns == Some(0) {
+                    // Timeout 0: a record is visible once written, however it was written
+                    // (events flush themselves in `write`).
+                    self.partition.flush_all()?;
+                }
             }
         }
         Ok(self.pending.is_none())
