@@ -64,6 +64,9 @@ pub struct UringDriver {
     connections: HashMap<ConnId, Connection>,
     next_id: ConnId,
     completions: Vec<(u64, i32)>,
+    /// Pushes that succeed before every further one fails (tests of the error paths).
+    #[cfg(test)]
+    pushes_before_failure: Option<u32>,
 }
 
 impl UringDriver {
@@ -89,6 +92,8 @@ impl UringDriver {
             connections: HashMap::new(),
             next_id: 0,
             completions: Vec::with_capacity(RING_ENTRIES as usize),
+            #[cfg(test)]
+            pushes_before_failure: None,
         })
     }
 
@@ -98,6 +103,13 @@ impl UringDriver {
     /// Every buffer `entry` points to must stay valid and untouched until its
     /// completion is reaped (see the module docs).
     unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(left) = self.pushes_before_failure {
+            if left == 0 {
+                return Err(io::Error::other("injected submission failure"));
+            }
+            self.pushes_before_failure = Some(left - 1);
+        }
         // SAFETY: the caller guarantees the buffers outlive the operation.
         while unsafe { self.ring.submission().push(entry) }.is_err() {
             self.ring.submit()?;
@@ -106,6 +118,8 @@ impl UringDriver {
     }
 
     fn prepare(&mut self) -> io::Result<()> {
+        // Each operation is marked in flight only once its push succeeded: a failed push
+        // leaves nothing for `Drop` to wait for.
         if !self.wake_in_flight {
             let entry = opcode::Read::new(
                 types::Fd(self.wake.raw()),
@@ -126,16 +140,20 @@ impl UringDriver {
                 continue;
             }
             let fd = types::Fd(connection.stream.as_raw_fd());
-            let mut entries = Vec::with_capacity(2);
             if !connection.recv_in_flight {
                 let buffer = &mut connection.recv_buffer;
-                entries.push(
-                    opcode::Recv::new(fd, buffer.as_mut_ptr(), buffer.len() as u32)
-                        .build()
-                        .user_data(((id as u64) << KIND_BITS) | KIND_RECV),
-                );
-                connection.recv_in_flight = true;
+                let entry = opcode::Recv::new(fd, buffer.as_mut_ptr(), buffer.len() as u32)
+                    .build()
+                    .user_data(((id as u64) << KIND_BITS) | KIND_RECV);
+                // SAFETY: the receive buffer belongs to the connection, which is kept
+                // while its receive is in flight (flag set just below).
+                unsafe { self.push(&entry)? };
+                self.connections
+                    .get_mut(&id)
+                    .expect("listed above")
+                    .recv_in_flight = true;
             }
+            let connection = self.connections.get_mut(&id).expect("listed above");
             if !connection.send_in_flight {
                 if connection.send_offset >= connection.send_buffer.len() {
                     connection.send_buffer.clear();
@@ -144,19 +162,18 @@ impl UringDriver {
                 }
                 let remaining = &connection.send_buffer[connection.send_offset..];
                 if !remaining.is_empty() {
-                    entries.push(
-                        opcode::Send::new(fd, remaining.as_ptr(), remaining.len() as u32)
-                            .build()
-                            .user_data(((id as u64) << KIND_BITS) | KIND_SEND),
-                    );
-                    connection.send_in_flight = true;
+                    let entry = opcode::Send::new(fd, remaining.as_ptr(), remaining.len() as u32)
+                        .build()
+                        .user_data(((id as u64) << KIND_BITS) | KIND_SEND);
+                    // SAFETY: the send buffer belongs to the connection, which is kept and
+                    // leaves the buffer untouched while its send is in flight (flag set
+                    // just below).
+                    unsafe { self.push(&entry)? };
+                    self.connections
+                        .get_mut(&id)
+                        .expect("listed above")
+                        .send_in_flight = true;
                 }
-            }
-            for entry in entries {
-                // SAFETY: the receive buffer and the send buffer belong to the connection,
-                // which is kept (and the send buffer left untouched) while their
-                // operations are in flight.
-                unsafe { self.push(&entry)? };
             }
         }
         Ok(())
@@ -167,6 +184,79 @@ impl UringDriver {
         for cqe in self.ring.completion() {
             self.completions.push((cqe.user_data(), cqe.result()));
         }
+    }
+
+    /// Applies one completion. Every result is checked: a failed receive or send
+    /// closes its connection with the error; a failed or short read of the wake-up
+    /// eventfd is the driver's own error (its wake-ups could no longer be trusted).
+    fn complete(
+        &mut self,
+        user_data: u64,
+        result: i32,
+        on_event: &mut dyn FnMut(DriverEvent<'_>),
+    ) -> io::Result<()> {
+        let kind = user_data & ((1 << KIND_BITS) - 1);
+        let id = (user_data >> KIND_BITS) as ConnId;
+        match kind {
+            KIND_WAKE => {
+                self.wake_in_flight = false;
+                match result {
+                    8 => {}
+                    // Interrupted or cancelled: simply read again next turn.
+                    r if r == -libc::EINTR || r == -libc::ECANCELED || r == -libc::EAGAIN => {}
+                    r if r < 0 => {
+                        return Err(io::Error::new(
+                            io::Error::from_raw_os_error(-r).kind(),
+                            format!(
+                                "reading the worker's wake-up eventfd failed: {}",
+                                io::Error::from_raw_os_error(-r)
+                            ),
+                        ))
+                    }
+                    r => {
+                        return Err(io::Error::other(format!(
+                            "short read of the worker's wake-up eventfd: {r} of 8 bytes"
+                        )))
+                    }
+                }
+            }
+            KIND_RECV => {
+                let Some(connection) = self.connections.get_mut(&id) else {
+                    return Ok(());
+                };
+                connection.recv_in_flight = false;
+                if connection.closing {
+                    return Ok(());
+                }
+                if result > 0 {
+                    on_event(DriverEvent::Received {
+                        conn: id,
+                        bytes: &connection.recv_buffer[..result as usize],
+                    });
+                } else if result == 0 {
+                    self.begin_close(id, None);
+                } else {
+                    self.begin_close(id, Some(io::Error::from_raw_os_error(-result)));
+                }
+            }
+            KIND_SEND => {
+                let Some(connection) = self.connections.get_mut(&id) else {
+                    return Ok(());
+                };
+                connection.send_in_flight = false;
+                if result >= 0 {
+                    connection.send_offset += result as usize;
+                } else if !connection.closing {
+                    self.begin_close(id, Some(io::Error::from_raw_os_error(-result)));
+                }
+            }
+            _ => {
+                return Err(io::Error::other(format!(
+                    "io_uring completion with unknown user data {user_data:#x}"
+                )))
+            }
+        }
+        Ok(())
     }
 
     fn begin_close(&mut self, id: ConnId, error: Option<io::Error>) {
@@ -254,42 +344,10 @@ impl Driver for UringDriver {
         }
         self.reap();
         let completions = std::mem::take(&mut self.completions);
+        let mut failure = None;
         for &(user_data, result) in &completions {
-            let kind = user_data & ((1 << KIND_BITS) - 1);
-            let id = (user_data >> KIND_BITS) as ConnId;
-            match kind {
-                KIND_WAKE => self.wake_in_flight = false,
-                KIND_RECV => {
-                    let Some(connection) = self.connections.get_mut(&id) else {
-                        continue;
-                    };
-                    connection.recv_in_flight = false;
-                    if connection.closing {
-                        continue;
-                    }
-                    if result > 0 {
-                        on_event(DriverEvent::Received {
-                            conn: id,
-                            bytes: &connection.recv_buffer[..result as usize],
-                        });
-                    } else if result == 0 {
-                        self.begin_close(id, None);
-                    } else {
-                        self.begin_close(id, Some(io::Error::from_raw_os_error(-result)));
-                    }
-                }
-                KIND_SEND => {
-                    let Some(connection) = self.connections.get_mut(&id) else {
-                        continue;
-                    };
-                    connection.send_in_flight = false;
-                    if result >= 0 {
-                        connection.send_offset += result as usize;
-                    } else if !connection.closing {
-                        self.begin_close(id, Some(io::Error::from_raw_os_error(-result)));
-                    }
-                }
-                _ => unreachable!("unknown io_uring user data {user_data:#x}"),
+            if let Err(error) = self.complete(user_data, result, on_event) {
+                failure.get_or_insert(error);
             }
         }
         self.completions = completions;
@@ -307,7 +365,10 @@ impl Driver for UringDriver {
                 error: connection.error,
             });
         }
-        Ok(())
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     fn wake_handle(&self) -> Arc<dyn ParkBackend> {
@@ -361,5 +422,78 @@ impl Drop for UringDriver {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn driver_with_connection() -> Option<(UringDriver, ConnId, TcpStream)> {
+        let mut driver = match UringDriver::new() {
+            Ok(driver) => driver,
+            Err(error) => {
+                eprintln!("io_uring unavailable here, test skipped: {error}");
+                return None;
+            }
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let id = driver.register(client).expect("register");
+        Some((driver, id, server))
+    }
+
+    /// A push that fails leaves no operation marked in flight, so shutdown has nothing
+    /// to wait for (it used to wait 5 s and leak the buffers).
+    #[test]
+    fn a_failed_push_marks_nothing_in_flight() {
+        let Some((mut driver, id, _server)) = driver_with_connection() else {
+            return;
+        };
+        let mut bytes = b"hello".to_vec();
+        driver.send(id, &mut bytes);
+        // The wake-up read goes in; the connection's receive is refused.
+        driver.pushes_before_failure = Some(1);
+        let error = driver
+            .turn(Some(Duration::ZERO), &mut |_| {})
+            .expect_err("the push fails");
+        assert!(error.to_string().contains("injected"), "{error}");
+        assert!(driver.wake_in_flight);
+        assert!(driver.connections.values().all(|c| !c.in_flight()));
+        // Then the receive goes in and the send is refused.
+        driver.pushes_before_failure = Some(1);
+        assert!(driver.turn(Some(Duration::ZERO), &mut |_| {}).is_err());
+        let connection = &driver.connections[&id];
+        assert!(connection.recv_in_flight && !connection.send_in_flight);
+        driver.pushes_before_failure = None;
+        let started = Instant::now();
+        drop(driver);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "drop did not wait out"
+        );
+    }
+
+    /// The wake-up read's result is checked: an error is the driver's error, a normal
+    /// read re-arms.
+    #[test]
+    fn a_failed_wake_read_is_an_error() {
+        let Some((mut driver, _id, _server)) = driver_with_connection() else {
+            return;
+        };
+        let mut events = |_: DriverEvent<'_>| {};
+        driver.wake_in_flight = true;
+        assert!(driver.complete(KIND_WAKE, 8, &mut events).is_ok());
+        assert!(!driver.wake_in_flight);
+        let error = driver
+            .complete(KIND_WAKE, -libc::EBADF, &mut events)
+            .expect_err("a failed wake read");
+        assert!(error.to_string().contains("wake-up eventfd"), "{error}");
+        assert!(driver.complete(KIND_WAKE, 3, &mut events).is_err());
+        assert!(driver
+            .complete(KIND_WAKE, -libc::EINTR, &mut events)
+            .is_ok());
     }
 }
