@@ -231,10 +231,12 @@ where
     let mut async_config =
         AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
     if settings.retries > 0 {
-        async_config = async_config.with_retry(RetryStrategy::fixed_delay(
-            settings.retries + 1,
-            settings.retry_delay,
-        ));
+        // `--retries` retries every failed lookup (errors and closed connections): the
+        // explicit retry-all, since a strategy retries nothing by itself.
+        async_config = async_config.with_retry(
+            RetryStrategy::fixed_delay(settings.retries + 1, settings.retry_delay)
+                .retry_on_any_error(),
+        );
     }
     let spec = JobSpec {
         generator: GeneratorSpec {
