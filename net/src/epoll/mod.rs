@@ -36,6 +36,9 @@ pub struct EpollDriver {
     next_id: ConnId,
     buffer: Box<[u8]>,
     closed: Vec<(ConnId, Option<io::Error>)>,
+    /// Scratch lists reused every turn (no allocation per turn).
+    scratch_ids: Vec<ConnId>,
+    scratch_ready: Vec<(Token, bool, bool)>,
 }
 
 impl EpollDriver {
@@ -58,6 +61,8 @@ impl EpollDriver {
             next_id: 0,
             buffer: vec![0; 256 * 1024].into_boxed_slice(),
             closed: Vec::new(),
+            scratch_ids: Vec::new(),
+            scratch_ready: Vec::new(),
         })
     }
 
@@ -124,15 +129,18 @@ impl Driver for EpollDriver {
         timeout: Option<Duration>,
         on_event: &mut dyn FnMut(DriverEvent<'_>),
     ) -> io::Result<()> {
-        let pending: Vec<ConnId> = self
-            .connections
-            .iter()
-            .filter(|(_, c)| !c.outbox.is_empty())
-            .map(|(id, _)| *id)
-            .collect();
-        for conn in pending {
+        let mut pending = std::mem::take(&mut self.scratch_ids);
+        pending.clear();
+        pending.extend(
+            self.connections
+                .iter()
+                .filter(|(_, c)| !c.outbox.is_empty())
+                .map(|(id, _)| *id),
+        );
+        for &conn in &pending {
             self.flush(conn);
         }
+        self.scratch_ids = pending;
         let timeout = if self.closed.is_empty() {
             timeout
         } else {
@@ -143,18 +151,16 @@ impl Driver for EpollDriver {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let ready: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable(),
-                )
-            })
-            .collect();
-        for (token, readable, writable) in ready {
+        let mut ready = std::mem::take(&mut self.scratch_ready);
+        ready.clear();
+        ready.extend(self.events.iter().map(|e| {
+            (
+                e.token(),
+                e.is_readable() || e.is_read_closed() || e.is_error(),
+                e.is_writable(),
+            )
+        }));
+        for &(token, readable, writable) in &ready {
             if token == WAKE {
                 self.wake.drain();
                 continue;
@@ -188,6 +194,7 @@ impl Driver for EpollDriver {
                 }
             }
         }
+        self.scratch_ready = ready;
         for (conn, error) in std::mem::take(&mut self.closed) {
             if let Some(mut connection) = self.connections.remove(&conn) {
                 let _ = self.poll.registry().deregister(&mut connection.stream);

@@ -159,7 +159,11 @@ impl LookupServer {
             config,
             stop: Arc::clone(&stop),
             counters: Arc::clone(&counters),
+            local: ServerStats::default(),
+            armed_ns: None,
+            scratch_tokens: Vec::new(),
             value: Vec::new(),
+            value_key: None,
         };
         event_loop
             .poll
@@ -298,7 +302,14 @@ struct EventLoop {
     config: ServerConfig,
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
+    /// Counts of the current loop, published once per loop.
+    local: ServerStats,
+    /// The deadline the timerfd is armed for.
+    armed_ns: Option<u64>,
+    scratch_tokens: Vec<usize>,
     value: Vec<u8>,
+    /// The key `value` was filled for.
+    value_key: Option<u64>,
 }
 
 impl EventLoop {
@@ -313,7 +324,11 @@ impl EventLoop {
             let timeout = match self.timers.next_deadline() {
                 Some(deadline) if deadline <= now => Some(Duration::ZERO),
                 Some(deadline) => {
-                    self.timer.arm(Duration::from_nanos(deadline - now));
+                    // One timerfd_settime per new earliest deadline, not per loop.
+                    if self.armed_ns != Some(deadline) {
+                        self.timer.arm(Duration::from_nanos(deadline - now));
+                        self.armed_ns = Some(deadline);
+                    }
                     None
                 }
                 None => None,
@@ -328,7 +343,10 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept(),
                     WAKER => {}
-                    TIMER => self.timer.drain(),
+                    TIMER => {
+                        self.timer.drain();
+                        self.armed_ns = None;
+                    }
                     Token(token) => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.read(token);
@@ -343,14 +361,38 @@ impl EventLoop {
             while let Some((_, (token, generation, request_id, key))) = self.timers.pop_due(now) {
                 self.answer(token, generation, request_id, key);
             }
-            let tokens: Vec<usize> = self
-                .connections
-                .iter()
-                .filter(|(_, c)| !c.outbox.is_empty())
-                .map(|(t, _)| *t)
-                .collect();
-            for token in tokens {
+            let mut tokens = std::mem::take(&mut self.scratch_tokens);
+            tokens.clear();
+            tokens.extend(
+                self.connections
+                    .iter()
+                    .filter(|(_, c)| !c.outbox.is_empty())
+                    .map(|(t, _)| *t),
+            );
+            for &token in &tokens {
                 self.flush(token);
+            }
+            self.scratch_tokens = tokens;
+            self.publish_counts();
+        }
+        self.publish_counts();
+    }
+
+    /// Publishes the loop's counts to the shared counters: one atomic add per counter
+    /// and loop, not per request.
+    fn publish_counts(&mut self) {
+        let local = std::mem::take(&mut self.local);
+        let shared = &self.counters;
+        for (count, counter) in [
+            (local.requests, &shared.requests),
+            (local.answered, &shared.answered),
+            (local.errors, &shared.errors),
+            (local.resets, &shared.resets),
+            (local.stalls, &shared.stalls),
+            (local.malformed, &shared.malformed),
+        ] {
+            if count > 0 {
+                counter.fetch_add(count, Ordering::Relaxed);
             }
         }
     }
@@ -421,14 +463,14 @@ impl EventLoop {
             match decode_request(&connection.inbox[offset..]) {
                 Ok(Some((request, used))) => {
                     offset += used;
-                    self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                    self.local.requests += 1;
                     let faults = self.config.faults;
                     if self.rng.chance(faults.reset_rate) {
-                        self.counters.resets.fetch_add(1, Ordering::Relaxed);
+                        self.local.resets += 1;
                         return self.close(token);
                     }
                     if self.rng.chance(faults.stall_rate) {
-                        self.counters.stalls.fetch_add(1, Ordering::Relaxed);
+                        self.local.stalls += 1;
                         continue;
                     }
                     let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
@@ -462,9 +504,14 @@ impl EventLoop {
         let malformed = self.rng.chance(faults.malformed_rate);
         if self.value.len() != self.config.value_size {
             self.value = vec![0; self.config.value_size];
+            self.value_key = None;
         }
-        for (i, byte) in self.value.iter_mut().enumerate() {
-            *byte = key.to_le_bytes()[i % 8];
+        if self.value_key != Some(key) {
+            let bytes = key.to_le_bytes();
+            for (chunk, value) in self.value.chunks_mut(8).zip(std::iter::repeat(bytes)) {
+                chunk.copy_from_slice(&value[..chunk.len()]);
+            }
+            self.value_key = Some(key);
         }
         let Some(connection) = self.connections.get_mut(&token) else {
             return;
@@ -473,11 +520,11 @@ impl EventLoop {
             return;
         }
         if malformed {
-            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            self.local.malformed += 1;
             connection.outbox.extend_from_slice(&3u32.to_le_bytes());
             connection.outbox.extend_from_slice(&[0xde, 0xad, 0xbe]);
         } else if error {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            self.local.errors += 1;
             encode_response(
                 &mut connection.outbox,
                 request_id,
@@ -485,7 +532,7 @@ impl EventLoop {
                 b"injected error",
             );
         } else {
-            self.counters.answered.fetch_add(1, Ordering::Relaxed);
+            self.local.answered += 1;
             encode_response(&mut connection.outbox, request_id, STATUS_OK, &self.value);
         }
     }

@@ -64,6 +64,8 @@ pub struct UringDriver {
     connections: HashMap<ConnId, Connection>,
     next_id: ConnId,
     completions: Vec<(u64, i32)>,
+    /// Connection ids, reused every turn (no allocation per turn).
+    scratch_ids: Vec<ConnId>,
     /// Pushes that succeed before every further one fails (tests of the error paths).
     #[cfg(test)]
     pushes_before_failure: Option<u32>,
@@ -92,6 +94,7 @@ impl UringDriver {
             connections: HashMap::new(),
             next_id: 0,
             completions: Vec::with_capacity(RING_ENTRIES as usize),
+            scratch_ids: Vec::new(),
             #[cfg(test)]
             pushes_before_failure: None,
         })
@@ -133,8 +136,16 @@ impl UringDriver {
             unsafe { self.push(&entry)? };
             self.wake_in_flight = true;
         }
-        let ids: Vec<ConnId> = self.connections.keys().copied().collect();
-        for id in ids {
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.clear();
+        ids.extend(self.connections.keys().copied());
+        let pushed = self.prepare_connections(&ids);
+        self.scratch_ids = ids;
+        pushed
+    }
+
+    fn prepare_connections(&mut self, ids: &[ConnId]) -> io::Result<()> {
+        for &id in ids {
             let connection = self.connections.get_mut(&id).expect("listed above");
             if connection.closing {
                 continue;
@@ -351,13 +362,15 @@ impl Driver for UringDriver {
             }
         }
         self.completions = completions;
-        let finished: Vec<ConnId> = self
-            .connections
-            .iter()
-            .filter(|(_, c)| c.closing && !c.in_flight())
-            .map(|(id, _)| *id)
-            .collect();
-        for id in finished {
+        let mut finished = std::mem::take(&mut self.scratch_ids);
+        finished.clear();
+        finished.extend(
+            self.connections
+                .iter()
+                .filter(|(_, c)| c.closing && !c.in_flight())
+                .map(|(id, _)| *id),
+        );
+        for &id in &finished {
             // No operation is in flight: the kernel holds none of its buffers.
             let connection = self.connections.remove(&id).expect("listed above");
             on_event(DriverEvent::Closed {
@@ -365,6 +378,7 @@ impl Driver for UringDriver {
                 error: connection.error,
             });
         }
+        self.scratch_ids = finished;
         match failure {
             Some(error) => Err(error),
             None => Ok(()),
