@@ -52,27 +52,36 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
         ));
     }
     let flink_rows = flink["results"].as_array().cloned().unwrap_or_default();
+    let ours = suite_json["machine"].clone();
     let Some(rows) = suite_json["results"].as_array_mut() else {
         return Some("\n**Apache Flink**: no Weir rows to compare with.\n".into());
     };
-    let weir_median = |rows: &[Value], experiment: &str| {
+    // Weir's row in the same mode ("flink unordered" against "weir unordered"), else
+    // the experiment's first Weir row, as `weir compare` takes for its peers.
+    let weir_median = |rows: &[Value], experiment: &str, implementation: &str| {
+        let same_mode = implementation.replacen("flink", "weir", 1);
+        let weir =
+            |r: &&Value| r["is_weir"].as_bool() == Some(true) && r["experiment"] == experiment;
         rows.iter()
-            .find(|r| r["is_weir"].as_bool() == Some(true) && r["experiment"] == experiment)
+            .filter(weir)
+            .find(|r| r["implementation"] == same_mode.as_str())
+            .or_else(|| rows.iter().find(weir))
             .and_then(|r| r["median_ns_per_op"].as_f64())
     };
     let mut startups = Vec::new();
     for mut row in flink_rows {
         let experiment = row["experiment"].as_str().unwrap_or("?").to_string();
+        let implementation = row["implementation"].as_str().unwrap_or("?").to_string();
         row["is_weir"] = Value::Bool(false);
         if let (Some(weir), Some(flink)) = (
-            weir_median(rows, &experiment),
+            weir_median(rows, &experiment, &implementation),
             row["median_ns_per_op"].as_f64(),
         ) {
             row["peer_over_weir"] = Value::from(flink / weir);
         }
         startups.push((
             experiment.clone(),
-            row["implementation"].as_str().unwrap_or("?").to_string(),
+            implementation,
             row["startup_ms"]["median"].as_f64(),
             row["job"].as_str().unwrap_or("").to_string(),
         ));
@@ -92,12 +101,28 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
     let mut note = String::new();
     let _ = writeln!(
         note,
-        "\nApache Flink {} ({}) beside them, measured by `{}`: {}. Flink's rows are whole Flink jobs in their own process (source, the operator or the network exchange with its serialisation, sink), not interleaved with Weir's turns; each run's start-up is excluded from its figure and reported here apart.",
+        "\nApache Flink {} ({}) beside them, measured by `{}`: {}. Flink's rows are whole Flink jobs in their own process (source, the operator or the network exchange with its serialisation, sink), not interleaved with Weir's turns.",
         flink["flink_version"].as_str().unwrap_or("?"),
         flink["java_version"].as_str().unwrap_or("Java ?"),
         flink["command"].as_str().unwrap_or("scripts/flink-peer.sh"),
         flink["setup"].as_str().unwrap_or("set-up not recorded")
     );
+    let theirs = &flink["machine"];
+    if theirs.is_object() && ours != *theirs {
+        let describe = |m: &Value| {
+            format!(
+                "{}, {} cores",
+                m["cpu"].as_str().unwrap_or("?"),
+                m["cores"].as_u64().unwrap_or(0)
+            )
+        };
+        let _ = writeln!(
+            note,
+            "\n**Flink ran on another machine** ({}) than Weir's rows ({}): regenerate both with `scripts/report.sh` before reading the ratios.",
+            describe(theirs),
+            describe(&ours)
+        );
+    }
     if !missing.is_empty() {
         let _ = writeln!(
             note,
@@ -176,6 +201,7 @@ mod tests {
             "java_version": "OpenJDK 17",
             "cluster_start_ms": 1500.0,
             "setup": "one MiniCluster",
+            "machine": {"cpu": "test", "cores": 2, "kernel": "test"},
             "results": [flink_row],
         })
     }
@@ -205,6 +231,30 @@ mod tests {
         assert!(note.contains("| 82 |") || note.contains("| 81 |"), "{note}");
         assert!(note.contains("No Flink job for: \"async B\""), "{note}");
         assert!(note.contains("1500 ms"), "{note}");
+        assert!(!note.contains("another machine"), "{note}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn each_flink_mode_is_compared_with_weirs_same_mode() {
+        let dir = scratch("modes");
+        let mut flink = flink();
+        flink["results"] = json!([
+            row("async C", "flink ordered", false, 300.0),
+            row("async C", "flink unordered", false, 300.0),
+        ]);
+        flink["machine"]["cores"] = json!(4);
+        std::fs::write(dir.join("flink-async.json"), flink.to_string()).expect("write");
+        let mut value = suite();
+        value["results"] = json!([
+            row("async C", "weir ordered", true, 100.0),
+            row("async C", "weir unordered", true, 150.0),
+        ]);
+        let note = merge(&dir, "async", &mut value).expect("async has a Flink peer");
+        let rows = value["results"].as_array().expect("rows");
+        assert_eq!(rows[2]["peer_over_weir"].as_f64(), Some(3.0));
+        assert_eq!(rows[3]["peer_over_weir"].as_f64(), Some(2.0));
+        assert!(note.contains("Flink ran on another machine"), "{note}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
