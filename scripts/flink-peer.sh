@@ -7,8 +7,8 @@
 #
 #   results/report/flink-async.json, results/report/flink-exchange.json
 #
-#   scripts/flink-peer.sh           7 rounds at full size (about 2 minutes on 2 cores)
-#   scripts/flink-peer.sh --quick   3 rounds at 0.15 of the size (about 30 seconds)
+#   scripts/flink-peer.sh           7 rounds at full size (about 70 seconds on 2 cores)
+#   scripts/flink-peer.sh --quick   3 rounds at 0.15 of the size (about 20 seconds)
 #
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the

@@ -4,8 +4,8 @@
 # (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each written
 # as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 7 minutes on 2 cores)
-#   scripts/report.sh --quick   fewer rounds and less work per turn (about 2 minutes)
+#   scripts/report.sh           full run (about 6 minutes on 2 cores)
+#   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
 set -euo pipefail

@@ -406,7 +406,7 @@ public final class WeirFlinkPeer {
                             "flink " + mode,
                             cross,
                             null,
-                            "fromSequence → " + mode + "Wait(capacity 100, completed on a fixed thread pool) → sink, parallelism 1, chained",
+                            "fromSequence → " + mode + "Wait(capacity 100, completed on a fixed pool of one thread per core) → sink, parallelism 1, chained",
                             (env, n) -> asyncJob(env, n, ordered, 100, new OtherThread(), new LongSink())));
         }
         long[][] timers = {{1, 10}, {1, 100}, {1, 1000}, {10, 1000}};
