@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates results/REPORT.md and results/plots/ end to end: every comparison suite
-# (Weir and its peers, interleaved), the main job, and an open-loop latency sweep,
-# each written as JSON to results/report/ first.
+# (Weir and its peers, interleaved), Apache Flink on the async and exchange suites
+# (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each written
+# as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 5 minutes on 2 cores)
-#   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute)
+#   scripts/report.sh           full run (about 6 minutes on 2 cores)
+#   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
 set -euo pipefail
@@ -12,10 +13,12 @@ cd "$(dirname "$0")/.."
 rounds=7
 scale=1
 seconds=2
+quick=""
 if [ "${1:-}" = "--quick" ]; then
   rounds=3
   scale=0.15
   seconds=0.5
+  quick=--quick
 fi
 cargo build --release -p weir-bench
 weir=target/release/weir
@@ -26,6 +29,10 @@ for suite in ring pool async exchange lookup; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done
+echo "== Apache Flink (async and exchange)" >&2
+# Its own step: installs Java 17 and Flink if missing, and writes flink-*.json even when
+# it cannot run, so the report says why; a failed Flink job does not stop the report.
+scripts/flink-peer.sh $quick || echo "scripts/flink-peer.sh failed; the report says so" >&2
 echo "== main job" >&2
 "$weir" run --records "$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")" --quiet --json "$data/job.json" > "$data/job.txt" 2>&1
 echo "== latency vs load" >&2

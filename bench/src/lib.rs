@@ -16,6 +16,7 @@ pub mod affinity;
 pub mod async_peers;
 pub mod compare;
 pub mod exchange_peers;
+pub mod flink;
 pub mod job;
 pub mod lookup_peers;
 pub mod pool_peers;

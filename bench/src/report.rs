@@ -277,16 +277,21 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         ("lookup", "Lookups through the driver"),
     ];
     for (suite, title) in suites {
-        let Some(value) = read(data, &format!("{suite}.json")) else {
+        let Some(mut value) = read(data, &format!("{suite}.json")) else {
             let _ = writeln!(md, "\n## {title}\n\nNot measured in this run.\n");
             continue;
         };
+        // Apache Flink's rows, from scripts/flink-peer.sh, beside Weir's and the peers'.
+        let flink = crate::flink::merge(data, suite, &mut value);
         let rows = rows(&value);
         let _ = writeln!(
             md,
             "\n## {title}\n\nCommand: `{}`",
             value["command"].as_str().unwrap_or("?")
         );
+        if let Some(note) = flink {
+            md.push_str(&note);
+        }
         match suite {
             "ring" | "pool" => {
                 let file = format!("{suite}.svg");

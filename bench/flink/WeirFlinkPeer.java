@@ -1,0 +1,783 @@
+// Apache Flink as a peer of `weir compare async` and `weir compare exchange`.
+//
+// Runs the same configurations as those suites as Flink DataStream jobs on one
+// in-process MiniCluster (started once, reused by every job), and writes the same JSON
+// as `weir compare --json`. Built and run by scripts/flink-peer.sh against the jars of
+// the `apache-flink-libraries` package.
+//
+// - async: fromSequence → AsyncDataStream.orderedWait / unorderedWait (capacity C, no
+//   timeout) → sink, parallelism 1, all chained in one task. Latency 0 completes inside
+//   asyncInvoke; "completed on another thread" hands each call to a fixed thread pool
+//   of one thread per core (Flink's AsyncWaitOperatorBenchmark); latency L completes
+//   from a ScheduledExecutorService L after asyncInvoke.
+// - exchange: DataGeneratorSource of N-byte records → rebalance or keyBy → sink, with
+//   the producers' and consumers' parallelism and the buffer timeout of Weir's case.
+//
+// Every job is configured for throughput as Flink's documentation describes: object
+// reuse on, no checkpointing, streaming mode, 128 MiB of network memory, 32 KiB
+// segments (the default, as Weir's). Each measured run excludes start-up: its time is
+// from the first record entering the job (first asyncInvoke, first record generated;
+// or the last sink subtask's start if that is later) to the end of input at the sink,
+// as Weir's turns run from their first record to their last; the start-up (job
+// submission to that first record) is reported apart. All configurations run in turn,
+// `warmup` rounds (2) to warm the JIT, then `rounds` rounds; the JSON holds the
+// medians of those. Each run checks that every record arrived once (count and sum of
+// sequence numbers) before it reports a time.
+
+import java.io.IOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
+import java.util.Locale;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.flink.api.common.JobID;
+import org.apache.flink.api.common.RuntimeExecutionMode;
+import org.apache.flink.api.common.eventtime.WatermarkStrategy;
+import org.apache.flink.api.common.functions.OpenContext;
+import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
+import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.api.connector.sink2.Sink;
+import org.apache.flink.api.connector.sink2.SinkWriter;
+import org.apache.flink.api.connector.sink2.WriterInitContext;
+import org.apache.flink.api.connector.source.SourceReaderContext;
+import org.apache.flink.api.java.functions.KeySelector;
+import org.apache.flink.configuration.Configuration;
+import org.apache.flink.configuration.ExecutionOptions;
+import org.apache.flink.configuration.MemorySize;
+import org.apache.flink.configuration.TaskManagerOptions;
+import org.apache.flink.connector.datagen.source.DataGeneratorSource;
+import org.apache.flink.connector.datagen.source.GeneratorFunction;
+import org.apache.flink.runtime.jobgraph.JobGraph;
+import org.apache.flink.runtime.jobmaster.JobResult;
+import org.apache.flink.runtime.minicluster.MiniCluster;
+import org.apache.flink.runtime.minicluster.MiniClusterConfiguration;
+import org.apache.flink.runtime.util.EnvironmentInformation;
+import org.apache.flink.streaming.api.datastream.AsyncDataStream;
+import org.apache.flink.streaming.api.datastream.DataStream;
+import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
+import org.apache.flink.streaming.api.functions.async.AsyncFunction;
+import org.apache.flink.streaming.api.functions.async.ResultFuture;
+import org.apache.flink.streaming.api.functions.async.RichAsyncFunction;
+
+public final class WeirFlinkPeer {
+    private static final int SLOTS = 2;
+    private static final MemorySize NETWORK_MEMORY = MemorySize.parse("128mb");
+    private static final VarHandle LONG_LE =
+            MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+
+    // ---------------------------------------------------------------- the sinks
+
+    /**
+     * What one sink subtask saw. The MiniCluster runs in this JVM and the job's classes
+     * come from the application class path, so the sinks hand their figures to the
+     * harness through this queue (published when the writer closes).
+     */
+    static final ConcurrentLinkedQueue<Probe> PROBES = new ConcurrentLinkedQueue<>();
+
+    /** When the first record entered the job (first asyncInvoke, first record generated). */
+    static final AtomicLong FIRST_INPUT = new AtomicLong(Long.MAX_VALUE);
+
+    /** When the last sink subtask was ready. */
+    static final AtomicLong SINKS_READY = new AtomicLong(Long.MIN_VALUE);
+
+    /** Notes the first record of one source or operator subtask. */
+    static void firstInput() {
+        long now = System.nanoTime();
+        FIRST_INPUT.accumulateAndGet(now, Math::min);
+    }
+
+    static final class Probe {
+        long count;
+        long sum;
+        long first;
+        long last;
+        long[] latency = new long[1024];
+        int latencies;
+
+        void latency(long ns) {
+            if (latencies == latency.length) {
+                latency = Arrays.copyOf(latency, latencies * 2);
+            }
+            latency[latencies++] = Math.max(ns, 1);
+        }
+    }
+
+    /** The writer side common to the sinks: first record, end of input, publication. */
+    abstract static class ProbeWriter<T> implements SinkWriter<T> {
+        final Probe probe = new Probe();
+
+        ProbeWriter() {
+            long now = System.nanoTime();
+            SINKS_READY.accumulateAndGet(now, Math::max);
+        }
+
+        @Override
+        public void flush(boolean endOfInput) {
+            if (endOfInput && probe.last == 0) {
+                probe.last = System.nanoTime();
+            }
+        }
+
+        @Override
+        public void close() {
+            if (probe.last == 0) {
+                probe.last = System.nanoTime();
+            }
+            PROBES.add(probe);
+        }
+    }
+
+    /** Counts Long records and sums their values. */
+    static final class LongSink implements Sink<Long> {
+        @Override
+        public SinkWriter<Long> createWriter(WriterInitContext context) {
+            return new ProbeWriter<Long>() {
+                @Override
+                public void write(Long value, Context context) {
+                    Probe p = probe;
+                    if (p.count++ == 0) {
+                        p.first = System.nanoTime();
+                    }
+                    p.sum += value;
+                }
+            };
+        }
+    }
+
+    /** Records `{value, invoked at}` pairs: count, sum, and invoke-to-sink latency. */
+    static final class StampedSink implements Sink<long[]> {
+        @Override
+        public SinkWriter<long[]> createWriter(WriterInitContext context) {
+            return new ProbeWriter<long[]>() {
+                @Override
+                public void write(long[] value, Context context) {
+                    Probe p = probe;
+                    long now = System.nanoTime();
+                    if (p.count++ == 0) {
+                        p.first = now;
+                    }
+                    p.sum += value[0];
+                    p.latency(now - value[1]);
+                }
+            };
+        }
+    }
+
+    /**
+     * Byte records: the sequence number in bytes 0..8 and, where non-zero, a time stamp
+     * in bytes 8..16 (creation time of every 16th record, or the intended send time of
+     * every record in the open loop).
+     */
+    static final class BytesSink implements Sink<byte[]> {
+        @Override
+        public SinkWriter<byte[]> createWriter(WriterInitContext context) {
+            return new ProbeWriter<byte[]>() {
+                @Override
+                public void write(byte[] record, Context context) {
+                    Probe p = probe;
+                    if (p.count++ == 0) {
+                        p.first = System.nanoTime();
+                    }
+                    p.sum += (long) LONG_LE.get(record, 0);
+                    if (record.length >= 16) {
+                        long stamp = (long) LONG_LE.get(record, 8);
+                        if (stamp != 0) {
+                            p.latency(System.nanoTime() - stamp);
+                        }
+                    }
+                }
+            };
+        }
+    }
+
+    // ---------------------------------------------------------------- async functions
+
+    /** Completes inside asyncInvoke (latency 0: the operator's own cost). */
+    static final class Immediate extends RichAsyncFunction<Long, Long> {
+        private transient boolean started;
+
+        @Override
+        public void asyncInvoke(Long input, ResultFuture<Long> result) {
+            if (!started) {
+                started = true;
+                firstInput();
+            }
+            result.complete(Collections.singleton(input));
+        }
+    }
+
+    /** Completes on a fixed pool of one thread per core, as AsyncWaitOperatorBenchmark. */
+    static final class OtherThread extends RichAsyncFunction<Long, Long> {
+        private transient ExecutorService executor;
+        private transient boolean started;
+
+        @Override
+        public void open(OpenContext context) {
+            executor = Executors.newFixedThreadPool(Runtime.getRuntime().availableProcessors());
+        }
+
+        @Override
+        public void asyncInvoke(Long input, ResultFuture<Long> result) {
+            if (!started) {
+                started = true;
+                firstInput();
+            }
+            executor.execute(() -> result.complete(Collections.singleton(input)));
+        }
+
+        @Override
+        public void close() {
+            executor.shutdownNow();
+        }
+    }
+
+    /** Completes from a scheduled executor `latency` after asyncInvoke. */
+    static final class Delayed extends RichAsyncFunction<Long, long[]> {
+        private final long latencyNs;
+        private transient ScheduledExecutorService timer;
+        private transient boolean started;
+
+        Delayed(long latencyNs) {
+            this.latencyNs = latencyNs;
+        }
+
+        @Override
+        public void open(OpenContext context) {
+            timer = Executors.newSingleThreadScheduledExecutor();
+        }
+
+        @Override
+        public void asyncInvoke(Long input, ResultFuture<long[]> result) {
+            long invoked = System.nanoTime();
+            if (!started) {
+                started = true;
+                firstInput();
+            }
+            long value = input;
+            timer.schedule(
+                    () -> result.complete(Collections.singleton(new long[] {value, invoked})),
+                    latencyNs,
+                    TimeUnit.NANOSECONDS);
+        }
+
+        @Override
+        public void close() {
+            timer.shutdownNow();
+        }
+    }
+
+    // ---------------------------------------------------------------- exchange records
+
+    /**
+     * N-byte records. Under object reuse the source serialises each record into the
+     * network buffer before it asks for the next, so one array per reader is reused, as
+     * Weir's and the crossbeam peer's fixed-size records are.
+     */
+    static final class Records implements GeneratorFunction<Long, byte[]> {
+        private final int size;
+        private final long intervalNs;
+        private transient byte[] record;
+        private transient long epoch;
+        private transient long origin;
+
+        /** `intervalNs` > 0: open loop, every record stamped with its intended send time. */
+        Records(int size, long intervalNs) {
+            this.size = size;
+            this.intervalNs = intervalNs;
+        }
+
+        @Override
+        public void open(SourceReaderContext context) {
+            record = new byte[size];
+            Arrays.fill(record, (byte) 7);
+            origin = Long.MIN_VALUE;
+        }
+
+        @Override
+        public byte[] map(Long index) {
+            if (epoch == 0) {
+                epoch = System.nanoTime();
+                firstInput();
+            }
+            long seq = index;
+            byte[] r = record;
+            LONG_LE.set(r, 0, seq);
+            if (size >= 16) {
+                long stamp;
+                if (intervalNs > 0) {
+                    // Paced here, as Weir's open loop paces its producer: Flink's
+                    // RateLimiterStrategy.perSecond (Guava's smooth-bursty limiter) lets
+                    // the permits stored while the job starts out as a burst, so records
+                    // would leave ahead of their schedule and the latency would read 0.
+                    if (origin == Long.MIN_VALUE) {
+                        origin = epoch - seq * intervalNs;
+                    }
+                    stamp = origin + seq * intervalNs;
+                    while (System.nanoTime() < stamp) {
+                        Thread.onSpinWait();
+                    }
+                } else {
+                    stamp = seq % 16 == 0 ? System.nanoTime() : 0;
+                }
+                LONG_LE.set(r, 8, stamp);
+            }
+            return r;
+        }
+    }
+
+    /** The key of a record: its sequence number. */
+    static final class SeqKey implements KeySelector<byte[], Long> {
+        @Override
+        public Long getKey(byte[] record) {
+            return (long) LONG_LE.get(record, 0);
+        }
+    }
+
+    // ---------------------------------------------------------------- the cases
+
+    interface Build {
+        void build(StreamExecutionEnvironment env, long n);
+    }
+
+    record Case(
+            String experiment,
+            String implementation,
+            long ops,
+            Double limit,
+            String job,
+            Build build) {}
+
+    static long ops(double ops) {
+        return Math.max((long) ops, 1);
+    }
+
+    static <T> void asyncJob(
+            StreamExecutionEnvironment env,
+            long n,
+            boolean ordered,
+            int capacity,
+            AsyncFunction<Long, T> function,
+            Sink<T> sink) {
+        env.setParallelism(1);
+        DataStream<Long> source = env.fromSequence(0, n - 1);
+        DataStream<T> results =
+                ordered
+                        ? AsyncDataStream.orderedWait(
+                                source, function, 0, TimeUnit.MILLISECONDS, capacity)
+                        : AsyncDataStream.unorderedWait(
+                                source, function, 0, TimeUnit.MILLISECONDS, capacity);
+        results.sinkTo(sink).name("sink");
+    }
+
+    /** The configurations of `weir compare async` (Flink has no keyed-ordered mode). */
+    static List<Case> asyncCases(double scale) {
+        List<Case> cases = new ArrayList<>();
+        long immediate = ops(2_000_000.0 * scale);
+        for (boolean ordered : new boolean[] {true, false}) {
+            String mode = ordered ? "ordered" : "unordered";
+            cases.add(
+                    new Case(
+                            "async latency 0, capacity 100, " + mode,
+                            "flink " + mode,
+                            immediate,
+                            null,
+                            "fromSequence → " + mode + "Wait(capacity 100, completes in asyncInvoke) → sink, parallelism 1, chained",
+                            (env, n) -> asyncJob(env, n, ordered, 100, new Immediate(), new LongSink())));
+        }
+        long cross = ops(300_000.0 * scale);
+        for (boolean ordered : new boolean[] {true, false}) {
+            String mode = ordered ? "ordered" : "unordered";
+            cases.add(
+                    new Case(
+                            "async completed on another thread, capacity 100",
+                            "flink " + mode,
+                            cross,
+                            null,
+                            "fromSequence → " + mode + "Wait(capacity 100, completed on a fixed pool of one thread per core) → sink, parallelism 1, chained",
+                            (env, n) -> asyncJob(env, n, ordered, 100, new OtherThread(), new LongSink())));
+        }
+        long[][] timers = {{1, 10}, {1, 100}, {1, 1000}, {10, 1000}};
+        for (long[] t : timers) {
+            long latencyMs = t[0];
+            int capacity = (int) t[1];
+            double limit = capacity / (latencyMs / 1e3);
+            cases.add(
+                    new Case(
+                            "async unordered, latency " + latencyMs + " ms, capacity " + capacity,
+                            "flink unordered",
+                            ops(Math.max(limit * 0.25 * scale, capacity * 4.0)),
+                            limit,
+                            "fromSequence → unorderedWait(capacity " + capacity + ", completed by a ScheduledExecutorService after " + latencyMs + " ms) → sink, parallelism 1, chained",
+                            (env, n) -> asyncJob(env, n, false, capacity, new Delayed(latencyMs * 1_000_000), new StampedSink())));
+        }
+        cases.add(
+                new Case(
+                        "async ordered, latency 1 ms, capacity 1000",
+                        "flink ordered",
+                        ops(250_000.0 * scale),
+                        1_000_000.0,
+                        "fromSequence → orderedWait(capacity 1000, completed by a ScheduledExecutorService after 1 ms) → sink, parallelism 1, chained",
+                        (env, n) -> asyncJob(env, n, true, 1000, new Delayed(1_000_000), new StampedSink())));
+        return cases;
+    }
+
+    static void exchangeJob(
+            StreamExecutionEnvironment env,
+            long n,
+            int size,
+            int producers,
+            int consumers,
+            boolean keyed,
+            long timeoutMs,
+            long rate) {
+        env.setBufferTimeout(timeoutMs);
+        long intervalNs = rate > 0 ? 1_000_000_000L / rate : 0;
+        DataGeneratorSource<byte[]> generator =
+                new DataGeneratorSource<>(
+                        new Records(size, intervalNs),
+                        n,
+                        PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO);
+        DataStream<byte[]> records =
+                env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records")
+                        .setParallelism(producers);
+        DataStream<byte[]> routed =
+                keyed ? records.keyBy(new SeqKey(), Types.LONG) : records.rebalance();
+        routed.sinkTo(new BytesSink()).setParallelism(consumers).name("sink");
+    }
+
+    static Case exchange(
+            String experiment,
+            double ops,
+            int size,
+            int producers,
+            int consumers,
+            boolean keyed,
+            long timeoutMs) {
+        return new Case(
+                experiment,
+                "flink exchange",
+                ops(ops),
+                null,
+                "DataGeneratorSource(" + size + "-byte records, parallelism " + producers + ") → "
+                        + (keyed ? "keyBy" : "rebalance") + " → sink(parallelism " + consumers
+                        + "), buffer timeout " + timeoutMs + " ms",
+                (env, n) -> exchangeJob(env, n, size, producers, consumers, keyed, timeoutMs, 0));
+    }
+
+    /** The configurations of `weir compare exchange` that a Flink job can express. */
+    static List<Case> exchangeCases(double scale) {
+        List<Case> cases = new ArrayList<>();
+        cases.add(exchange("exchange 1→1, 8-byte records, round robin, timeout 100 ms", 4_000_000.0 * scale, 8, 1, 1, false, 100));
+        cases.add(exchange("exchange 1→1, 100-byte records, round robin, timeout 100 ms", 2_000_000.0 * scale, 100, 1, 1, false, 100));
+        cases.add(exchange("exchange 1→1, 1000-byte records, round robin, timeout 100 ms", 500_000.0 * scale, 1000, 1, 1, false, 100));
+        double ops = 1_000_000.0 * scale;
+        cases.add(exchange("exchange 1→2, 100-byte records, key hash, timeout 100 ms", ops, 100, 1, 2, true, 100));
+        cases.add(exchange("exchange 2→2, 100-byte records, round robin, timeout 100 ms", ops, 100, 2, 2, false, 100));
+        cases.add(exchange("exchange 1→1, 100-byte records, round robin, timeout 0", ops / 4.0, 100, 1, 1, false, 0));
+        long rate = 10_000;
+        cases.add(
+                new Case(
+                        "exchange latency, open loop 10 k records/s, 100-byte records, timeout 0",
+                        "flink exchange",
+                        ops(Math.max(rate * 0.5 * scale, 1000.0)),
+                        (double) rate,
+                        "DataGeneratorSource(100-byte records, each generated at its intended send time, 10 k/s) → rebalance → sink, buffer timeout 0 ms; latency from the intended send time",
+                        (env, n) -> exchangeJob(env, n, 100, 1, 1, false, 0, rate)));
+        return cases;
+    }
+
+    // ---------------------------------------------------------------- the harness
+
+    record Turn(double nsPerOp, double startupNs, double finishNs, long[] latency, int latencies) {}
+
+    static Turn runOnce(MiniCluster cluster, Case c) throws Exception {
+        Configuration jobConf = new Configuration();
+        jobConf.set(ExecutionOptions.RUNTIME_MODE, RuntimeExecutionMode.STREAMING);
+        StreamExecutionEnvironment env = new StreamExecutionEnvironment(jobConf);
+        env.getConfig().enableObjectReuse();
+        c.build.build(env, c.ops);
+        JobGraph graph = env.getStreamGraph().getJobGraph();
+        PROBES.clear();
+        FIRST_INPUT.set(Long.MAX_VALUE);
+        SINKS_READY.set(Long.MIN_VALUE);
+        long submitted = System.nanoTime();
+        JobID id = cluster.submitJob(graph).get().getJobID();
+        JobResult result = cluster.requestJobResult(id).get();
+        long done = System.nanoTime();
+        if (!result.isSuccess()) {
+            Throwable cause =
+                    result.getSerializedThrowable()
+                            .map(t -> t.deserializeError(WeirFlinkPeer.class.getClassLoader()))
+                            .orElse(new IllegalStateException("job failed"));
+            throw new IllegalStateException(c.experiment + ": job failed", cause);
+        }
+        long count = 0;
+        long sum = 0;
+        long first = Long.MAX_VALUE;
+        long last = Long.MIN_VALUE;
+        int latencies = 0;
+        for (Probe p : PROBES) {
+            count += p.count;
+            sum += p.sum;
+            if (p.count > 0) {
+                first = Math.min(first, p.first);
+                last = Math.max(last, p.last);
+            }
+            latencies += p.latencies;
+        }
+        long n = c.ops;
+        if (count != n || sum != n * (n - 1) / 2) {
+            throw new IllegalStateException(
+                    c.experiment + ": records lost or duplicated (" + count + " of " + n + ")");
+        }
+        long[] latency = new long[latencies];
+        int at = 0;
+        for (Probe p : PROBES) {
+            System.arraycopy(p.latency, 0, latency, at, p.latencies);
+            at += p.latencies;
+        }
+        // The run starts when the first record enters the job, or when the last sink is
+        // ready if that is later (records made before wait in the network buffers).
+        long start = Math.max(FIRST_INPUT.get(), SINKS_READY.get());
+        if (start == Long.MAX_VALUE || start > first) {
+            start = first;
+        }
+        double nsPerOp = (double) (last - start) / count;
+        return new Turn(nsPerOp, start - submitted, done - last, latency, latencies);
+    }
+
+    static double median(List<Double> samples) {
+        List<Double> sorted = new ArrayList<>(samples);
+        Collections.sort(sorted);
+        int n = sorted.size();
+        if (n == 0) {
+            return Double.NaN;
+        }
+        return n % 2 == 1 ? sorted.get(n / 2) : (sorted.get(n / 2 - 1) + sorted.get(n / 2)) / 2;
+    }
+
+    /** The value at quantile q as HdrHistogram reports it (the ceil(q·n)-th smallest). */
+    static long quantile(long[] sorted, double q) {
+        int rank = (int) Math.ceil(q * sorted.length);
+        return sorted[Math.min(Math.max(rank - 1, 0), sorted.length - 1)];
+    }
+
+    // ---------------------------------------------------------------- JSON
+
+    static String str(String s) {
+        StringBuilder out = new StringBuilder("\"");
+        for (char ch : s.toCharArray()) {
+            switch (ch) {
+                case '"' -> out.append("\\\"");
+                case '\\' -> out.append("\\\\");
+                case '\n' -> out.append("\\n");
+                default -> {
+                    if (ch < 0x20) {
+                        out.append(String.format("\\u%04x", (int) ch));
+                    } else {
+                        out.append(ch);
+                    }
+                }
+            }
+        }
+        return out.append('"').toString();
+    }
+
+    static String num(double x) {
+        if (Double.isNaN(x) || Double.isInfinite(x)) {
+            return "null";
+        }
+        return String.format(Locale.ROOT, "%.6f", x).replaceAll("0+$", "").replaceAll("\\.$", ".0");
+    }
+
+    static String list(List<Double> xs) {
+        StringBuilder out = new StringBuilder("[");
+        for (int i = 0; i < xs.size(); i++) {
+            out.append(i > 0 ? ", " : "").append(num(xs.get(i)));
+        }
+        return out.append(']').toString();
+    }
+
+    static String firstLine(Path path, String prefix) {
+        try {
+            for (String line : Files.readAllLines(path)) {
+                if (prefix.isEmpty()) {
+                    return line.trim();
+                }
+                if (line.startsWith(prefix)) {
+                    return line.substring(line.indexOf(':') + 1).trim();
+                }
+            }
+        } catch (IOException e) {
+            // Not Linux: unknown.
+        }
+        return "unknown";
+    }
+
+    public static void main(String[] args) throws Exception {
+        String suite = "async";
+        int rounds = 7;
+        int warmup = 2;
+        double scale = 1.0;
+        String json = null;
+        String command = "scripts/flink-peer.sh";
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "--suite" -> suite = args[++i];
+                case "--rounds" -> rounds = Integer.parseInt(args[++i]);
+                case "--warmup" -> warmup = Integer.parseInt(args[++i]);
+                case "--scale" -> scale = Double.parseDouble(args[++i]);
+                case "--json" -> json = args[++i];
+                case "--command" -> command = args[++i];
+                default -> throw new IllegalArgumentException("unknown argument " + args[i]);
+            }
+        }
+        List<Case> cases =
+                switch (suite) {
+                    case "async" -> asyncCases(scale);
+                    case "exchange" -> exchangeCases(scale);
+                    default -> throw new IllegalArgumentException("unknown suite " + suite);
+                };
+
+        long clusterStart = System.nanoTime();
+        Configuration conf = new Configuration();
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
+        MiniClusterConfiguration config =
+                new MiniClusterConfiguration.Builder()
+                        .setConfiguration(conf)
+                        .setNumTaskManagers(1)
+                        .setNumSlotsPerTaskManager(SLOTS)
+                        .withRandomPorts()
+                        .build();
+        List<List<Double>> samples = new ArrayList<>();
+        List<List<Double>> startups = new ArrayList<>();
+        List<List<Double>> finishes = new ArrayList<>();
+        List<long[]> latencies = new ArrayList<>();
+        double clusterStartMs;
+        try (MiniCluster cluster = new MiniCluster(config)) {
+            cluster.start();
+            clusterStartMs = (System.nanoTime() - clusterStart) / 1e6;
+            System.err.printf(Locale.ROOT, "flink %s: MiniCluster up in %.0f ms%n", EnvironmentInformation.getVersion(), clusterStartMs);
+            for (Case c : cases) {
+                samples.add(new ArrayList<>());
+                startups.add(new ArrayList<>());
+                finishes.add(new ArrayList<>());
+                latencies.add(new long[0]);
+            }
+            // The first `warmup` rounds warm the JIT and are discarded.
+            for (int round = 1 - warmup; round <= rounds; round++) {
+                for (int k = 0; k < cases.size(); k++) {
+                    Case c = cases.get(k);
+                    Turn turn = runOnce(cluster, c);
+                    System.err.printf(
+                            Locale.ROOT,
+                            "%s %-70s %-16s %12.0f records/s  start-up %5.0f ms%n",
+                            round <= 0 ? "warm-up " : "round " + round + " ",
+                            c.experiment,
+                            c.implementation,
+                            1e9 / turn.nsPerOp,
+                            turn.startupNs / 1e6);
+                    if (round <= 0) {
+                        continue;
+                    }
+                    samples.get(k).add(turn.nsPerOp);
+                    startups.get(k).add(turn.startupNs / 1e6);
+                    finishes.get(k).add(turn.finishNs / 1e6);
+                    long[] all = latencies.get(k);
+                    long[] merged = Arrays.copyOf(all, all.length + turn.latencies);
+                    System.arraycopy(turn.latency, 0, merged, all.length, turn.latencies);
+                    latencies.set(k, merged);
+                }
+            }
+        }
+
+        StringBuilder out = new StringBuilder("{\n");
+        out.append("  \"command\": ").append(str(command)).append(",\n");
+        out.append("  \"rounds\": ").append(rounds).append(",\n");
+        out.append("  \"peer\": \"Apache Flink\",\n");
+        out.append("  \"flink_version\": ").append(str(EnvironmentInformation.getVersion())).append(",\n");
+        out.append("  \"java_version\": ")
+                .append(str(System.getProperty("java.vm.name") + " " + System.getProperty("java.runtime.version")))
+                .append(",\n");
+        out.append("  \"cluster_start_ms\": ").append(num(clusterStartMs)).append(",\n");
+        out.append("  \"setup\": ")
+                .append(str("one in-process MiniCluster (1 task manager, " + SLOTS + " slots, "
+                        + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments), "
+                        + "object reuse on, no checkpointing, streaming mode; " + warmup + " warm-up runs per "
+                        + "configuration, then " + rounds + " rounds; each run's time is from the first "
+                        + "record entering the job to the end of input at the sink, start-up "
+                        + "(submission to first record) reported apart"))
+                .append(",\n");
+        out.append("  \"machine\": {\"cpu\": ")
+                .append(str(firstLine(Path.of("/proc/cpuinfo"), "model name")))
+                .append(", \"cores\": ")
+                .append(Runtime.getRuntime().availableProcessors())
+                .append(", \"kernel\": ")
+                .append(str(firstLine(Path.of("/proc/sys/kernel/osrelease"), "")))
+                .append("},\n");
+        out.append("  \"results\": [");
+        for (int k = 0; k < cases.size(); k++) {
+            Case c = cases.get(k);
+            List<Double> s = samples.get(k);
+            double median = median(s);
+            out.append(k > 0 ? "," : "").append("\n    {\n");
+            out.append("      \"experiment\": ").append(str(c.experiment)).append(",\n");
+            out.append("      \"implementation\": ").append(str(c.implementation)).append(",\n");
+            out.append("      \"is_weir\": false,\n");
+            out.append("      \"job\": ").append(str(c.job)).append(",\n");
+            out.append("      \"records_per_run\": ").append(c.ops).append(",\n");
+            out.append("      \"median_ns_per_op\": ").append(num(median)).append(",\n");
+            out.append("      \"min_ns_per_op\": ").append(num(s.stream().mapToDouble(x -> x).min().orElse(Double.NaN))).append(",\n");
+            out.append("      \"max_ns_per_op\": ").append(num(s.stream().mapToDouble(x -> x).max().orElse(Double.NaN))).append(",\n");
+            out.append("      \"samples_ns_per_op\": ").append(list(s)).append(",\n");
+            out.append("      \"peer_over_weir\": null,\n");
+            out.append("      \"limit_ops_per_s\": ").append(c.limit == null ? "null" : num(c.limit)).append(",\n");
+            out.append("      \"fraction_of_limit\": ")
+                    .append(c.limit == null ? "null" : num(1e9 / median / c.limit))
+                    .append(",\n");
+            out.append("      \"startup_ms\": {\"median\": ").append(num(median(startups.get(k))))
+                    .append(", \"samples\": ").append(list(startups.get(k))).append("},\n");
+            out.append("      \"finish_ms\": {\"median\": ").append(num(median(finishes.get(k)))).append("},\n");
+            long[] l = latencies.get(k);
+            if (l.length == 0) {
+                out.append("      \"latency_ns\": null\n");
+            } else {
+                Arrays.sort(l);
+                out.append("      \"latency_ns\": {\"p50\": ").append(quantile(l, 0.5))
+                        .append(", \"p90\": ").append(quantile(l, 0.9))
+                        .append(", \"p99\": ").append(quantile(l, 0.99))
+                        .append(", \"p99.9\": ").append(quantile(l, 0.999))
+                        .append(", \"max\": ").append(l[l.length - 1])
+                        .append(", \"count\": ").append(l.length).append("}\n");
+            }
+            out.append("    }");
+        }
+        out.append("\n  ]\n}\n");
+        if (json != null) {
+            Path path = Path.of(json);
+            if (path.getParent() != null) {
+                Files.createDirectories(path.getParent());
+            }
+            Files.writeString(path, out.toString(), StandardCharsets.UTF_8);
+        } else {
+            System.out.print(out);
+        }
+        // Executor threads of the async functions are shut down; exit promptly anyway.
+        System.exit(0);
+    }
+}

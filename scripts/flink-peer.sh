@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Apache Flink as a peer of `weir compare async` and `weir compare exchange`: installs
+# what is missing (Java 17 from the Debian packages, Flink's jars from the PyPI package
+# apache-flink-libraries into target/flink-venv), compiles bench/flink/WeirFlinkPeer.java
+# and runs the same configurations as Flink jobs on one in-process MiniCluster, start-up
+# excluded and reported apart. Writes the same JSON as `weir compare --json`:
+#
+#   results/report/flink-async.json, results/report/flink-exchange.json
+#
+#   scripts/flink-peer.sh           7 rounds at full size (about 70 seconds on 2 cores)
+#   scripts/flink-peer.sh --quick   3 rounds at 0.15 of the size (about 20 seconds)
+#
+# FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
+# JSON says why ("unavailable") so that `weir report` states it instead of leaving the
+# rows out, and the script exits 0; a failed Flink job is reported the same way and
+# exits 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=2.3.0
+rounds=7
+scale=1
+quick=""
+if [ "${1:-}" = "--quick" ]; then
+  rounds=3
+  scale=0.15
+  quick=" --quick"
+fi
+data=${FLINK_PEER_DATA:-results/report}
+venv=target/flink-venv
+build=target/flink-peer
+mkdir -p "$data" "$build"
+
+# Writes the "unavailable" JSON for both suites.
+mark_unavailable() {
+  local reason
+  reason=$(printf '%s' "$1" | tr -d '"\\' | tr '\n\t' '  ')
+  for suite in async exchange; do
+    printf '{\n  "peer": "Apache Flink",\n  "command": "scripts/flink-peer.sh%s",\n  "unavailable": "%s",\n  "results": []\n}\n' \
+      "$quick" "$reason" > "$data/flink-$suite.json"
+  done
+  echo "flink-peer: $1" >&2
+}
+
+# The major version of a java binary, or 0.
+java_major() {
+  "$1" -version 2>&1 | awk -F'"' '/version/ { split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit }' || echo 0
+}
+
+# Java 17 or later: JAVA_HOME, the PATH, an installed JDK 17, or the Debian package.
+find_jdk() {
+  local candidate
+  for candidate in "${JAVA_HOME:+$JAVA_HOME/bin}" "$(dirname "$(command -v javac 2>/dev/null || echo /nonexistent/javac)")" /usr/lib/jvm/java-17-openjdk-*/bin /usr/lib/jvm/java-*-openjdk-*/bin; do
+    if [ -n "$candidate" ] && [ -x "$candidate/java" ] && [ -x "$candidate/javac" ] \
+      && [ "$(java_major "$candidate/java")" -ge 17 ] 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+jdk=$(find_jdk || true)
+if [ -z "$jdk" ]; then
+  echo "flink-peer: no Java 17 found; installing openjdk-17-jdk-headless" >&2
+  if command -v apt-get > /dev/null && [ "$(id -u)" = 0 ] \
+    && apt-get update -qq > /dev/null 2>&1 \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jdk-headless > /dev/null 2>&1; then
+    jdk=$(find_jdk || true)
+  fi
+fi
+if [ -z "$jdk" ]; then
+  mark_unavailable "Java 17 is not installed and could not be installed here (apt-get install openjdk-17-jdk-headless failed or is not available)"
+  exit 0
+fi
+
+# Flink's jars, from the PyPI package that PyFlink uses.
+find_lib() {
+  local jar
+  jar=$(find "$venv" -path "*/pyflink/lib/flink-dist-$version.jar" 2>/dev/null | head -n 1)
+  [ -n "$jar" ] && dirname "$jar"
+}
+lib=$(find_lib || true)
+if [ -z "$lib" ]; then
+  echo "flink-peer: installing apache-flink-libraries==$version into $venv" >&2
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv" > /dev/null 2>&1 || {
+      # Debian's python3 without ensurepip: the venv module comes in its own package.
+      command -v apt-get > /dev/null && [ "$(id -u)" = 0 ] \
+        && apt-get update -qq > /dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv > /dev/null 2>&1 \
+        && python3 -m venv "$venv" > /dev/null 2>&1
+    } || true
+  fi
+  if [ -x "$venv/bin/python" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "apache-flink-libraries==$version" >&2 || true
+  fi
+  lib=$(find_lib || true)
+fi
+if [ -z "$lib" ]; then
+  mark_unavailable "Flink $version could not be installed (python3 -m venv $venv and pip install apache-flink-libraries==$version failed)"
+  exit 0
+fi
+
+echo "flink-peer: Flink $version from $lib, Java $("$jdk/java" -version 2>&1 | head -n 1)" >&2
+classes=$build/classes
+rm -rf "$classes"
+mkdir -p "$classes"
+"$jdk/javac" -encoding UTF-8 -cp "$lib/*" -d "$classes" bench/flink/WeirFlinkPeer.java
+
+# What Flink's own config.yaml passes to its JVMs on Java 17.
+opens=()
+for module in java.lang java.lang.reflect java.io java.net java.nio java.text java.time java.util java.util.concurrent java.util.concurrent.atomic java.util.concurrent.locks sun.nio.ch; do
+  opens+=("--add-opens=java.base/$module=ALL-UNNAMED")
+done
+
+status=0
+for suite in async exchange; do
+  echo "== flink $suite" >&2
+  json=$data/flink-$suite.json
+  rm -f "$json"
+  command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale)"
+  if ! "$jdk/java" -Xms1g -Xmx1g "${opens[@]}" \
+    -Dlog4j.configurationFile=bench/flink/log4j2.properties \
+    -cp "$classes:$lib/*" WeirFlinkPeer \
+    --suite "$suite" --rounds "$rounds" --scale "$scale" --json "$json" --command "$command" \
+    2>&1 | tee "$data/flink-$suite.txt" >&2; then
+    reason="the Flink job failed: $(grep -v WARN "$data/flink-$suite.txt" | tail -n 3)"
+    printf '{\n  "peer": "Apache Flink",\n  "command": "%s",\n  "unavailable": "%s",\n  "results": []\n}\n' \
+      "$command" "$(printf '%s' "$reason" | tr -d '"\\' | tr '\n\t' '  ')" > "$json"
+    echo "flink-peer: $suite failed (see $data/flink-$suite.txt)" >&2
+    status=1
+  fi
+done
+exit "$status"
