@@ -386,7 +386,8 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
 
 /// The lookup experiments: lookups per second on one worker against the embedded
 /// service (pinned to the other core), through the async operator with each driver,
-/// through a tokio client, and the raw socket ceiling; and the 1 ms closed loop.
+/// through a pipelined tokio client, and the ceiling of a hand-written `mio` loop with
+/// no operator; and the 1 ms closed loop.
 pub fn lookup_cases(scale: f64) -> Vec<Case> {
     fn with_service(
         latency: Latency,
@@ -437,16 +438,16 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
         ));
         cases.push(workload(
             experiment,
-            "tokio client",
+            TOKIO_LOOKUP,
             ops,
             with_service(zero, move |a, n| lookup_peers::tokio(a, c, n)),
             None,
         ));
         cases.push(workload(
             experiment,
-            "raw ceiling (no operator)",
+            MIO_LOOKUP_CEILING,
             ops,
-            with_service(zero, move |a, n| lookup_peers::raw(a, c, n)),
+            with_service(zero, move |a, n| lookup_peers::mio_ceiling(a, c, n)),
             None,
         ));
     }
@@ -462,13 +463,18 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
     ));
     cases.push(workload(
         "lookup latency 1 ms, 1024 in flight",
-        "tokio client",
+        TOKIO_LOOKUP,
         ops,
         with_service(one_ms, |a, n| lookup_peers::tokio(a, 1024, n)),
         Some(limit),
     ));
     cases
 }
+
+/// The tokio peer of the lookup experiments.
+pub const TOKIO_LOOKUP: &str = "tokio pipelined client (batched writes)";
+/// The ceiling of the lookup experiments.
+pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
 pub fn ring_cases(scale: f64) -> Vec<Case> {
