@@ -267,14 +267,14 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         let ops = (limit * 0.25 * scale).max(capacity as f64 * 4.0);
         cases.push(workload(
             experiment,
-            "weir unordered",
+            WEIR_TIMER_UNORDERED,
             ops,
             Arc::new(move |n| async_peers::weir_timer(OutputMode::Unordered, capacity, latency, n)),
             Some(limit),
         ));
         cases.push(workload(
             experiment,
-            "tokio buffer_unordered",
+            TOKIO_TIMER_UNORDERED,
             ops,
             Arc::new(move |n| async_peers::tokio_timer(false, capacity, latency, n)),
             Some(limit),
@@ -283,20 +283,28 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
     let latency = Duration::from_millis(1);
     cases.push(workload(
         "async ordered, latency 1 ms, capacity 1000",
-        "weir ordered",
+        "weir ordered (runtime worker, timer wheel)",
         250_000.0 * scale,
         Arc::new(move |n| async_peers::weir_timer(OutputMode::Ordered, 1000, latency, n)),
         Some(1_000_000.0),
     ));
     cases.push(workload(
         "async ordered, latency 1 ms, capacity 1000",
-        "tokio buffered",
+        "tokio buffered + sleep (1 ms timer tick)",
         250_000.0 * scale,
         Arc::new(move |n| async_peers::tokio_timer(true, 1000, latency, n)),
         Some(1_000_000.0),
     ));
     cases
 }
+
+/// Weir's side of the timer-driven async experiments: the operator as a task on a
+/// runtime worker, each call completed by a timer on a timing wheel, the worker parked
+/// until the next one.
+pub const WEIR_TIMER_UNORDERED: &str = "weir unordered (runtime worker, timer wheel)";
+/// tokio's side: `tokio::time::sleep` per call, whose 1 ms tick rounds a deadline up
+/// (a 1 ms sleep takes 1 to 2 ms), as every tokio user gets it.
+pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms timer tick)";
 
 /// The exchange experiments: records/s and latency through writer → channel → gate,
 /// against a crossbeam channel of records and the single-thread memcpy ceiling.
