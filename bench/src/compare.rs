@@ -307,7 +307,10 @@ pub const WEIR_TIMER_UNORDERED: &str = "weir unordered (runtime worker, timer wh
 pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms timer tick)";
 
 /// The exchange experiments: records/s and latency through writer → channel → gate,
-/// against a crossbeam channel of records and the single-thread memcpy ceiling.
+/// against a crossbeam channel of records (one per message, and a `Vec` of 32 KiB per
+/// message), and three ceilings: a copy into a warm pool-sized region, a copy then a
+/// decode, both on one thread, and a copy handed across cores through a ring of
+/// segments.
 pub fn exchange_cases(scale: f64) -> Vec<Case> {
     let mut cases = Vec::new();
     let timeout = Some(Duration::from_millis(100));
@@ -325,17 +328,37 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
             ));
             cases.push(workload(
                 $experiment,
-                "crossbeam_channel",
+                CROSSBEAM_PER_RECORD,
                 ops,
                 Arc::new(move |n| exchange_peers::crossbeam_channel::<$n>(n)),
                 None,
             ));
-            // Weir frames each record with a 4-byte length prefix.
             cases.push(workload(
                 $experiment,
-                "memcpy ceiling (one thread)",
+                CROSSBEAM_BATCHED,
                 ops,
-                Arc::new(move |n| exchange_peers::memcpy_ceiling($n, n)),
+                Arc::new(move |n| exchange_peers::crossbeam_channel_batched::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                MEMCPY_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::memcpy_ceiling::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                MEMCPY_DECODE_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::memcpy_decode_ceiling::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                CROSS_CORE_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::cross_core_ceiling::<$n>(n)),
                 None,
             ));
         }};
@@ -391,6 +414,17 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
     ));
     cases
 }
+
+/// The crossbeam peer with one record per message.
+pub const CROSSBEAM_PER_RECORD: &str = "crossbeam_channel, one record per message";
+/// The crossbeam peer with a `Vec` of 32 KiB of records per message.
+pub const CROSSBEAM_BATCHED: &str = "crossbeam_channel, Vec of 32 KiB per message";
+/// One thread copying length-prefixed records into a warm region of the pool's size.
+pub const MEMCPY_CEILING: &str = "memcpy ceiling (one thread, warm pool-sized region)";
+/// The same, each filled segment then decoded.
+pub const MEMCPY_DECODE_CEILING: &str = "memcpy + decode ceiling (one thread)";
+/// Copy on one core, decode on the other, segments through SPSC rings.
+pub const CROSS_CORE_CEILING: &str = "cross-core ceiling (copy, ring of segments, decode)";
 
 /// The lookup experiments: lookups per second on one worker against the embedded
 /// service (pinned to the other core), through the async operator with each driver,
