@@ -1,6 +1,9 @@
 //! Criterion curves for the async operator against tokio + futures
 //! `buffered`/`buffer_unordered`: latency-0 overhead per mode, completions from another
-//! thread (capacity 100), and timer-driven latency over capacity.
+//! thread (capacity 100), and timer-driven latency over capacity (Weir: the operator as
+//! a task on a runtime worker, calls completed by timers on a timing wheel, the worker
+//! parked until the next; tokio: `tokio::time::sleep`, whose 1 ms tick rounds each
+//! deadline up, as tokio users get it).
 //!
 //! Little's-law fractions and latency percentiles: `weir compare async`.
 
@@ -15,6 +18,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use weir_bench::async_peers::{
     tokio_immediate, tokio_timer, weir_cross_thread, weir_immediate, weir_timer,
 };
+use weir_bench::compare::{TOKIO_TIMER_UNORDERED, WEIR_TIMER_UNORDERED};
 use weir_engine::async_io::OutputMode;
 
 fn quick() -> bool {
@@ -65,7 +69,7 @@ fn timer_latency(c: &mut Criterion) {
             let latency = Duration::from_millis(latency_ms);
             let id = format!("L={latency_ms}ms C={capacity}");
             group.bench_with_input(
-                BenchmarkId::new("weir unordered", &id),
+                BenchmarkId::new(WEIR_TIMER_UNORDERED, &id),
                 &capacity,
                 |b, &cap| {
                     b.iter_custom(|n| {
@@ -74,7 +78,7 @@ fn timer_latency(c: &mut Criterion) {
                 },
             );
             group.bench_with_input(
-                BenchmarkId::new("tokio buffer_unordered", &id),
+                BenchmarkId::new(TOKIO_TIMER_UNORDERED, &id),
                 &capacity,
                 |b, &cap| {
                     b.iter_custom(|n| tokio_timer(false, cap, latency, n.max(cap as u64)).elapsed)

@@ -1,7 +1,9 @@
 //! Criterion curves for the local data exchange: records/s through record writer →
 //! local channel → input gate on two pinned cores, over record size, with a
-//! `crossbeam_channel` of the same records and the single-thread memcpy ceiling beside
-//! it; 1→2 key-hash and 2→2 round-robin; buffer timeout 100 ms and 0.
+//! `crossbeam_channel` of the same records (one per message, and a `Vec` of 32 KiB per
+//! message) and three ceilings beside it (a copy into a warm pool-sized region, a copy
+//! then a decode, a copy handed across cores through a ring of segments); 1→2 key-hash
+//! and 2→2 round-robin; buffer timeout 100 ms and 0.
 //!
 //! Latency percentiles and the open-loop run: `weir compare exchange`.
 
@@ -13,7 +15,14 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use weir_bench::exchange_peers::{crossbeam_channel, memcpy_ceiling, weir_exchange, Routing};
+use weir_bench::compare::{
+    CROSSBEAM_BATCHED, CROSSBEAM_PER_RECORD, CROSS_CORE_CEILING, MEMCPY_CEILING,
+    MEMCPY_DECODE_CEILING,
+};
+use weir_bench::exchange_peers::{
+    cross_core_ceiling, crossbeam_channel, crossbeam_channel_batched, memcpy_ceiling,
+    memcpy_decode_ceiling, weir_exchange, Routing,
+};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
 
@@ -27,11 +36,20 @@ fn record_size(c: &mut Criterion) {
                     weir_exchange::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1)).elapsed
                 })
             });
-            group.bench_function("crossbeam_channel", |b| {
+            group.bench_function(CROSSBEAM_PER_RECORD, |b| {
                 b.iter_custom(|n| crossbeam_channel::<$n>(n).elapsed)
             });
-            group.bench_function("memcpy ceiling", |b| {
-                b.iter_custom(|n| memcpy_ceiling($n, n).elapsed)
+            group.bench_function(CROSSBEAM_BATCHED, |b| {
+                b.iter_custom(|n| crossbeam_channel_batched::<$n>(n).elapsed)
+            });
+            group.bench_function(MEMCPY_CEILING, |b| {
+                b.iter_custom(|n| memcpy_ceiling::<$n>(n).elapsed)
+            });
+            group.bench_function(MEMCPY_DECODE_CEILING, |b| {
+                b.iter_custom(|n| memcpy_decode_ceiling::<$n>(n).elapsed)
+            });
+            group.bench_function(CROSS_CORE_CEILING, |b| {
+                b.iter_custom(|n| cross_core_ceiling::<$n>(n).elapsed)
             });
             group.finish();
         }};

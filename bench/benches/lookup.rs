@@ -1,7 +1,8 @@
 //! Criterion curves for lookups on one worker against the embedded service (pinned to
 //! the other core): through the async operator with the io_uring and the epoll driver,
-//! a tokio client speaking the same protocol, and the raw socket ceiling, over the
-//! number of requests in flight.
+//! a pipelined tokio client speaking the same protocol (split stream, one write per
+//! wake-up, bulk decoding, slab request ids), and the ceiling of a hand-written `mio`
+//! loop with no operator, over the number of requests in flight.
 //!
 //! The 1 ms closed loop (fraction of Little's limit, p99): `weir compare lookup`.
 
@@ -13,7 +14,8 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use weir_bench::lookup_peers::{raw, service, tokio, weir};
+use weir_bench::compare::{MIO_LOOKUP_CEILING, TOKIO_LOOKUP};
+use weir_bench::lookup_peers::{mio_ceiling, service, tokio, weir};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
 
@@ -34,14 +36,14 @@ fn in_flight(c: &mut Criterion) {
             |b, &c| b.iter_custom(|n| weir(DriverKind::Epoll, addr, c, n).elapsed),
         );
         group.bench_with_input(
-            BenchmarkId::new("tokio client", inflight),
+            BenchmarkId::new(TOKIO_LOOKUP, inflight),
             &inflight,
             |b, &c| b.iter_custom(|n| tokio(addr, c, n).elapsed),
         );
         group.bench_with_input(
-            BenchmarkId::new("raw ceiling", inflight),
+            BenchmarkId::new(MIO_LOOKUP_CEILING, inflight),
             &inflight,
-            |b, &c| b.iter_custom(|n| raw(addr, c, n).elapsed),
+            |b, &c| b.iter_custom(|n| mio_ceiling(addr, c, n).elapsed),
         );
     }
     group.finish();

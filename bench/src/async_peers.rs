@@ -7,12 +7,18 @@
 //!   `AsyncWaitOperatorBenchmark` set-up: capacity 100, no timeout);
 //! - timer-driven latency L with capacity C: a closed loop whose physical limit is
 //!   Little's law, C / L records per second; per-record latency from invoke to emit.
+//!   Weir runs it as a task on a runtime worker: each call is a timer on a hashed
+//!   timing wheel (the engine's, as the operator's own timeouts are), the task reports
+//!   the earliest timer as its deadline, and the idle worker parks until it. tokio
+//!   runs `tokio::time::sleep(L)` per call: its timer wheel has a resolution of 1 ms
+//!   and rounds a deadline up to the next tick, so a 1 ms sleep lasts between 1 and
+//!   2 ms. That is what a tokio user gets, so the peer keeps it.
 //!
 //! Each workload checks that every record came out once before it reports a time.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -21,7 +27,10 @@ use weir_engine::async_io::{
     AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture,
 };
 use weir_engine::element::{Collector, StreamElement};
+use weir_engine::limits::{LATENCY_SAMPLE_EVERY, TIMER_SLOTS, TIMER_TICK_NS};
 use weir_engine::park::Parker;
+use weir_engine::runtime::{Cores, Progress, Runtime, Task, TaskContext, TaskError};
+use weir_engine::timer::TimerWheel;
 
 /// What one run measured.
 pub struct Measurement {
@@ -40,7 +49,8 @@ impl From<Duration> for Measurement {
     }
 }
 
-/// A latency histogram as STYLE.md sets them: 1 ns to 60 s, 3 significant digits.
+/// A latency histogram as every workload keeps one: 1 ns to 60 s, 3 significant
+/// digits (the operator's own histogram has the same bounds).
 pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds")
 }
@@ -208,80 +218,147 @@ pub fn weir_cross_thread(mode: OutputMode, capacity: usize, n: u64) -> Measureme
     elapsed.into()
 }
 
-type DelayQueue = Rc<RefCell<VecDeque<(u64, u64, ResultFuture<u64>)>>>;
+/// Calls waiting for their latency to pass, each with its input, by due time.
+type Delays = Rc<RefCell<TimerWheel<(u64, ResultFuture<u64>)>>>;
 
-/// Completes each call `latency` after its invocation (a delay line: fixed latency, so
-/// due times are in invocation order).
-struct DelayLine {
-    queue: DelayQueue,
-    epoch: Instant,
+/// Completes each call `latency` after its invocation, from a timer on the task's
+/// timing wheel.
+struct Delayed {
+    delays: Delays,
+    /// The instant the worker's clock counts from (set by the task's first poll).
+    epoch: Rc<Cell<Instant>>,
     latency_ns: u64,
 }
 
-impl AsyncFunction for DelayLine {
+impl AsyncFunction for Delayed {
     type In = u64;
     type Out = u64;
     fn invoke(&mut self, input: &u64, result: ResultFuture<u64>) {
-        let due = self.epoch.elapsed().as_nanos() as u64 + self.latency_ns;
-        self.queue.borrow_mut().push_back((due, *input, result));
+        // The clock now, not the turn's reading: a turn that invokes a thousand calls
+        // would otherwise start the later ones' latency early.
+        let now = self.epoch.get().elapsed().as_nanos() as u64;
+        self.delays
+            .borrow_mut()
+            .schedule(now + self.latency_ns, (*input, result));
     }
     fn key(&self, input: &u64) -> u64 {
         *input & 63
     }
 }
 
-/// `n` records with latency `latency` and capacity `capacity`, closed loop; returns the
-/// wall time and the invoke-to-emit latency histogram.
-pub fn weir_timer(mode: OutputMode, capacity: usize, latency: Duration, n: u64) -> Measurement {
-    let queue: DelayQueue = Rc::new(RefCell::new(VecDeque::with_capacity(capacity)));
-    let epoch = Instant::now();
-    let function = DelayLine {
-        queue: Rc::clone(&queue),
-        epoch,
-        latency_ns: latency.as_nanos() as u64,
-    };
-    let parker = Parker::current();
-    let mut operator = AsyncWaitOperator::new(
-        function,
-        AsyncConfig::new(mode, capacity),
-        parker.unparker(),
-    )
-    .expect("valid config");
-    let mut sink = CountingSink { count: 0, sum: 0 };
-    let start = Instant::now();
-    let mut next = 0;
-    while sink.count < n {
-        let now = epoch.elapsed().as_nanos() as u64;
+/// What the timer task reports when it is done.
+type TimerOutcome = Arc<Mutex<Option<Measurement>>>;
+
+/// The operator as a task on a runtime worker: feeds it `n` records while it has
+/// room, completes the calls whose timers are due, and tells the worker its next
+/// deadline so the worker parks until then.
+struct TimerTask {
+    operator: AsyncWaitOperator<Delayed>,
+    delays: Delays,
+    epoch: Rc<Cell<Instant>>,
+    sink: CountingSink,
+    next: u64,
+    n: u64,
+    started_ns: Option<u64>,
+    outcome: TimerOutcome,
+}
+
+impl Task for TimerTask {
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        let now = cx.now_ns;
+        if self.started_ns.is_none() {
+            self.started_ns = Some(now);
+            self.epoch.set(Instant::now() - Duration::from_nanos(now));
+        }
+        let mut busy = false;
         loop {
-            let due = queue
-                .borrow()
-                .front()
-                .is_some_and(|(due, _, _)| *due <= now);
-            if !due {
+            let due = self.delays.borrow_mut().pop_due(now);
+            let Some((_, (input, result))) = due else {
                 break;
-            }
-            let (_, input, result) = queue.borrow_mut().pop_front().expect("checked");
+            };
             result.complete([input]);
+            busy = true;
         }
-        operator.drain(now, &mut sink).expect("no failure");
-        while next < n && !operator.is_full() {
-            operator
-                .process_record(next, None, now, &mut sink)
-                .expect("no failure");
-            next += 1;
+        busy |= self.operator.drain(now, &mut self.sink)? > 0;
+        while self.operator.fire_due_timer(now, &mut self.sink)?.is_some() {
+            busy = true;
         }
-        std::hint::spin_loop();
+        while self.next < self.n && !self.operator.is_full() {
+            self.operator
+                .process_record(self.next, None, now, &mut self.sink)?;
+            self.next += 1;
+            busy = true;
+        }
+        if self.sink.count == self.n {
+            let elapsed = Duration::from_nanos(now - self.started_ns.unwrap_or(now));
+            check(&self.sink, self.n);
+            *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Measurement {
+                elapsed,
+                latency_ns: Some(self.operator.metrics().latency_ns.clone()),
+            });
+            return Ok(Progress::Done);
+        }
+        Ok(if busy { Progress::Busy } else { Progress::Idle })
     }
-    let elapsed = start.elapsed();
-    check(&sink, n);
-    Measurement {
-        elapsed,
-        latency_ns: Some(operator.metrics().latency_ns.clone()),
+
+    fn next_deadline(&self) -> Option<u64> {
+        let delay = self.delays.borrow().next_deadline();
+        match (delay, self.operator.next_timer_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
+/// `n` records with latency `latency` and capacity `capacity`, closed loop, through
+/// the operator as a task on one runtime worker (pinned to the first bench core, no
+/// I/O driver: it parks on a condition variable until its next timer or a wake-up);
+/// returns the wall time and the operator's invoke-to-emit latency histogram.
+pub fn weir_timer(mode: OutputMode, capacity: usize, latency: Duration, n: u64) -> Measurement {
+    let (core_a, _) = crate::affinity::bench_cores();
+    let builder = Runtime::builder();
+    let builder = match core_a {
+        Some(core) => builder.cores(Cores::List(vec![core.id])).pin(true),
+        None => builder.cores(Cores::Count(1)).pin(false),
+    };
+    let mut runtime = builder.build().expect("runtime");
+    let unparker = runtime.unparker(0);
+    let outcome: TimerOutcome = Arc::new(Mutex::new(None));
+    let reported = Arc::clone(&outcome);
+    let latency_ns = latency.as_nanos() as u64;
+    runtime.spawn(
+        0,
+        Box::new(move |_driver| {
+            let delays: Delays = Rc::new(RefCell::new(TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS)));
+            let epoch = Rc::new(Cell::new(Instant::now()));
+            let function = Delayed {
+                delays: Rc::clone(&delays),
+                epoch: Rc::clone(&epoch),
+                latency_ns,
+            };
+            let operator =
+                AsyncWaitOperator::new(function, AsyncConfig::new(mode, capacity), unparker)?;
+            Ok(Box::new(TimerTask {
+                operator,
+                delays,
+                epoch,
+                sink: CountingSink { count: 0, sum: 0 },
+                next: 0,
+                n,
+                started_ns: None,
+                outcome: reported,
+            }) as Box<dyn Task>)
+        }),
+    );
+    runtime.run().expect("the timer task runs");
+    let measured = outcome.lock().unwrap_or_else(|e| e.into_inner()).take();
+    measured.expect("the task reported")
+}
+
 /// The same closed loop on tokio: `buffered(C)` / `buffer_unordered(C)` over
-/// `tokio::time::sleep(latency)`.
+/// `tokio::time::sleep(latency)`, whose deadline tokio rounds up to its 1 ms timer
+/// tick (a 1 ms sleep takes 1 to 2 ms): what a tokio user gets. Latency from call to
+/// result of one call in `LATENCY_SAMPLE_EVERY`, as the operator samples it.
 pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) -> Measurement {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -290,14 +367,16 @@ pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) ->
     runtime.block_on(async move {
         let start = Instant::now();
         let calls = futures::stream::iter(0..n).map(|i| async move {
-            let invoked = Instant::now();
+            let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
             tokio::time::sleep(latency).await;
             (i, invoked)
         });
         let mut latency_ns = histogram();
         let mut sink = CountingSink { count: 0, sum: 0 };
-        let mut record = |(i, invoked): (u64, Instant)| {
-            latency_ns.saturating_record(invoked.elapsed().as_nanos().max(1) as u64);
+        let mut record = |(i, invoked): (u64, Option<Instant>)| {
+            if let Some(invoked) = invoked {
+                latency_ns.saturating_record(invoked.elapsed().as_nanos().max(1) as u64);
+            }
             sink.count += 1;
             sink.sum = sink.sum.wrapping_add(i);
         };
@@ -319,4 +398,24 @@ pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) ->
             latency_ns: Some(latency_ns),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_driven_calls_take_their_latency_on_both_sides() {
+        let latency = Duration::from_millis(1);
+        for mode in [OutputMode::Unordered, OutputMode::Ordered] {
+            let measured = weir_timer(mode, 10, latency, 50);
+            let histogram = measured.latency_ns.expect("the operator samples latency");
+            assert!(histogram.min() >= 1_000_000, "a call completed early");
+            // Five rounds of 10 calls of 1 ms each, closed loop.
+            assert!(measured.elapsed >= Duration::from_millis(5));
+        }
+        let measured = tokio_timer(false, 10, latency, 50);
+        assert!(measured.latency_ns.expect("sampled").min() >= 1_000_000);
+        assert!(weir_timer(OutputMode::Unordered, 4, latency, 0).elapsed < latency);
+    }
 }

@@ -5,6 +5,11 @@
 //! turns, alternating, over several rounds in one process, and quotes medians and the
 //! ratio of medians. The starting implementation rotates each round so no one always
 //! runs first.
+//!
+//! Each case is Weir's, a peer's (what a competent user of another library writes for
+//! the same work) or a ceiling (the same work with no framework at all, a bound no
+//! implementation should beat). Weir is compared with the best peer of the experiment,
+//! never a slower one; ceilings are not peers and are compared with the best of Weir.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -24,6 +29,40 @@ use weir_net::DriverKind;
 /// A workload: runs `n` operations.
 pub type Workload = Arc<dyn Fn(u64) -> Measurement + Send + Sync>;
 
+/// What an implementation is to its experiment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Weir's side.
+    Weir,
+    /// A peer: the same work as another library's user writes it.
+    Peer,
+    /// A bound on the work with no framework (named "... ceiling ...").
+    Ceiling,
+}
+
+impl Role {
+    /// The role of an implementation by its name: "weir ..." is Weir's, a name with
+    /// "ceiling" in it a ceiling, anything else a peer.
+    pub fn of(implementation: &str) -> Role {
+        if implementation.starts_with("weir") {
+            Role::Weir
+        } else if implementation.contains("ceiling") {
+            Role::Ceiling
+        } else {
+            Role::Peer
+        }
+    }
+
+    /// The name in the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Weir => "weir",
+            Role::Peer => "peer",
+            Role::Ceiling => "ceiling",
+        }
+    }
+}
+
 /// One implementation of one experiment.
 #[derive(Clone)]
 pub struct Case {
@@ -31,8 +70,8 @@ pub struct Case {
     pub experiment: &'static str,
     /// Implementation name.
     pub implementation: &'static str,
-    /// Whether this is Weir's side (the others are compared against it).
-    pub is_weir: bool,
+    /// Weir's side, a peer or a ceiling.
+    pub role: Role,
     /// Operations per turn.
     pub ops: u64,
     /// Runs `ops` operations.
@@ -49,8 +88,8 @@ pub struct Summary {
     pub experiment: &'static str,
     /// Implementation name.
     pub implementation: &'static str,
-    /// Whether this is Weir's side.
-    pub is_weir: bool,
+    /// Weir's side, a peer or a ceiling.
+    pub role: Role,
     /// Nanoseconds per operation, one per round.
     pub samples_ns: Vec<f64>,
     /// Per-operation latency over all rounds, if the workload records one.
@@ -87,6 +126,43 @@ impl Summary {
     pub fn max_ns(&self) -> f64 {
         self.samples_ns.iter().copied().fold(0.0, f64::max)
     }
+
+    /// Whether this is Weir's side.
+    pub fn is_weir(&self) -> bool {
+        self.role == Role::Weir
+    }
+}
+
+/// The fastest (lowest median) of `experiment`'s implementations in `role`.
+fn best<'a>(summaries: &'a [Summary], experiment: &str, role: Role) -> Option<&'a Summary> {
+    summaries
+        .iter()
+        .filter(|s| s.experiment == experiment && s.role == role)
+        .min_by(|a, b| a.median_ns().total_cmp(&b.median_ns()))
+}
+
+/// The ratios of one row: for Weir's, the best peer's time over its own (above 1: Weir
+/// is faster); for a peer or a ceiling, its time over the best Weir's.
+struct Ratios<'a> {
+    /// This row's time over the best Weir's (peers and ceilings).
+    over_weir: Option<f64>,
+    /// The best peer and its time over this row's (Weir's rows).
+    best_peer: Option<(&'a str, f64)>,
+}
+
+fn ratios<'a>(summaries: &'a [Summary], s: &Summary) -> Ratios<'a> {
+    let median = s.median_ns();
+    match s.role {
+        Role::Weir => Ratios {
+            over_weir: None,
+            best_peer: best(summaries, s.experiment, Role::Peer)
+                .map(|p| (p.implementation, p.median_ns() / median)),
+        },
+        Role::Peer | Role::Ceiling => Ratios {
+            over_weir: best(summaries, s.experiment, Role::Weir).map(|w| median / w.median_ns()),
+            best_peer: None,
+        },
+    }
 }
 
 fn case(
@@ -114,7 +190,7 @@ fn workload(
     Case {
         experiment,
         implementation,
-        is_weir: implementation.starts_with("weir"),
+        role: Role::of(implementation),
         ops: (ops as u64).max(1),
         run,
         limit_ops_per_s,
@@ -191,14 +267,14 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         let ops = (limit * 0.25 * scale).max(capacity as f64 * 4.0);
         cases.push(workload(
             experiment,
-            "weir unordered",
+            WEIR_TIMER_UNORDERED,
             ops,
             Arc::new(move |n| async_peers::weir_timer(OutputMode::Unordered, capacity, latency, n)),
             Some(limit),
         ));
         cases.push(workload(
             experiment,
-            "tokio buffer_unordered",
+            TOKIO_TIMER_UNORDERED,
             ops,
             Arc::new(move |n| async_peers::tokio_timer(false, capacity, latency, n)),
             Some(limit),
@@ -207,14 +283,14 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
     let latency = Duration::from_millis(1);
     cases.push(workload(
         "async ordered, latency 1 ms, capacity 1000",
-        "weir ordered",
+        "weir ordered (runtime worker, timer wheel)",
         250_000.0 * scale,
         Arc::new(move |n| async_peers::weir_timer(OutputMode::Ordered, 1000, latency, n)),
         Some(1_000_000.0),
     ));
     cases.push(workload(
         "async ordered, latency 1 ms, capacity 1000",
-        "tokio buffered",
+        "tokio buffered + sleep (1 ms timer tick)",
         250_000.0 * scale,
         Arc::new(move |n| async_peers::tokio_timer(true, 1000, latency, n)),
         Some(1_000_000.0),
@@ -222,8 +298,19 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
     cases
 }
 
+/// Weir's side of the timer-driven async experiments: the operator as a task on a
+/// runtime worker, each call completed by a timer on a timing wheel, the worker parked
+/// until the next one.
+pub const WEIR_TIMER_UNORDERED: &str = "weir unordered (runtime worker, timer wheel)";
+/// tokio's side: `tokio::time::sleep` per call, whose 1 ms tick rounds a deadline up
+/// (a 1 ms sleep takes 1 to 2 ms), as every tokio user gets it.
+pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms timer tick)";
+
 /// The exchange experiments: records/s and latency through writer → channel → gate,
-/// against a crossbeam channel of records and the single-thread memcpy ceiling.
+/// against a crossbeam channel of records (one per message, and a `Vec` of 32 KiB per
+/// message), and three ceilings: a copy into a warm pool-sized region, a copy then a
+/// decode, both on one thread, and a copy handed across cores through a ring of
+/// segments.
 pub fn exchange_cases(scale: f64) -> Vec<Case> {
     let mut cases = Vec::new();
     let timeout = Some(Duration::from_millis(100));
@@ -241,17 +328,37 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
             ));
             cases.push(workload(
                 $experiment,
-                "crossbeam_channel",
+                CROSSBEAM_PER_RECORD,
                 ops,
                 Arc::new(move |n| exchange_peers::crossbeam_channel::<$n>(n)),
                 None,
             ));
-            // Weir frames each record with a 4-byte length prefix.
             cases.push(workload(
                 $experiment,
-                "memcpy ceiling (one thread)",
+                CROSSBEAM_BATCHED,
                 ops,
-                Arc::new(move |n| exchange_peers::memcpy_ceiling($n, n)),
+                Arc::new(move |n| exchange_peers::crossbeam_channel_batched::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                MEMCPY_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::memcpy_ceiling::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                MEMCPY_DECODE_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::memcpy_decode_ceiling::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                CROSS_CORE_CEILING,
+                ops,
+                Arc::new(move |n| exchange_peers::cross_core_ceiling::<$n>(n)),
                 None,
             ));
         }};
@@ -308,9 +415,21 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
     cases
 }
 
+/// The crossbeam peer with one record per message.
+pub const CROSSBEAM_PER_RECORD: &str = "crossbeam_channel, one record per message";
+/// The crossbeam peer with a `Vec` of 32 KiB of records per message.
+pub const CROSSBEAM_BATCHED: &str = "crossbeam_channel, Vec of 32 KiB per message";
+/// One thread copying length-prefixed records into a warm region of the pool's size.
+pub const MEMCPY_CEILING: &str = "memcpy ceiling (one thread, warm pool-sized region)";
+/// The same, each filled segment then decoded.
+pub const MEMCPY_DECODE_CEILING: &str = "memcpy + decode ceiling (one thread)";
+/// Copy on one core, decode on the other, segments through SPSC rings.
+pub const CROSS_CORE_CEILING: &str = "cross-core ceiling (copy, ring of segments, decode)";
+
 /// The lookup experiments: lookups per second on one worker against the embedded
 /// service (pinned to the other core), through the async operator with each driver,
-/// through a tokio client, and the raw socket ceiling; and the 1 ms closed loop.
+/// through a pipelined tokio client, and the ceiling of a hand-written `mio` loop with
+/// no operator; and the 1 ms closed loop.
 pub fn lookup_cases(scale: f64) -> Vec<Case> {
     fn with_service(
         latency: Latency,
@@ -361,16 +480,16 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
         ));
         cases.push(workload(
             experiment,
-            "tokio client",
+            TOKIO_LOOKUP,
             ops,
             with_service(zero, move |a, n| lookup_peers::tokio(a, c, n)),
             None,
         ));
         cases.push(workload(
             experiment,
-            "raw ceiling (no operator)",
+            MIO_LOOKUP_CEILING,
             ops,
-            with_service(zero, move |a, n| lookup_peers::raw(a, c, n)),
+            with_service(zero, move |a, n| lookup_peers::mio_ceiling(a, c, n)),
             None,
         ));
     }
@@ -386,13 +505,18 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
     ));
     cases.push(workload(
         "lookup latency 1 ms, 1024 in flight",
-        "tokio client",
+        TOKIO_LOOKUP,
         ops,
         with_service(one_ms, |a, n| lookup_peers::tokio(a, 1024, n)),
         Some(limit),
     ));
     cases
 }
+
+/// The tokio peer of the lookup experiments.
+pub const TOKIO_LOOKUP: &str = "tokio pipelined client (batched writes)";
+/// The ceiling of the lookup experiments.
+pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
 pub fn ring_cases(scale: f64) -> Vec<Case> {
@@ -516,7 +640,7 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
         .map(|c| Summary {
             experiment: c.experiment,
             implementation: c.implementation,
-            is_weir: c.is_weir,
+            role: c.role,
             samples_ns: Vec::with_capacity(rounds),
             latency_ns: None,
             limit_ops_per_s: c.limit_ops_per_s,
@@ -549,8 +673,9 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
     summaries
 }
 
-/// A Markdown table per experiment: median ns/op, million ops/s, range, and each
-/// peer's time over Weir's (above 1: Weir is faster).
+/// A Markdown table per experiment: median ns/op, million ops/s, range, the ratios
+/// (a peer's or ceiling's time over the best Weir's; on Weir's rows the best peer's
+/// time over Weir's: above 1, Weir is faster), fraction of the limit and latency.
 pub fn render(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let mut experiments: Vec<&'static str> = summaries.iter().map(|s| s.experiment).collect();
@@ -560,19 +685,21 @@ pub fn render(summaries: &[Summary]) -> String {
             .iter()
             .filter(|s| s.experiment == experiment)
             .collect();
-        let weir = rows.iter().find(|s| s.is_weir).map(|s| s.median_ns());
         let _ = writeln!(out, "\n### {experiment}\n");
         let _ = writeln!(
             out,
-            "| implementation | median ns/op | M ops/s | min–max ns/op | peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |"
+            "| implementation | role | median ns/op | M ops/s | min–max ns/op | time ÷ best weir | best peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
         for s in rows {
             let median = s.median_ns();
-            let ratio = match weir {
-                Some(w) if !s.is_weir => format!("{:.2}×", median / w),
-                _ => "—".to_string(),
-            };
+            let ratios = ratios(summaries, s);
+            let over_weir = ratios
+                .over_weir
+                .map_or("—".to_string(), |r| format!("{r:.2}×"));
+            let best_peer = ratios
+                .best_peer
+                .map_or("—".to_string(), |(name, r)| format!("{r:.2}× ({name})"));
             let fraction = match s.limit_ops_per_s {
                 Some(limit) => format!("{:.1}%", 1e9 / median / limit * 100.0),
                 None => "—".to_string(),
@@ -589,13 +716,15 @@ pub fn render(summaries: &[Summary]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} |",
+                "| {} | {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} | {} |",
                 s.implementation,
+                s.role.name(),
                 median,
                 1e3 / median,
                 s.min_ns(),
                 s.max_ns(),
-                ratio,
+                over_weir,
+                best_peer,
                 fraction,
                 latency
             );
@@ -604,24 +733,27 @@ pub fn render(summaries: &[Summary]) -> String {
     out
 }
 
-/// The same figures as JSON, with the machine and the command.
+/// The same figures as JSON, with the machine and the command. Per row:
+/// `peer_over_weir` is a peer's or ceiling's time over the best Weir row's; on Weir's
+/// rows, `best_peer` names the fastest peer and `best_peer_over_weir` is its time over
+/// the row's (above 1: Weir is faster). Ceilings are never the best peer.
 pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
     let rows: Vec<Value> = summaries
         .iter()
         .map(|s| {
-            let weir = summaries
-                .iter()
-                .find(|w| w.is_weir && w.experiment == s.experiment)
-                .map(Summary::median_ns);
+            let ratios = ratios(summaries, s);
             json!({
                 "experiment": s.experiment,
                 "implementation": s.implementation,
-                "is_weir": s.is_weir,
+                "role": s.role.name(),
+                "is_weir": s.is_weir(),
                 "median_ns_per_op": s.median_ns(),
                 "min_ns_per_op": s.min_ns(),
                 "max_ns_per_op": s.max_ns(),
                 "samples_ns_per_op": s.samples_ns,
-                "peer_over_weir": weir.filter(|_| !s.is_weir).map(|w| s.median_ns() / w),
+                "peer_over_weir": ratios.over_weir,
+                "best_peer": ratios.best_peer.map(|(name, _)| name),
+                "best_peer_over_weir": ratios.best_peer.map(|(_, r)| r),
                 "limit_ops_per_s": s.limit_ops_per_s,
                 "fraction_of_limit": s.limit_ops_per_s.map(|l| 1e9 / s.median_ns() / l),
                 "latency_ns": s.latency_ns.as_ref().map(|h| json!({
@@ -656,4 +788,69 @@ pub fn machine() -> Value {
         .map(|n| n.get())
         .unwrap_or(1);
     json!({ "cpu": cpu, "cores": cores, "kernel": kernel })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(implementation: &'static str, ns: f64) -> Summary {
+        Summary {
+            experiment: "e",
+            implementation,
+            role: Role::of(implementation),
+            samples_ns: vec![ns],
+            latency_ns: None,
+            limit_ops_per_s: None,
+        }
+    }
+
+    #[test]
+    fn weir_is_compared_with_the_best_peer_and_a_ceiling_is_no_peer() {
+        let summaries = [
+            summary("weir epoll", 150.0),
+            summary("weir io_uring", 100.0),
+            summary("slow peer", 1000.0),
+            summary("fast peer", 200.0),
+            summary("memcpy ceiling", 10.0),
+        ];
+        let json = to_json(&summaries, "test", 1);
+        let rows = json["results"].as_array().expect("rows");
+        let roles: Vec<&str> = rows.iter().map(|r| r["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["weir", "weir", "peer", "peer", "ceiling"]);
+        assert_eq!(rows[0]["best_peer"], "fast peer");
+        assert!((rows[0]["best_peer_over_weir"].as_f64().unwrap() - 200.0 / 150.0).abs() < 1e-9);
+        assert_eq!(rows[1]["best_peer_over_weir"].as_f64(), Some(2.0));
+        assert!(rows[1]["peer_over_weir"].is_null());
+        // Peers and ceilings over the best Weir row.
+        assert_eq!(rows[2]["peer_over_weir"].as_f64(), Some(10.0));
+        assert_eq!(rows[3]["peer_over_weir"].as_f64(), Some(2.0));
+        assert_eq!(rows[4]["peer_over_weir"].as_f64(), Some(0.1));
+        assert!(rows[4]["best_peer"].is_null());
+        let table = render(&summaries);
+        assert!(table.contains("2.00× (fast peer)"), "{table}");
+    }
+
+    #[test]
+    fn without_a_peer_there_is_no_ratio() {
+        let json = to_json(&[summary("weir exchange", 50.0)], "test", 1);
+        assert!(json["results"][0]["best_peer_over_weir"].is_null());
+    }
+
+    #[test]
+    fn every_case_name_says_its_role() {
+        for case in exchange_cases(1.0)
+            .into_iter()
+            .chain(async_cases(1.0))
+            .chain(lookup_cases(1.0))
+        {
+            let ceiling = case.implementation.contains("ceiling");
+            assert_eq!(
+                case.role == Role::Ceiling,
+                ceiling,
+                "{}",
+                case.implementation
+            );
+        }
+    }
 }

@@ -1,7 +1,18 @@
 //! Data exchange workloads: Weir's record writer → local channels → input gates on
-//! pinned cores, against a `crossbeam_channel` of records between the same threads
-//! (what a Rust user would write) and the single-thread memcpy ceiling (length-prefixed
-//! records copied into cold 32 KiB segments).
+//! pinned cores, against what a Rust user would write between the same threads (a
+//! `crossbeam_channel` of records, one per message or a `Vec` of 32 KiB of them per
+//! message), and ceilings that bound the same work without an exchange's bookkeeping:
+//!
+//! - memcpy: length-prefixed records copied into 32 KiB segments cycling through a warm
+//!   region of the Weir pool's footprint (64 segments), on one thread;
+//! - memcpy + decode: the same, each filled segment then decoded record by record with
+//!   the records' codec, on one thread;
+//! - cross-core copy: a producer thread fills segments and a consumer thread on the
+//!   other core decodes them, the 64 segments circulating through two SPSC rings
+//!   (full, free): the least a two-core exchange of these bytes must do.
+//!
+//! The producer of Weir's exchange reads the clock once every [`CLOCK_EVERY`] records,
+//! as a task reads it once per turn, and drives the writer's buffer timeout with it.
 //!
 //! Records are fixed-size byte payloads ([`FixedBytes<N>`], no allocation on either
 //! side, for Weir and the crossbeam peer alike): bytes 0..8 carry the sequence number,
@@ -12,7 +23,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_engine::exchange::codec::FixedBytes;
+use weir_engine::exchange::codec::{Codec, FixedBytes, SliceEncoder};
 use weir_engine::exchange::{
     local_channel, ChannelSelector, GateEvent, InputChannel, InputGate, KeyHash, LocalBufferPool,
     LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin, Target,
@@ -162,12 +173,17 @@ pub fn weir_exchange<const N: usize>(
             let mut writer = RecordWriter::new(partition, selector, config).expect("writer");
             let mut value = FixedBytes([7u8; N]);
             start_gate.wait();
+            let mut clock = TurnClock::new(epoch);
             for seq in 0..per_producer {
+                if seq % CLOCK_EVERY == 0 {
+                    clock.read();
+                    writer.on_timer(clock.now_ns).expect("timer flush");
+                }
                 stamp(&mut value, seq, epoch);
-                wait_available(&mut writer);
-                writer.emit(&value, 0).expect("emit");
+                wait_available(&mut writer, &mut clock);
+                writer.emit(&value, clock.now_ns).expect("emit");
             }
-            finish(&mut writer);
+            finish(&mut writer, &mut clock);
         }));
     }
     start_gate.wait();
@@ -191,12 +207,36 @@ pub fn weir_exchange<const N: usize>(
     }
 }
 
+/// Records a producer emits per clock reading: a worker's task reads the clock once
+/// per turn and emits up to this many records in one.
+pub const CLOCK_EVERY: u64 = 256;
+
+/// The producer's clock: nanoseconds since `epoch`, read when a turn would read it.
+struct TurnClock {
+    epoch: Instant,
+    now_ns: u64,
+}
+
+impl TurnClock {
+    fn new(epoch: Instant) -> Self {
+        let mut clock = TurnClock { epoch, now_ns: 0 };
+        clock.read();
+        clock
+    }
+
+    fn read(&mut self) {
+        self.now_ns = self.epoch.elapsed().as_nanos() as u64;
+    }
+}
+
+/// Waits until the writer may emit; each wait is a new turn with a new clock reading.
 fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
     writer: &mut RecordWriter<FixedBytes<N>, S>,
+    clock: &mut TurnClock,
 ) {
     loop {
         if writer.has_pending() {
-            if writer.resume(0).expect("resume") {
+            if writer.resume(clock.now_ns).expect("resume") {
                 continue;
             }
         } else if writer.is_available() {
@@ -204,17 +244,21 @@ fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
         }
         // The benchmark's pools have no notify: yield instead of parking.
         std::thread::yield_now();
+        clock.read();
+        writer.on_timer(clock.now_ns).expect("timer flush");
     }
 }
 
 /// Ends the writer's partition, waiting for buffers as needed.
 fn finish<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
     writer: &mut RecordWriter<FixedBytes<N>, S>,
+    clock: &mut TurnClock,
 ) {
-    wait_available(writer);
-    writer.finish(0).expect("finish");
-    while !writer.resume(0).expect("resume") {
-        wait_available(writer);
+    wait_available(writer, clock);
+    clock.read();
+    writer.finish(clock.now_ns).expect("finish");
+    while !writer.resume(clock.now_ns).expect("resume") {
+        wait_available(writer, clock);
     }
 }
 
@@ -262,32 +306,208 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
     }
 }
 
-/// The single-thread ceiling: `n` length-prefixed records of `size` bytes copied into
-/// 32 KiB segments cycling through 64 MiB (cold: larger than the caches).
-pub fn memcpy_ceiling(size: usize, n: u64) -> Measurement {
-    let segments = (64 << 20) / SEGMENT_SIZE_DEFAULT;
-    let mut region = vec![0u8; segments * SEGMENT_SIZE_DEFAULT];
-    // Fault every page in first: "cold" means out of cache, not unmapped (Weir's pool
-    // is faulted in at start-up too).
-    for page in (0..region.len()).step_by(4096) {
-        region[page] = 1;
-    }
-    let record = vec![7u8; size];
-    let start = Instant::now();
-    let mut segment = 0;
-    let mut offset = 0;
-    for _ in 0..n {
-        if offset + 4 + size > SEGMENT_SIZE_DEFAULT {
-            segment = (segment + 1) % segments;
-            offset = 0;
+/// Records per message of [`crossbeam_channel_batched`]: 32 KiB of records, the bytes
+/// of one Weir buffer.
+pub fn records_per_batch<const N: usize>() -> usize {
+    (SEGMENT_SIZE_DEFAULT / N).max(1)
+}
+
+/// The same records over a bounded `crossbeam_channel` between two pinned threads, a
+/// `Vec` of 32 KiB of records per message (as many messages in flight as Weir's pool has
+/// segments); the consumer sends each emptied `Vec` back on a second channel for the
+/// producer to refill, so batches are not allocated in steady state. A batch is sent
+/// when full, and the last one at the end.
+pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
+    let per_batch = records_per_batch::<N>();
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<FixedBytes<N>>>(POOL_SEGMENTS);
+    let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<FixedBytes<N>>>(POOL_SEGMENTS);
+    let epoch = Instant::now();
+    let (core_a, core_b) = bench_cores();
+    let start_gate = Arc::new(std::sync::Barrier::new(3));
+    let gate = Arc::clone(&start_gate);
+    let consumer = std::thread::spawn(move || {
+        pin(core_b);
+        let mut latency = histogram();
+        let mut count = 0u64;
+        gate.wait();
+        while let Ok(mut batch) = rx.recv() {
+            for value in batch.drain(..) {
+                assert_eq!(seq_of(&value), count, "out of order");
+                if let Some(created) = created_of(&value) {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    latency.saturating_record(now.saturating_sub(created).max(1));
+                }
+                count += 1;
+            }
+            let _ = recycle_tx.try_send(batch);
         }
-        let base = segment * SEGMENT_SIZE_DEFAULT + offset;
-        region[base..base + 4].copy_from_slice(&(size as u32).to_le_bytes());
-        region[base + 4..base + 4 + size].copy_from_slice(&record);
-        offset += 4 + size;
+        (count, latency, Instant::now())
+    });
+    let gate = Arc::clone(&start_gate);
+    let producer = std::thread::spawn(move || {
+        pin(core_a);
+        let mut value = FixedBytes([7u8; N]);
+        let mut batch = Vec::with_capacity(per_batch);
+        gate.wait();
+        for seq in 0..n {
+            stamp(&mut value, seq, epoch);
+            batch.push(value);
+            if batch.len() == per_batch {
+                let empty = recycle_rx
+                    .try_recv()
+                    .unwrap_or_else(|_| Vec::with_capacity(per_batch));
+                tx.send(std::mem::replace(&mut batch, empty))
+                    .expect("consumer alive");
+            }
+        }
+        if !batch.is_empty() {
+            tx.send(batch).expect("consumer alive");
+        }
+    });
+    start_gate.wait();
+    let start = Instant::now();
+    producer.join().expect("producer");
+    let (count, latency, end) = consumer.join().expect("consumer");
+    assert_eq!(count, n);
+    Measurement {
+        elapsed: end - start,
+        latency_ns: Some(latency),
     }
-    std::hint::black_box(&region);
-    start.elapsed().into()
+}
+
+/// Writes length-prefixed records with sequence numbers `*seq..end` into `segment`
+/// with the records' codec until it is full (records do not span segments here, which
+/// only flatters the ceilings); returns the bytes used.
+#[inline]
+fn fill_segment<const N: usize>(
+    segment: &mut [u8],
+    record: &mut FixedBytes<N>,
+    seq: &mut u64,
+    end: u64,
+) -> usize {
+    let mut used = 0;
+    while *seq < end && used + 4 + N <= segment.len() {
+        record.0[..8].copy_from_slice(&seq.to_le_bytes());
+        segment[used..used + 4].copy_from_slice(&(N as u32).to_le_bytes());
+        let mut encoder = SliceEncoder::new(&mut segment[used + 4..]);
+        record.encode(&mut encoder);
+        used += 4 + encoder.finish().expect("checked to fit");
+        *seq += 1;
+    }
+    used
+}
+
+/// Decodes the records in `segment[..used]` with the records' codec, checking that
+/// their sequence numbers continue from `*expected`.
+#[inline]
+fn decode_segment<const N: usize>(segment: &[u8], used: usize, expected: &mut u64) {
+    let mut offset = 0;
+    while offset < used {
+        let len = u32::from_le_bytes(
+            segment[offset..offset + 4]
+                .try_into()
+                .expect("4-byte prefix"),
+        ) as usize;
+        let mut bytes = &segment[offset + 4..offset + 4 + len];
+        let record = FixedBytes::<N>::decode(&mut bytes).expect("a whole record");
+        assert_eq!(seq_of(&record), *expected, "out of order");
+        *expected += 1;
+        offset += 4 + len;
+    }
+}
+
+/// A warm region of the Weir pool's footprint: `POOL_SEGMENTS` segments of 32 KiB,
+/// every byte written once before the clock starts.
+fn warm_segments() -> Vec<Box<[u8]>> {
+    (0..POOL_SEGMENTS)
+        .map(|_| vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice())
+        .collect()
+}
+
+/// The single-thread copy ceiling: `n` length-prefixed records of `N` bytes copied
+/// into 32 KiB segments cycling through a warm region the size of Weir's pool.
+pub fn memcpy_ceiling<const N: usize>(n: u64) -> Measurement {
+    let mut segments = warm_segments();
+    let mut record = FixedBytes([7u8; N]);
+    let start = Instant::now();
+    let mut seq = 0;
+    let mut index = 0;
+    while seq < n {
+        fill_segment(&mut segments[index], &mut record, &mut seq, n);
+        index = (index + 1) % segments.len();
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(&segments);
+    elapsed.into()
+}
+
+/// The single-thread copy-and-decode ceiling: as [`memcpy_ceiling`], and each filled
+/// segment is then decoded record by record, as a consumer would.
+pub fn memcpy_decode_ceiling<const N: usize>(n: u64) -> Measurement {
+    let mut segments = warm_segments();
+    let mut record = FixedBytes([7u8; N]);
+    let start = Instant::now();
+    let mut seq = 0;
+    let mut decoded = 0;
+    let mut index = 0;
+    while seq < n {
+        let used = fill_segment(&mut segments[index], &mut record, &mut seq, n);
+        decode_segment::<N>(&segments[index], used, &mut decoded);
+        index = (index + 1) % segments.len();
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(decoded, n, "records lost");
+    elapsed.into()
+}
+
+/// The cross-core ceiling: the producer thread copies records into segments and hands
+/// each full one over an SPSC ring to the consumer thread on the other core, which
+/// decodes it and hands it back over a second ring; `POOL_SEGMENTS` segments in all.
+pub fn cross_core_ceiling<const N: usize>(n: u64) -> Measurement {
+    let (mut full_tx, mut full_rx) = rtrb::RingBuffer::<(Box<[u8]>, usize)>::new(POOL_SEGMENTS);
+    let (mut free_tx, mut free_rx) = rtrb::RingBuffer::<Box<[u8]>>::new(POOL_SEGMENTS);
+    for segment in warm_segments() {
+        free_tx.push(segment).expect("the ring holds every segment");
+    }
+    let elapsed = crate::affinity::run_pair(
+        move || {
+            let mut record = FixedBytes([7u8; N]);
+            let mut backoff = Backoff::default();
+            let mut seq = 0;
+            while seq < n {
+                let mut segment = loop {
+                    match free_rx.pop() {
+                        Ok(segment) => break segment,
+                        Err(_) => backoff.snooze(),
+                    }
+                };
+                backoff.reset();
+                let used = fill_segment(&mut segment, &mut record, &mut seq, n);
+                let mut full = (segment, used);
+                while let Err(rtrb::PushError::Full(back)) = full_tx.push(full) {
+                    full = back;
+                    backoff.snooze();
+                }
+                backoff.reset();
+            }
+        },
+        move || {
+            let mut backoff = Backoff::default();
+            let mut decoded = 0;
+            while decoded < n {
+                match full_rx.pop() {
+                    Ok((segment, used)) => {
+                        decode_segment::<N>(&segment, used, &mut decoded);
+                        // The free ring holds every segment, so this never fails.
+                        let _ = free_tx.push(segment);
+                        backoff.reset();
+                    }
+                    Err(_) => backoff.snooze(),
+                }
+            }
+        },
+    );
+    elapsed.into()
 }
 
 /// Open loop: `n` records of `size` bytes at `rate` per second, 1→1, buffer timeout 0;
@@ -337,6 +557,7 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
     ready.wait();
     let start = Instant::now();
     let first = epoch.elapsed().as_nanos() as u64;
+    let mut clock = TurnClock::new(epoch);
     for seq in 0..n {
         // The intended send time: latency counts from it, so a stalled sender is charged.
         let intended = first + seq * interval_ns;
@@ -345,15 +566,63 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
         }
         value.0[..8].copy_from_slice(&seq.to_le_bytes());
         value.0[8..16].copy_from_slice(&intended.to_le_bytes());
-        wait_available(&mut writer);
-        writer.emit(&value, 0).expect("emit");
+        clock.read();
+        wait_available(&mut writer, &mut clock);
+        writer.emit(&value, clock.now_ns).expect("emit");
     }
-    finish(&mut writer);
+    finish(&mut writer, &mut clock);
     let elapsed = start.elapsed();
     let (count, latency) = consumer.join().expect("consumer");
     assert_eq!(count, n);
     Measurement {
         elapsed,
         latency_ns: Some(latency),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Each workload asserts its own count and order; these run them small.
+
+    #[test]
+    fn batched_crossbeam_sends_a_partial_last_batch() {
+        let n = records_per_batch::<100>() as u64 * 3 + 7;
+        crossbeam_channel_batched::<100>(n);
+        crossbeam_channel_batched::<8>(1);
+    }
+
+    #[test]
+    fn ceilings_copy_and_decode_every_record() {
+        memcpy_ceiling::<1000>(5_000);
+        memcpy_decode_ceiling::<100>(20_000);
+        memcpy_decode_ceiling::<8>(1);
+        cross_core_ceiling::<100>(50_000);
+        cross_core_ceiling::<1000>(0);
+    }
+
+    #[test]
+    fn segments_hold_whole_records() {
+        let mut segment = vec![0u8; SEGMENT_SIZE_DEFAULT];
+        let mut record = FixedBytes([7u8; 1000]);
+        let mut seq = 0;
+        let used = fill_segment(&mut segment, &mut record, &mut seq, 100);
+        assert_eq!(seq, (SEGMENT_SIZE_DEFAULT / 1004) as u64);
+        assert_eq!(used, seq as usize * 1004);
+        let mut decoded = 0;
+        decode_segment::<1000>(&segment, used, &mut decoded);
+        assert_eq!(decoded, seq);
+    }
+
+    #[test]
+    fn the_exchange_runs_on_a_real_clock() {
+        weir_exchange::<100>(
+            1,
+            1,
+            Routing::RoundRobin,
+            Some(Duration::from_millis(1)),
+            20_000,
+        );
     }
 }

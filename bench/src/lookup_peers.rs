@@ -1,22 +1,36 @@
-//! Lookup workloads against the embedded service (pinned to the second core): Weir's
-//! async operator over its lookup client on one worker with the io_uring and the epoll
-//! driver; a tokio + futures client speaking the same protocol
-//! (`buffer_unordered(C)` over one pipelined `TcpStream`); and the raw ceiling, a bare
-//! loop keeping C requests outstanding on a blocking socket with no operator at all.
+//! Lookup workloads against the embedded service (pinned to the second core), all over
+//! one connection with C requests in flight:
+//!
+//! - Weir's async operator over its lookup client on one worker, with the io_uring and
+//!   the epoll driver;
+//! - a pipelined tokio client as a tokio user writes one: a current-thread runtime,
+//!   the stream split in halves, `TCP_NODELAY`, a writer task that drains the calls
+//!   queued since its last wake-up into one buffer and writes it with one call, a
+//!   reader task that decodes every whole response in its read buffer at once, request
+//!   ids that are slab slots; the calls are `buffer_unordered(C)` over it;
+//! - the ceiling: a hand-written `mio` event loop with the same batching (every answer
+//!   read in a wake-up is decoded, each answer queues the next request, and one write
+//!   sends them all) and no operator, no per-call future, no bookkeeping beyond a count.
+//!
+//! All reuse the service's own frame encoder and decoder (`weir_net::lookup::protocol`).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, BytesMut};
 use futures::StreamExt;
+use slab::Slab;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
 use weir_engine::async_io::{AsyncConfig, AsyncWaitOperator, OutputMode};
 use weir_engine::element::{Collector, StreamElement};
+use weir_engine::limits::LATENCY_SAMPLE_EVERY;
 use weir_engine::park::Parker;
-use weir_net::lookup::protocol::{decode_response, encode_request};
+use weir_net::lookup::protocol::{decode_response, encode_request, REQUEST_LEN, STATUS_OK};
 use weir_net::lookup::{
     ClientConfig, Latency, LookupClient, LookupFunction, LookupRequest, LookupServer, ServerConfig,
 };
@@ -115,8 +129,102 @@ pub fn weir(driver: DriverKind, addr: SocketAddr, c: usize, n: u64) -> Measureme
     }
 }
 
-/// `n` lookups through `buffer_unordered(c)` on a tokio current-thread runtime: each
-/// call writes its request and awaits its answer from a reader task that matches ids.
+/// The answer a call computes from its value (the same as Weir's [`Key::complete`]).
+fn answer(key: u64, value: &[u8]) -> u64 {
+    key ^ u64::from(value.first().copied().unwrap_or(0))
+}
+
+/// A call waiting for its response: its key and where its answer goes.
+type Waiter = (u64, oneshot::Sender<u64>);
+
+/// Most calls the writer task takes from its queue per wake-up.
+const WRITE_BATCH_MAX: usize = 4096;
+
+/// A pipelined client for the lookup protocol on a tokio current-thread runtime (inside
+/// a `LocalSet`): calls queue on an unbounded channel to the writer task, which gives
+/// each a slab slot as its request id; the reader task answers them by slot.
+struct TokioClient {
+    calls: mpsc::UnboundedSender<Waiter>,
+}
+
+impl TokioClient {
+    /// Connects to `addr` and spawns the writer and reader tasks on the current
+    /// `LocalSet`.
+    async fn connect(addr: SocketAddr) -> std::io::Result<TokioClient> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (reader, writer) = stream.into_split();
+        let waiting = Rc::new(RefCell::new(Slab::with_capacity(1024)));
+        let (calls, queued) = mpsc::unbounded_channel();
+        tokio::task::spawn_local(Self::write_loop(writer, queued, Rc::clone(&waiting)));
+        tokio::task::spawn_local(Self::read_loop(reader, waiting));
+        Ok(TokioClient { calls })
+    }
+
+    /// Looks `key` up.
+    async fn get(&self, key: u64) -> u64 {
+        let (reply, answered) = oneshot::channel();
+        self.calls
+            .send((key, reply))
+            .expect("the writer task runs while the client lives");
+        answered.await.expect("the service answers every request")
+    }
+
+    /// Encodes every call queued since the last wake-up into one buffer, then writes it.
+    async fn write_loop(
+        mut writer: OwnedWriteHalf,
+        mut queued: mpsc::UnboundedReceiver<Waiter>,
+        waiting: Rc<RefCell<Slab<Waiter>>>,
+    ) {
+        let mut batch = Vec::with_capacity(WRITE_BATCH_MAX);
+        let mut out = Vec::with_capacity(WRITE_BATCH_MAX * REQUEST_LEN);
+        while queued.recv_many(&mut batch, WRITE_BATCH_MAX).await > 0 {
+            {
+                let mut waiting = waiting.borrow_mut();
+                for (key, reply) in batch.drain(..) {
+                    let id = waiting.insert((key, reply));
+                    encode_request(&mut out, id as u64, key);
+                }
+            }
+            if writer.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+    }
+
+    /// Reads what the socket has, then answers every whole response in the buffer.
+    async fn read_loop(mut reader: OwnedReadHalf, waiting: Rc<RefCell<Slab<Waiter>>>) {
+        let mut inbox = BytesMut::with_capacity(64 * 1024);
+        loop {
+            inbox.reserve(32 * 1024);
+            match reader.read_buf(&mut inbox).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let mut waiting = waiting.borrow_mut();
+            loop {
+                let (id, value, used) = match decode_response(&inbox) {
+                    Ok(Some((response, used))) => {
+                        assert_eq!(response.status, STATUS_OK, "the service fails no call");
+                        let value = response.value.first().copied().unwrap_or(0);
+                        (response.request_id as usize, value, used)
+                    }
+                    Ok(None) => break,
+                    Err(malformed) => panic!("malformed response: {malformed:?}"),
+                };
+                inbox.advance(used);
+                if let Some((key, reply)) = waiting.try_remove(id) {
+                    let _ = reply.send(answer(key, &[value]));
+                }
+            }
+        }
+    }
+}
+
+/// `n` lookups through `buffer_unordered(c)` over [`TokioClient`] on a tokio
+/// current-thread runtime; latency from call to answer, of one call in
+/// `LATENCY_SAMPLE_EVERY` as the operator samples it.
 pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     pin(core_a);
@@ -124,104 +232,126 @@ pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(async move {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        let (mut reader, writer) = stream.into_split();
-        let writer = Rc::new(tokio::sync::Mutex::new(writer));
-        type Waiters = Rc<RefCell<HashMap<u64, tokio::sync::oneshot::Sender<(u64, Instant)>>>>;
-        let waiters: Waiters = Rc::new(RefCell::new(HashMap::new()));
-        let local = tokio::task::LocalSet::new();
-        let reader_waiters = Rc::clone(&waiters);
-        local.spawn_local(async move {
-            let mut inbox = Vec::with_capacity(64 * 1024);
-            let mut buffer = vec![0u8; 64 * 1024];
-            loop {
-                let read = match reader.read(&mut buffer).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(read) => read,
-                };
-                inbox.extend_from_slice(&buffer[..read]);
-                let mut offset = 0;
-                while let Ok(Some((response, used))) = decode_response(&inbox[offset..]) {
-                    offset += used;
-                    if let Some(waiter) = reader_waiters.borrow_mut().remove(&response.request_id) {
-                        let _ = waiter.send((response.request_id, Instant::now()));
-                    }
-                }
-                inbox.drain(..offset);
-            }
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let client = TokioClient::connect(addr).await.expect("connect");
+        let start = Instant::now();
+        let mut latency = histogram();
+        let client = &client;
+        let calls = futures::stream::iter(0..n).map(|key| async move {
+            let invoked = (key % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
+            let value = client.get(key).await;
+            (value, invoked.map(|at| at.elapsed()))
         });
-        local
-            .run_until(async move {
-                let start = Instant::now();
-                let mut latency = histogram();
-                let calls = futures::stream::iter(0..n).map(|id| {
-                    let writer = Rc::clone(&writer);
-                    let waiters = Rc::clone(&waiters);
-                    async move {
-                        let invoked = Instant::now();
-                        let (sender, receiver) = tokio::sync::oneshot::channel();
-                        waiters.borrow_mut().insert(id, sender);
-                        let mut frame = Vec::with_capacity(20);
-                        encode_request(&mut frame, id, id);
-                        writer.lock().await.write_all(&frame).await.expect("write");
-                        let (_, answered) = receiver.await.expect("answer");
-                        answered.duration_since(invoked)
-                    }
-                });
-                let mut results = calls.buffer_unordered(c);
-                let mut count = 0u64;
-                while let Some(took) = results.next().await {
-                    latency.saturating_record(took.as_nanos().max(1) as u64);
-                    count += 1;
-                }
-                assert_eq!(count, n);
-                Measurement {
-                    elapsed: start.elapsed(),
-                    latency_ns: Some(latency),
-                }
-            })
-            .await
+        let mut results = calls.buffer_unordered(c);
+        let mut count = 0u64;
+        let mut sum = 0u64;
+        while let Some((value, took)) = results.next().await {
+            sum = sum.wrapping_add(value);
+            if let Some(took) = took {
+                latency.saturating_record(took.as_nanos().max(1) as u64);
+            }
+            count += 1;
+        }
+        let elapsed = start.elapsed();
+        assert_eq!(count, n);
+        std::hint::black_box(sum);
+        Measurement {
+            elapsed,
+            latency_ns: Some(latency),
+        }
     })
 }
 
-/// The ceiling: `c` requests outstanding on one blocking socket, each answer answered
-/// by the next request, all writes and reads batched, no operator.
-pub fn raw(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+/// The ceiling: a hand-written `mio` loop on one non-blocking socket keeping `c`
+/// requests outstanding, each answer answered by the next request, all reads decoded
+/// in bulk and all writes of a wake-up batched into one; no operator.
+pub fn mio_ceiling(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+    const SOCKET: mio::Token = mio::Token(0);
     let (core_a, _) = bench_cores();
     pin(core_a);
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    let stream = std::net::TcpStream::connect(addr).expect("connect");
     stream.set_nodelay(true).expect("nodelay");
+    stream.set_nonblocking(true).expect("non-blocking");
+    let mut stream = mio::net::TcpStream::from_std(stream);
+    let mut poll = mio::Poll::new().expect("poll");
+    poll.registry()
+        .register(
+            &mut stream,
+            SOCKET,
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        )
+        .expect("register");
+    let mut events = mio::Events::with_capacity(8);
     let start = Instant::now();
-    let mut out = Vec::with_capacity(c * 20);
+    let mut out = Vec::with_capacity(c * REQUEST_LEN);
+    let mut written = 0;
     let mut next = 0u64;
     while next < n.min(c as u64) {
         encode_request(&mut out, next, next);
         next += 1;
     }
-    stream.write_all(&out).expect("write");
-    let mut inbox = Vec::with_capacity(1 << 20);
-    let mut buffer = vec![0u8; 256 * 1024];
+    let mut inbox = vec![0u8; 256 * 1024];
+    let mut filled = 0;
     let mut answered = 0u64;
-    while answered < n {
-        let read = stream.read(&mut buffer).expect("read");
-        assert!(read > 0, "service closed the connection");
-        inbox.extend_from_slice(&buffer[..read]);
-        let mut offset = 0;
-        out.clear();
-        while let Ok(Some((_, used))) = decode_response(&inbox[offset..]) {
-            offset += used;
-            answered += 1;
-            if next < n {
-                encode_request(&mut out, next, next);
-                next += 1;
+    let mut sum = 0u64;
+    loop {
+        while written < out.len() {
+            match stream.write(&out[written..]) {
+                Ok(sent) => written += sent,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => panic!("write: {e}"),
             }
         }
-        inbox.drain(..offset);
-        if !out.is_empty() {
-            stream.write_all(&out).expect("write");
+        if written == out.len() {
+            out.clear();
+            written = 0;
+        }
+        if answered == n {
+            break;
+        }
+        poll.poll(&mut events, None).expect("poll");
+        // Edge-triggered: read until the socket is empty, decoding as the buffer fills.
+        loop {
+            match stream.read(&mut inbox[filled..]) {
+                Ok(0) => panic!("service closed the connection"),
+                Ok(read) => filled += read,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => panic!("read: {e}"),
+            }
+            let mut offset = 0;
+            while let Some((response, used)) =
+                decode_response(&inbox[offset..filled]).expect("well-formed response")
+            {
+                sum = sum.wrapping_add(answer(response.request_id, response.value));
+                offset += used;
+                answered += 1;
+                if next < n {
+                    encode_request(&mut out, next, next);
+                    next += 1;
+                }
+            }
+            inbox.copy_within(offset..filled, 0);
+            filled -= offset;
         }
     }
+    std::hint::black_box(sum);
     start.elapsed().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tokio_client_and_the_mio_loop_get_every_answer() {
+        let server = service(Latency::Fixed(Duration::ZERO));
+        for (c, n) in [(1, 50), (16, 5_000), (256, 3_000), (64, 10)] {
+            let measured = tokio(server.addr(), c, n);
+            assert!(!measured.latency_ns.expect("sampled").is_empty());
+            mio_ceiling(server.addr(), c, n);
+        }
+    }
 }
