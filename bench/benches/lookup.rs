@@ -14,8 +14,8 @@ mod common;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use weir_bench::compare::{MIO_LOOKUP_CEILING, TOKIO_LOOKUP};
-use weir_bench::lookup_peers::{mio_ceiling, service, tokio, weir};
+use weir_bench::compare::{MIO_LOOKUP_CEILING, TOKIO_LOOKUP, TOKIO_LOOP_LOOKUP};
+use weir_bench::lookup_peers::{mio_ceiling, service, tokio, tokio_loop, weir};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
 
@@ -39,6 +39,11 @@ fn in_flight(c: &mut Criterion) {
             BenchmarkId::new(TOKIO_LOOKUP, inflight),
             &inflight,
             |b, &c| b.iter_custom(|n| tokio(addr, c, n).elapsed),
+        );
+        group.bench_with_input(
+            BenchmarkId::new(TOKIO_LOOP_LOOKUP, inflight),
+            &inflight,
+            |b, &c| b.iter_custom(|n| tokio_loop(addr, c, n).elapsed),
         );
         group.bench_with_input(
             BenchmarkId::new(MIO_LOOKUP_CEILING, inflight),

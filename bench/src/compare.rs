@@ -487,6 +487,13 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
         ));
         cases.push(workload(
             experiment,
+            TOKIO_LOOP_LOOKUP,
+            ops,
+            with_service(zero, move |a, n| lookup_peers::tokio_loop(a, c, n)),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
             MIO_LOOKUP_CEILING,
             ops,
             with_service(zero, move |a, n| lookup_peers::mio_ceiling(a, c, n)),
@@ -510,11 +517,20 @@ pub fn lookup_cases(scale: f64) -> Vec<Case> {
         with_service(one_ms, |a, n| lookup_peers::tokio(a, 1024, n)),
         Some(limit),
     ));
+    cases.push(workload(
+        "lookup latency 1 ms, 1024 in flight",
+        TOKIO_LOOP_LOOKUP,
+        ops,
+        with_service(one_ms, |a, n| lookup_peers::tokio_loop(a, 1024, n)),
+        Some(limit),
+    ));
     cases
 }
 
 /// The tokio peer of the lookup experiments.
 pub const TOKIO_LOOKUP: &str = "tokio pipelined client (batched writes)";
+/// The tokio peer without a per-call future: one task, a pipelined loop.
+pub const TOKIO_LOOP_LOOKUP: &str = "tokio pipelined loop (one task, no per-call future)";
 /// The ceiling of the lookup experiments.
 pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 

@@ -8,6 +8,11 @@
 //!   queued since its last wake-up into one buffer and writes it with one call, a
 //!   reader task that decodes every whole response in its read buffer at once, request
 //!   ids that are slab slots; the calls are `buffer_unordered(C)` over it;
+//! - a pipelined tokio loop: one task on a current-thread runtime keeping C requests
+//!   outstanding on the connection, every answer read in a wake-up decoded at once and
+//!   answered with the next request, one write per wake-up; no per-call future, no
+//!   channel. What a tokio engineer writes when the calls need no API of their own
+//!   (a load driver, a batch job): the cheapest way tokio offers to do the lookups;
 //! - the ceiling: a hand-written `mio` event loop with the same batching (every answer
 //!   read in a wake-up is decoded, each answer queues the next request, and one write
 //!   sends them all) and no operator, no per-call future, no bookkeeping beyond a count.
@@ -263,6 +268,73 @@ pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
     })
 }
 
+/// `n` lookups by one task on a tokio current-thread runtime: `c` requests outstanding,
+/// all answers of a read decoded in bulk and each answered by the next request, the
+/// requests of a wake-up written with one `write_all`. Latency of one call in
+/// `LATENCY_SAMPLE_EVERY`, from when its request was queued.
+pub fn tokio_loop(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+    let (core_a, _) = bench_cores();
+    pin(core_a);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        let start = Instant::now();
+        let mut latency = histogram();
+        let mut sent_at: Vec<Option<Instant>> = vec![None; c];
+        let mut out = Vec::with_capacity(c * REQUEST_LEN);
+        let mut next = 0u64;
+        // Request ids are slots in `0..c`: an answer's slot takes the next request.
+        while next < n.min(c as u64) {
+            if next % LATENCY_SAMPLE_EVERY == 0 {
+                sent_at[next as usize] = Some(Instant::now());
+            }
+            encode_request(&mut out, next, next);
+            next += 1;
+        }
+        let mut inbox = BytesMut::with_capacity(256 * 1024);
+        let mut answered = 0u64;
+        let mut sum = 0u64;
+        while answered < n {
+            if !out.is_empty() {
+                stream.write_all(&out).await.expect("write");
+                out.clear();
+            }
+            if stream.read_buf(&mut inbox).await.expect("read") == 0 {
+                panic!("service closed the connection");
+            }
+            let mut offset = 0;
+            while let Some((response, used)) =
+                decode_response(&inbox[offset..]).expect("well-formed response")
+            {
+                let slot = response.request_id as usize;
+                sum = sum.wrapping_add(answer(response.request_id, response.value));
+                offset += used;
+                answered += 1;
+                if let Some(at) = sent_at[slot].take() {
+                    latency.saturating_record(at.elapsed().as_nanos().max(1) as u64);
+                }
+                if next < n {
+                    if next % LATENCY_SAMPLE_EVERY == 0 {
+                        sent_at[slot] = Some(Instant::now());
+                    }
+                    encode_request(&mut out, slot as u64, next);
+                    next += 1;
+                }
+            }
+            inbox.advance(offset);
+        }
+        std::hint::black_box(sum);
+        Measurement {
+            elapsed: start.elapsed(),
+            latency_ns: Some(latency),
+        }
+    })
+}
+
 /// The ceiling: a hand-written `mio` loop on one non-blocking socket keeping `c`
 /// requests outstanding, each answer answered by the next request, all reads decoded
 /// in bulk and all writes of a wake-up batched into one; no operator.
@@ -350,6 +422,8 @@ mod tests {
         let server = service(Latency::Fixed(Duration::ZERO));
         for (c, n) in [(1, 50), (16, 5_000), (256, 3_000), (64, 10)] {
             let measured = tokio(server.addr(), c, n);
+            assert!(!measured.latency_ns.expect("sampled").is_empty());
+            let measured = tokio_loop(server.addr(), c, n);
             assert!(!measured.latency_ns.expect("sampled").is_empty());
             mio_ceiling(server.addr(), c, n);
         }
