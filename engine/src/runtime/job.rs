@@ -101,6 +101,80 @@ impl Default for ExchangeSpec {
     }
 }
 
+/// Smallest segment the job shrinks its segments to when a partition fans out to many
+/// sinks (see [`ExchangeSpec::sizing`]).
+pub const FAN_OUT_SEGMENT_MIN: usize = 1024;
+
+/// Bytes of one buffer slot in a channel's ring.
+const CHANNEL_SLOT_BYTES: usize = std::mem::size_of::<crate::exchange::SharedBuffer>();
+/// Bytes of a channel besides its slots: the ring's two cache-padded indices, its
+/// flags and both ends.
+const CHANNEL_FIXED_BYTES: usize = 512;
+
+/// How the job's exchange is sized for a number of source and sink subtasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeSizing {
+    /// Bytes per segment.
+    pub segment_size: usize,
+    /// Segments each source subtask's partition reserves (at least one per sink).
+    pub segments_per_partition: usize,
+    /// Buffers each channel (one per source and sink) can hold: the partition's
+    /// segments plus its overdraft, so a send never finds it full.
+    pub channel_capacity: usize,
+    /// Segments of the network buffer pool.
+    pub network_segments: usize,
+    /// Bytes of the network buffer pool.
+    pub network_bytes: usize,
+    /// Bytes of every channel's ring together.
+    pub channel_bytes: usize,
+}
+
+impl ExchangeSizing {
+    /// Everything the exchange allocates at start-up, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.network_bytes.saturating_add(self.channel_bytes)
+    }
+}
+
+impl ExchangeSpec {
+    /// The exchange's sizes for `sources` partitions of `sinks` subpartitions each.
+    ///
+    /// A partition needs a segment per sink, so past `segments` sinks the partition
+    /// takes more segments; they shrink instead (halving, down to
+    /// [`FAN_OUT_SEGMENT_MIN`] bytes) so that a partition keeps the
+    /// `segments × segment_size` bytes it has at a small fan-out and the network pool
+    /// grows with the number of sources, not with sources × sinks. Up to `segments`
+    /// sinks nothing changes.
+    pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
+        let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
+        let per_partition = self.segments.max(sinks).max(1);
+        let mut segment_size = self.segment_size;
+        let budget = self.segments.saturating_mul(self.segment_size);
+        while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
+            && per_partition.saturating_mul(segment_size) > budget
+        {
+            segment_size /= 2;
+        }
+        let network_segments = sources
+            .saturating_mul(per_partition + overdraft)
+            .saturating_add(8);
+        let channel_capacity = per_partition + overdraft;
+        let ring_bytes = channel_capacity
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(CHANNEL_SLOT_BYTES)
+            .saturating_add(CHANNEL_FIXED_BYTES);
+        ExchangeSizing {
+            segment_size,
+            segments_per_partition: per_partition,
+            channel_capacity,
+            network_segments,
+            network_bytes: network_segments.saturating_mul(segment_size),
+            channel_bytes: sources.saturating_mul(sinks).saturating_mul(ring_bytes),
+        }
+    }
+}
+
 /// Hooks a task's I/O (e.g. a lookup client) into its worker's driver.
 pub trait IoHandler {
     /// Hands queued requests to the driver; `now_ns` drives request expiry.
@@ -209,11 +283,9 @@ where
     }
     let workers = runtime.workers();
     let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
-    let per_partition = spec.exchange.segments.max(spec.sinks);
-    let network = NetworkBufferPool::new(
-        spec.sources * (per_partition + overdraft) + 8,
-        spec.exchange.segment_size,
-    )?;
+    let sizing = spec.exchange.sizing(spec.sources, spec.sinks);
+    let per_partition = sizing.segments_per_partition;
+    let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)?;
     let mut gates: Vec<Vec<Box<dyn InputChannel>>> = (0..spec.sinks).map(|_| Vec::new()).collect();
     let mut partitions = Vec::new();
     for source in 0..spec.sources {
@@ -226,7 +298,7 @@ where
         for (sink, gate) in gates.iter_mut().enumerate() {
             let sink_worker = (spec.sources + sink) % workers;
             let notify: Arc<dyn crate::park::Notify> = Arc::new(runtime.unparker(sink_worker));
-            let (sender, receiver) = local_channel(per_partition + overdraft, Some(notify));
+            let (sender, receiver) = local_channel(sizing.channel_capacity, Some(notify));
             senders.push(sender);
             gate.push(Box::new(receiver));
         }
@@ -641,5 +713,47 @@ impl<T: JobRecord> Task for SinkTask<T> {
             self.reported = self.received;
         }
         Ok(if busy { Progress::Busy } else { Progress::Idle })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizing_is_unchanged_up_to_the_configured_fan_out() {
+        let spec = ExchangeSpec::default();
+        for workers in [1, 2, 16, 64] {
+            let sizing = spec.sizing(workers, workers);
+            assert_eq!(sizing.segment_size, spec.segment_size);
+            assert_eq!(sizing.segments_per_partition, spec.segments);
+            assert_eq!(
+                sizing.network_segments,
+                workers * (spec.segments + crate::limits::OVERDRAFT_SEGMENTS_DEFAULT) + 8
+            );
+        }
+    }
+
+    #[test]
+    fn network_pool_grows_with_sources_not_sources_times_sinks() {
+        let spec = ExchangeSpec::default();
+        // A partition keeps the bytes it has at the configured fan-out (64 × 32 KiB),
+        // give or take its overdraft, as long as segments can shrink.
+        let per_partition = (spec.segments + 8) * spec.segment_size;
+        for workers in [65, 128, 400, 1000, 2000] {
+            let sizing = spec.sizing(workers, workers);
+            assert!(sizing.segments_per_partition >= workers);
+            assert!(
+                sizing.network_bytes <= workers * per_partition,
+                "{workers} workers: {} bytes",
+                sizing.network_bytes
+            );
+        }
+        // 1000 workers used to take 1000 × 1005 segments of 32 KiB: 33 GB.
+        assert!(spec.sizing(1000, 1000).network_bytes < 3 << 30);
+        // Past the smallest segment the pool grows again, by that segment per sink.
+        let wide = spec.sizing(10_000, 10_000);
+        assert_eq!(wide.segment_size, FAN_OUT_SEGMENT_MIN);
+        assert_eq!(wide.bytes(), wide.network_bytes + wide.channel_bytes);
     }
 }
