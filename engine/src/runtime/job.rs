@@ -260,10 +260,33 @@ struct SinkResult {
 
 /// Runs `spec` on `runtime` (which is consumed).
 pub fn run_job<F>(
-    mut runtime: Runtime,
+    runtime: Runtime,
     spec: JobSpec<F>,
     progress: Arc<JobProgress>,
 ) -> Result<JobReport, RuntimeError>
+where
+    F: AsyncFunction,
+    F::In: From<SourceRecord>,
+    F::Out: JobRecord,
+{
+    match run_job_to_end(runtime, spec, progress)? {
+        (report, None) => Ok(report),
+        (_, Some(error)) => Err(error),
+    }
+}
+
+/// Runs `spec` on `runtime` (which is consumed) to its end, successful or not: a run
+/// that fails (a task's error, a worker's panic) still reports what its tasks had done
+/// when it stopped, with the error beside it. `Err` only when the job cannot start
+/// (its settings or the exchange's allocation are refused).
+///
+/// In a failed run's report, `missing` counts every id not received, generated or
+/// not, and `run` names each worker's driver but not its pinning or loop counts.
+pub fn run_job_to_end<F>(
+    mut runtime: Runtime,
+    spec: JobSpec<F>,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Option<RuntimeError>), RuntimeError>
 where
     F: AsyncFunction,
     F::In: From<SourceRecord>,
@@ -305,6 +328,7 @@ where
         partitions.push(ResultPartition::new(pool, senders)?);
     }
     let metrics: Arc<Mutex<Vec<(AsyncMetrics, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let first_failure = FirstFailure::default();
     let records = spec.generator.records;
     for (source, partition) in partitions.into_iter().enumerate() {
         let worker = source % workers;
@@ -316,6 +340,7 @@ where
         let timeout = spec.exchange.buffer_timeout;
         let progress = Arc::clone(&progress);
         let metrics = Arc::clone(&metrics);
+        let first_failure = Arc::clone(&first_failure);
         // Completions from other threads wake the source's worker.
         let unparker = runtime.unparker(worker);
         runtime.spawn(
@@ -357,6 +382,7 @@ where
                         backpressured_ns: 0,
                         progress,
                         metrics,
+                        first_failure,
                     }))
                 },
             ),
@@ -366,6 +392,7 @@ where
     for (sink, channels) in gates.into_iter().enumerate() {
         let worker = (spec.sources + sink) % workers;
         let results = Arc::clone(&results);
+        let first_failure = Arc::clone(&first_failure);
         let collect = spec.collect.clone();
         let progress = Arc::clone(&progress);
         runtime.spawn(
@@ -383,15 +410,42 @@ where
                         latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)
                             .expect("static bounds"),
                         results,
+                        first_failure,
                         progress,
                         reported: 0,
                         collect: collect.map(|shared| (Vec::new(), shared)),
+                        published: false,
                     }))
                 },
             ),
         );
     }
-    let run = runtime.run()?;
+    let drivers: Vec<&'static str> = (0..workers).map(|w| runtime.driver_name(w)).collect();
+    // Tasks publish their results when they finish, or when they are dropped early
+    // (a failed run), so either way the report below sees them.
+    let (run, failure) = match runtime.run() {
+        Ok(run) => (run, None),
+        Err(error) => {
+            // A task's error is reported as the task returned it, the first one of all.
+            let root = first_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let error = match (error, root) {
+                (RuntimeError::Task { .. }, Some((worker, error))) => {
+                    RuntimeError::Task { worker, error }
+                }
+                (error, _) => error,
+            };
+            (
+                RunReport {
+                    drivers,
+                    ..RunReport::default()
+                },
+                Some(error),
+            )
+        }
+    };
     drop(network);
     let mut sinks = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
     let mut merged = vec![0u64; (records as usize).div_ceil(64)];
@@ -422,7 +476,25 @@ where
         report.async_metrics.merge(operator);
         report.backpressured_ns += backpressured;
     }
-    Ok(report)
+    Ok((report, failure))
+}
+
+/// The first error any task of the job returned, with its worker, kept as the task
+/// returned it. The runtime keeps the first failure it is *told* of, and a failing
+/// worker drops its tasks (closing their channels) before it tells: a sink on another
+/// worker may then fail with "producer gone" and be told first. Tasks note their
+/// error here before returning it, so the cause is the one that came first.
+type FirstFailure = Arc<Mutex<Option<(usize, TaskError)>>>;
+
+/// Notes `error` as the job's first failure if there was none; returns its message for
+/// the runtime.
+fn note_failure(first: &FirstFailure, worker: usize, error: TaskError) -> TaskError {
+    let message = error.to_string();
+    let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+    if first.is_none() {
+        *first = Some((worker, error));
+    }
+    message.into()
 }
 
 /// The job's exchange routing: a hash of the record's key.
@@ -465,6 +537,7 @@ where
     backpressured_ns: u64,
     progress: Arc<JobProgress>,
     metrics: Arc<Mutex<Vec<(AsyncMetrics, u64)>>>,
+    first_failure: FirstFailure,
 }
 
 impl<F: AsyncFunction> SourceTask<F>
@@ -525,6 +598,36 @@ where
     F::Out: JobRecord,
 {
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        let worker = cx.worker;
+        self.poll_source(cx)
+            .map_err(|error| note_failure(&self.first_failure, worker, error))
+    }
+
+    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
+        self.io.as_mut().is_some_and(|io| io.on_event(event))
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        let mut deadline = self.operator.next_timer_deadline();
+        if let (Some(interval), Some(start), Phase::Running) =
+            (self.interval_ns, self.start_ns, self.phase)
+        {
+            let at = start + self.next * interval;
+            deadline = Some(deadline.map_or(at, |d| d.min(at)));
+        }
+        if let Some(flush) = self.writer.next_flush_deadline() {
+            deadline = Some(deadline.map_or(flush, |d| d.min(flush)));
+        }
+        deadline
+    }
+}
+
+impl<F: AsyncFunction> SourceTask<F>
+where
+    F::In: From<SourceRecord>,
+    F::Out: JobRecord,
+{
+    fn poll_source(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let now = cx.now_ns;
         let start = *self.start_ns.get_or_insert(now);
         let mut busy = self.operator.drain(now, &mut self.overflow)? > 0;
@@ -607,8 +710,6 @@ where
         }
         if self.phase == Phase::Ending && self.writer.resume(now)? {
             self.phase = Phase::Done;
-            let mut metrics = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
-            metrics.push((self.operator.metrics().clone(), self.backpressured_ns));
             return Ok(Progress::Done);
         }
         self.progress
@@ -616,23 +717,17 @@ where
             .store(self.operator.in_flight() as u64, Ordering::Relaxed);
         Ok(if busy { Progress::Busy } else { Progress::Idle })
     }
+}
 
-    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
-        self.io.as_mut().is_some_and(|io| io.on_event(event))
-    }
-
-    fn next_deadline(&self) -> Option<u64> {
-        let mut deadline = self.operator.next_timer_deadline();
-        if let (Some(interval), Some(start), Phase::Running) =
-            (self.interval_ns, self.start_ns, self.phase)
-        {
-            let at = start + self.next * interval;
-            deadline = Some(deadline.map_or(at, |d| d.min(at)));
-        }
-        if let Some(flush) = self.writer.next_flush_deadline() {
-            deadline = Some(deadline.map_or(flush, |d| d.min(flush)));
-        }
-        deadline
+impl<F: AsyncFunction> Drop for SourceTask<F>
+where
+    F::Out: JobRecord,
+{
+    /// Hands the operator's counters to the report: the task is dropped when it is
+    /// done, or early when the run fails.
+    fn drop(&mut self) {
+        let mut metrics = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
+        metrics.push((self.operator.metrics().clone(), self.backpressured_ns));
     }
 }
 
@@ -645,13 +740,61 @@ struct SinkTask<T: JobRecord> {
     reordered: u64,
     latency: Histogram<u64>,
     results: Arc<Mutex<Vec<SinkResult>>>,
+    first_failure: FirstFailure,
     progress: Arc<JobProgress>,
     reported: u64,
     collect: Option<(Vec<T>, Collected<T>)>,
+    /// Its result has gone to the report.
+    published: bool,
+}
+
+impl<T: JobRecord> SinkTask<T> {
+    /// Hands what the sink received to the report (once: at the end of its input, or
+    /// when dropped before that in a failed run).
+    fn publish(&mut self) {
+        if std::mem::replace(&mut self.published, true) {
+            return;
+        }
+        if let Some((local, shared)) = self.collect.take() {
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(local);
+        }
+        self.progress
+            .received
+            .fetch_add(self.received - self.reported, Ordering::Relaxed);
+        self.reported = self.received;
+        let result = SinkResult {
+            seen: std::mem::take(&mut self.seen),
+            received: self.received,
+            duplicates: self.duplicates,
+            reordered: self.reordered,
+            latency: self.latency.clone(),
+        };
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(result);
+    }
+}
+
+impl<T: JobRecord> Drop for SinkTask<T> {
+    fn drop(&mut self) {
+        self.publish();
+    }
 }
 
 impl<T: JobRecord> Task for SinkTask<T> {
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        let worker = cx.worker;
+        self.poll_sink(cx)
+            .map_err(|error| note_failure(&self.first_failure, worker, error))
+    }
+}
+
+impl<T: JobRecord> SinkTask<T> {
+    fn poll_sink(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let mut busy = false;
         for _ in 0..POLL_BATCH_MAX * 4 {
             match self.gate.poll_next_at(cx.now_ns)? {
@@ -681,26 +824,7 @@ impl<T: JobRecord> Task for SinkTask<T> {
                 }
                 Some(GateEvent::Watermark(_)) => busy = true,
                 Some(GateEvent::End) => {
-                    if let Some((local, shared)) = self.collect.take() {
-                        shared
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .extend(local);
-                    }
-                    self.progress
-                        .received
-                        .fetch_add(self.received - self.reported, Ordering::Relaxed);
-                    let result = SinkResult {
-                        seen: std::mem::take(&mut self.seen),
-                        received: self.received,
-                        duplicates: self.duplicates,
-                        reordered: self.reordered,
-                        latency: self.latency.clone(),
-                    };
-                    self.results
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(result);
+                    self.publish();
                     return Ok(Progress::Done);
                 }
                 None => break,
