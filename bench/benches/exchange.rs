@@ -1,7 +1,8 @@
-//! Criterion curves for the local data exchange: records/s through record writer →
-//! local channel → input gate on two pinned cores, over record size, with a
-//! `crossbeam_channel` of the same records and the single-thread memcpy ceiling beside
-//! it; 1→2 key-hash and 2→2 round-robin; buffer timeout 100 ms and 0.
+//! Criterion curves for the local data exchange: time per record through record writer
+//! → local channel → input gate on two pinned cores over record size (8, 100, 1000
+//! bytes: one chart, `exchange/1to1`), with a `crossbeam_channel` of the same records
+//! and the single-thread memcpy ceiling beside it; 1→2 key-hash and 2→2 round-robin;
+//! buffer timeout 100 ms and 0.
 //!
 //! Latency percentiles and the open-loop run: `weir compare exchange`.
 
@@ -12,33 +13,32 @@ mod common;
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::exchange_peers::{crossbeam_channel, memcpy_ceiling, weir_exchange, Routing};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
 
 fn record_size(c: &mut Criterion) {
+    let mut group = common::curve(c, "exchange/1to1");
     macro_rules! size {
         ($n:literal) => {{
-            let mut group = c.benchmark_group(concat!("exchange/1to1_", stringify!($n), "B"));
-            group.throughput(Throughput::Elements(1));
-            group.bench_function("weir", |b| {
+            group.bench_with_input(BenchmarkId::new("weir", $n), &$n, |b, _| {
                 b.iter_custom(|n| {
                     weir_exchange::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1)).elapsed
                 })
             });
-            group.bench_function("crossbeam_channel", |b| {
+            group.bench_with_input(BenchmarkId::new("crossbeam_channel", $n), &$n, |b, _| {
                 b.iter_custom(|n| crossbeam_channel::<$n>(n).elapsed)
             });
-            group.bench_function("memcpy ceiling", |b| {
+            group.bench_with_input(BenchmarkId::new("memcpy ceiling", $n), &$n, |b, _| {
                 b.iter_custom(|n| memcpy_ceiling($n, n).elapsed)
             });
-            group.finish();
         }};
     }
     size!(8);
     size!(100);
     size!(1000);
+    group.finish();
 }
 
 fn fan_out(c: &mut Criterion) {

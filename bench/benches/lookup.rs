@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use weir_bench::lookup_peers::{raw, service, tokio, weir};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
@@ -20,14 +20,17 @@ use weir_net::DriverKind;
 fn in_flight(c: &mut Criterion) {
     let server = service(Latency::Fixed(Duration::ZERO));
     let addr = server.addr();
-    let mut group = c.benchmark_group("lookup/latency0");
-    group.throughput(Throughput::Elements(1));
+    let mut group = common::curve(c, "lookup/latency0");
+    // io_uring only where the kernel allows it (see the README's requirements).
+    let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     for inflight in [16usize, 256, 1024] {
-        group.bench_with_input(
-            BenchmarkId::new("weir io_uring", inflight),
-            &inflight,
-            |b, &c| b.iter_custom(|n| weir(DriverKind::Uring, addr, c, n).elapsed),
-        );
+        if uring {
+            group.bench_with_input(
+                BenchmarkId::new("weir io_uring", inflight),
+                &inflight,
+                |b, &c| b.iter_custom(|n| weir(DriverKind::Uring, addr, c, n).elapsed),
+            );
+        }
         group.bench_with_input(
             BenchmarkId::new("weir epoll", inflight),
             &inflight,
