@@ -12,15 +12,300 @@ use std::pin::Pin;
 
 use serde_json::{json, Value};
 use weir_engine::async_io::futures::{FutureFunction, LocalExecutor};
-use weir_engine::async_io::{AsyncConfig, AsyncError, AsyncFunction, OutputMode, RetryStrategy};
+use weir_engine::async_io::{
+    AsyncConfig, AsyncError, AsyncFunction, OperatorError, OutputMode, RetryStrategy,
+};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::runtime::job::{
-    run_job, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress,
-    JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
+    run_job_to_end, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler,
+    JobProgress, JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
 };
 use weir_engine::runtime::{Cores, Runtime, RuntimeError};
-use weir_net::lookup::{ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest};
-use weir_net::DriverKind;
+use weir_net::lookup::{
+    format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
+};
+use weir_net::{DriverKind, NetError};
+
+/// Why `weir run` cannot run, or why its job stopped: each message says what to change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// `--cores 0` or an empty list.
+    #[error("--cores asks for no workers; a job needs at least one (use --cores 1 or more)")]
+    NoWorkers,
+    /// More workers than the cores this process may run on.
+    #[error(
+        "--cores {requested} asks for more workers than the {cores} cores this process may \
+         run on; use --cores {cores} or fewer, or add --oversubscribe to let workers share cores"
+    )]
+    TooManyWorkers {
+        /// Workers asked for.
+        requested: usize,
+        /// Cores available.
+        cores: usize,
+    },
+    /// A listed core this process may not run on.
+    #[error(
+        "--cores lists core {core}, which this process may not run on; \
+         list cores from {available}"
+    )]
+    NoSuchCore {
+        /// The core listed.
+        core: usize,
+        /// The cores it may run on, as a list.
+        available: String,
+    },
+    /// A core listed twice.
+    #[error(
+        "--cores lists core {core} more than once; list each core once, or add \
+         --oversubscribe to put several workers on it"
+    )]
+    CoreTwice {
+        /// The core listed.
+        core: usize,
+    },
+    /// `--cores` that is neither a count nor a list of core ids.
+    #[error("--cores takes a count or a comma-separated list of core ids, got {0:?}")]
+    BadCores(String),
+    /// The job would need more memory than the machine has available.
+    #[error(
+        "{workers} would need about {needed} for the exchange and the sinks, more than the \
+         {available} this machine has available; use fewer workers (--cores) or fewer records"
+    )]
+    NotEnoughMemory {
+        /// "N workers and M records".
+        workers: String,
+        /// What the job would allocate, in words.
+        needed: String,
+        /// `MemAvailable`, in words.
+        available: String,
+    },
+    /// The `--json` path cannot be written.
+    #[error(
+        "cannot write the JSON report to {}: {source}; give --json a path in a writable \
+         directory",
+        path.display()
+    )]
+    Json {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Another invalid setting.
+    #[error("{0}")]
+    Setting(String),
+    /// The embedded lookup service did not start.
+    #[error("cannot start the embedded lookup service: {0}")]
+    Service(#[source] NetError),
+    /// The lookup client refused its settings.
+    #[error("invalid lookup client settings: {0}")]
+    Client(#[source] NetError),
+    /// The runtime or the job failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The thread running the job panicked (a bug; its message is on stderr).
+    #[error("the job's thread panicked; this is a bug in Weir, please report it")]
+    Panicked,
+}
+
+impl RunError {
+    /// The process exit status: 2 for settings to change, 1 for a run that failed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Service(_) | RunError::Runtime(_) | RunError::Panicked => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// "1 worker", "2 workers".
+pub fn workers_text(workers: usize) -> String {
+    if workers == 1 {
+        "1 worker".into()
+    } else {
+        format!("{workers} workers")
+    }
+}
+
+/// The output mode as `--mode` takes it.
+pub fn mode_name(mode: OutputMode) -> &'static str {
+    match mode {
+        OutputMode::Ordered => "ordered",
+        OutputMode::Unordered => "unordered",
+        OutputMode::KeyedOrdered => "keyed",
+    }
+}
+
+/// Core ids as a short list: `0-3, 6, 8-9`.
+pub fn cores_text(cores: &[usize]) -> String {
+    let mut sorted = cores.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => sorted[i].to_string(),
+            1 => format!("{}, {}", sorted[i], sorted[j]),
+            _ => format!("{}-{}", sorted[i], sorted[j]),
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// Bytes in words: `512 KiB`, `3.2 GiB`.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Where the workers run: one per core of this machine unless `--oversubscribe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerPlan {
+    /// What the runtime is given.
+    pub cores: Cores,
+    /// The core of each worker (where it is pinned unless `--no-pin`).
+    pub placement: Vec<usize>,
+    /// The cores this process may run on.
+    pub machine: Vec<usize>,
+}
+
+impl WorkerPlan {
+    /// The cores this process may run on (its affinity mask).
+    pub fn machine_cores() -> Vec<usize> {
+        match core_affinity::get_core_ids() {
+            Some(ids) if !ids.is_empty() => ids.into_iter().map(|c| c.id).collect(),
+            _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+        }
+    }
+
+    /// The plan for `--cores` (`None`: one worker per core), checked against the
+    /// machine's cores before anything is allocated.
+    pub fn new(cores: Option<&str>, oversubscribe: bool) -> Result<Self, RunError> {
+        Self::for_machine(cores, oversubscribe, Self::machine_cores())
+    }
+
+    /// As [`new`](Self::new), on a machine with these cores.
+    pub fn for_machine(
+        cores: Option<&str>,
+        oversubscribe: bool,
+        machine: Vec<usize>,
+    ) -> Result<Self, RunError> {
+        let text = cores.map(str::trim);
+        let (cores, placement) = match text {
+            None => (Cores::Count(machine.len()), machine.clone()),
+            Some(text) if !text.contains(',') && text.parse::<usize>().is_ok() => {
+                let count: usize = text.parse().unwrap_or(0);
+                if count == 0 {
+                    return Err(RunError::NoWorkers);
+                }
+                if count > machine.len() && !oversubscribe {
+                    return Err(RunError::TooManyWorkers {
+                        requested: count,
+                        cores: machine.len(),
+                    });
+                }
+                // As the runtime places them: worker i on the i-th core, round robin.
+                let placement = (0..count).map(|i| machine[i % machine.len()]).collect();
+                (Cores::Count(count), placement)
+            }
+            Some(text) => {
+                let list = text
+                    .split(',')
+                    .map(|c| c.trim().parse::<usize>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| RunError::BadCores(text.to_string()))?;
+                if list.is_empty() {
+                    return Err(RunError::NoWorkers);
+                }
+                for (i, &core) in list.iter().enumerate() {
+                    if !machine.contains(&core) {
+                        return Err(RunError::NoSuchCore {
+                            core,
+                            available: cores_text(&machine),
+                        });
+                    }
+                    if !oversubscribe && list[..i].contains(&core) {
+                        return Err(RunError::CoreTwice { core });
+                    }
+                }
+                (Cores::List(list.clone()), list)
+            }
+        };
+        Ok(WorkerPlan {
+            cores,
+            placement,
+            machine,
+        })
+    }
+
+    /// Workers.
+    pub fn workers(&self) -> usize {
+        self.placement.len()
+    }
+
+    /// A core no worker runs on, for the embedded lookup service.
+    pub fn free_core(&self) -> Option<usize> {
+        self.machine
+            .iter()
+            .copied()
+            .find(|core| !self.placement.contains(core))
+    }
+}
+
+/// Bytes `MemAvailable` in `/proc/meminfo` says, if it can be read.
+pub fn memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What the job allocates that grows with its workers and records: the exchange (the
+/// network buffer pool and a channel per source and sink), each sink's bitmap of the
+/// ids it received (and their merge), and each source's in-flight state.
+pub fn memory_needed(workers: usize, records: u64, capacity: usize) -> u64 {
+    let exchange = ExchangeSpec::default().sizing(workers, workers).bytes() as u64;
+    let bitmap = records.div_ceil(64).saturating_mul(8);
+    let bitmaps = bitmap.saturating_mul(workers as u64 + 1);
+    // Slab entry, lookup client request and output queue slot per in-flight record.
+    let in_flight = (workers as u64)
+        .saturating_mul(capacity as u64)
+        .saturating_mul(1024);
+    exchange.saturating_add(bitmaps).saturating_add(in_flight)
+}
+
+/// Refuses a job that would not fit in the memory this machine has available.
+pub fn check_memory(workers: usize, records: u64, capacity: usize) -> Result<(), RunError> {
+    let Some(available) = memory_available() else {
+        return Ok(());
+    };
+    let needed = memory_needed(workers, records, capacity);
+    if needed > available {
+        return Err(RunError::NotEnoughMemory {
+            workers: format!("{} and {records} records", workers_text(workers)),
+            needed: bytes_text(needed),
+            available: bytes_text(available),
+        });
+    }
+    Ok(())
+}
 
 /// A source record on its way to the lookup.
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +385,7 @@ pub struct JobSettings {
     pub mode: OutputMode,
     /// Async capacity per subtask.
     pub capacity: usize,
-    /// Async timeout.
+    /// Async timeout: a record's limit over all its attempts (Flink's rule).
     pub timeout: Duration,
     /// Attempts after the first.
     pub retries: u32,
@@ -126,6 +411,39 @@ pub struct JobSettings {
     pub key_iter: Option<KeyIterFactory>,
     /// A collecting sink (tests).
     pub collect: Option<Collected<Enriched>>,
+}
+
+impl JobSettings {
+    /// The time each attempt of a lookup gets: the timeout covers all attempts, so a
+    /// request the service never answers fails (retryably) early enough for its
+    /// retries to run within it.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.timeout / (self.retries.saturating_add(1))
+    }
+
+    /// The timeout in words: `1s` or `1s over 3 attempts (333.333ms each)`.
+    pub fn timeout_text(&self) -> String {
+        if self.retries == 0 {
+            format_duration(self.timeout)
+        } else {
+            format!(
+                "{} over {} attempts ({} each)",
+                format_duration(self.timeout),
+                u64::from(self.retries) + 1,
+                format_duration(self.attempt_timeout())
+            )
+        }
+    }
+}
+
+/// A job that ran, to its end or until it failed.
+pub struct Finished {
+    /// What its tasks did (up to the failure, if any).
+    pub report: JobReport,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Why it stopped early.
+    pub failure: Option<RuntimeError>,
 }
 
 /// A boxed local future of a lookup's results.
@@ -155,11 +473,33 @@ impl IoHandler for FuturesIo {
     }
 }
 
-/// Builds and runs the job; returns its report and wall time.
+/// Builds and runs the job; returns its report and wall time, or why it failed.
 pub fn run(
     settings: &JobSettings,
     progress: Arc<JobProgress>,
-) -> Result<(JobReport, Duration), RuntimeError> {
+) -> Result<(JobReport, Duration), RunError> {
+    let finished = run_to_end(settings, progress)?;
+    match finished.failure {
+        None => Ok((finished.report, finished.elapsed)),
+        Some(error) => Err(error.into()),
+    }
+}
+
+/// Builds and runs the job to its end, successful or not: a job that fails (lookups
+/// timed out or failed after their retries) still reports what it did. `Err` when it
+/// could not start.
+pub fn run_to_end(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
+    let client_config = ClientConfig {
+        addr: settings.service,
+        connections: settings.connections,
+        capacity: settings.capacity * 4 + 64,
+        request_timeout: settings.attempt_timeout(),
+    };
+    // Checked here, once, so that making each subtask's client cannot fail.
+    LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;
     let driver_kind = settings.driver;
     let runtime = Runtime::builder()
         .cores(settings.cores.clone())
@@ -168,14 +508,6 @@ pub fn run(
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
         .build()?;
-    let client_config = ClientConfig {
-        addr: settings.service,
-        connections: settings.connections,
-        capacity: settings.capacity * 4 + 64,
-        // With retries, a request the service never answers fails (retryably) early
-        // enough for its retries to run within the operator's timeout.
-        request_timeout: settings.timeout / (settings.retries + 1),
-    };
     let capacity = settings.capacity;
     if settings.futures {
         let function: FunctionFactory<AsyncLookup> = Arc::new(move |_subtask, unparker| {
@@ -219,13 +551,14 @@ fn run_with<F>(
     runtime: Runtime,
     function: FunctionFactory<F>,
     progress: Arc<JobProgress>,
-) -> Result<(JobReport, Duration), RuntimeError>
+) -> Result<Finished, RunError>
 where
     F: AsyncFunction<In = Lookup, Out = Enriched>,
 {
     let workers = runtime.workers();
     eprintln!(
-        "weir: {workers} workers on the {} driver",
+        "weir: {} on the {} driver",
+        workers_text(workers),
         runtime.driver_name(0)
     );
     let mut async_config =
@@ -257,17 +590,59 @@ where
         },
     };
     let started = Instant::now();
-    let report = run_job(runtime, spec, progress)?;
-    Ok((report, started.elapsed()))
+    let (report, failure) = run_job_to_end(runtime, spec, progress)?;
+    Ok(Finished {
+        report,
+        elapsed: started.elapsed(),
+        failure,
+    })
 }
 
-/// The end-of-run table.
-pub fn render(
-    settings: &JobSettings,
-    report: &JobReport,
-    elapsed: Duration,
-    mean_latency: Duration,
-) -> String {
+/// "completed", or "failed" when the job stopped early.
+pub fn outcome(finished: &Finished) -> &'static str {
+    if finished.failure.is_some() {
+        "failed"
+    } else {
+        "completed"
+    }
+}
+
+/// What to change after a job failed, where the failure says.
+pub fn failure_hint(error: &RuntimeError) -> Option<&'static str> {
+    let RuntimeError::Task { error, .. } = error else {
+        return None;
+    };
+    match error.downcast_ref::<OperatorError>()? {
+        OperatorError::Async(AsyncError::Timeout) => Some(
+            "a lookup outlived --timeout, which covers all its attempts: raise --timeout or \
+             lower the service's --latency",
+        ),
+        // The client's and the service's messages (weir_net::lookup).
+        OperatorError::Async(AsyncError::Call(cause)) => {
+            let cause = cause.to_string();
+            if cause.starts_with("no answer from the lookup service") {
+                Some(
+                    "an attempt got no answer within its share of --timeout (the timeout \
+                     ÷ attempts): raise --timeout, or offer less load (--capacity, --cores, \
+                     --rate)",
+                )
+            } else if cause.contains("failed at the service") {
+                Some("a lookup failed on every attempt: raise --retries or lower --error-rate")
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The end-of-run table (also for a failed job: what it did until it stopped).
+pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duration) -> String {
+    let Finished {
+        report,
+        elapsed,
+        failure,
+    } = finished;
     let workers = report.run.drivers.len().max(1);
     let throughput = report.received as f64 / elapsed.as_secs_f64();
     let little = (settings.capacity * workers) as f64 / mean_latency.as_secs_f64().max(1e-9);
@@ -276,6 +651,10 @@ pub fn render(
     let failed = report.async_metrics.failed;
     let mut out = String::new();
     let mut row = |name: &str, value: String| out.push_str(&format!("  {name:<28} {value}\n"));
+    row("outcome", outcome(finished).to_string());
+    if let Some(error) = failure {
+        row("cause", error.to_string());
+    }
     row(
         "workers / driver",
         format!(
@@ -283,14 +662,36 @@ pub fn render(
             report.run.drivers.first().copied().unwrap_or("none")
         ),
     );
-    row("pinned", format!("{:?}", report.run.pinned));
+    let pinned = report.run.pinned.iter().filter(|p| **p).count();
+    row(
+        "pinned",
+        match (pinned, report.run.pinned.len()) {
+            (_, 0) => "unknown (the job stopped early)".to_string(),
+            (0, _) => "no".to_string(),
+            (p, n) if p == n => "yes, every worker to its core".to_string(),
+            (p, n) => format!("{p} of {}", workers_text(n)),
+        },
+    );
     row("records in", report.generated.to_string());
     row("records out", report.received.to_string());
     row("failed", failed.to_string());
-    row(
-        "lost / duplicated",
-        format!("{} / {}", report.missing, report.duplicates),
-    );
+    if failure.is_some() {
+        // `missing` also counts the records never generated.
+        let delivered = settings.records - report.missing;
+        row(
+            "undelivered / duplicated",
+            format!(
+                "{} / {} (of the records generated before the job stopped)",
+                report.generated.saturating_sub(delivered),
+                report.duplicates
+            ),
+        );
+    } else {
+        row(
+            "lost / duplicated",
+            format!("{} / {}", report.missing, report.duplicates),
+        );
+    }
     row("elapsed", format!("{:.3} s", elapsed.as_secs_f64()));
     row("throughput", format!("{:.0} records/s", throughput));
     if mean_latency > Duration::ZERO {
@@ -303,11 +704,15 @@ pub fn render(
             format!("{:.1}%", throughput / little * 100.0),
         );
     }
-    row(
-        "latency p50 / p99 / p99.9",
-        format!("{:.0} / {:.0} / {:.0} µs", us(0.5), us(0.99), us(0.999)),
-    );
-    row("latency max", format!("{:.0} µs", h.max() as f64 / 1e3));
+    if h.is_empty() {
+        row("latency", "no record arrived".to_string());
+    } else {
+        row(
+            "latency p50 / p99 / p99.9",
+            format!("{:.0} / {:.0} / {:.0} µs", us(0.5), us(0.99), us(0.999)),
+        );
+        row("latency max", format!("{:.0} µs", h.max() as f64 / 1e3));
+    }
     row(
         "retried / timed out",
         format!(
@@ -325,21 +730,35 @@ pub fn render(
     out
 }
 
-/// The report as JSON.
-pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) -> Value {
+/// The settings as JSON (also written for a job that could not start).
+pub fn settings_json(settings: &JobSettings) -> Value {
+    json!({
+        "records": settings.records,
+        "rate": settings.rate,
+        "mode": mode_name(settings.mode),
+        "capacity": settings.capacity,
+        "timeout_ms": settings.timeout.as_secs_f64() * 1e3,
+        "retries": settings.retries,
+        "attempt_timeout_ms": settings.attempt_timeout().as_secs_f64() * 1e3,
+        "connections": settings.connections,
+    })
+}
+
+/// The report as JSON, with the outcome and, for a failed job, its cause.
+pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
+    let Finished {
+        report,
+        elapsed,
+        failure,
+    } = finished;
     let h = &report.latency_ns;
     json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "machine": crate::compare::machine(),
-        "settings": {
-            "records": settings.records,
-            "rate": settings.rate,
-            "mode": format!("{:?}", settings.mode),
-            "capacity": settings.capacity,
-            "timeout_ms": settings.timeout.as_secs_f64() * 1e3,
-            "retries": settings.retries,
-            "connections": settings.connections,
-        },
+        "outcome": outcome(finished),
+        "cause": failure.as_ref().map(|e| e.to_string()),
+        "hint": failure.as_ref().and_then(failure_hint),
+        "settings": settings_json(settings),
         "drivers": report.run.drivers,
         "records_in": report.generated,
         "records_out": report.received,
@@ -348,12 +767,81 @@ pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) ->
         "duplicated": report.duplicates,
         "elapsed_s": elapsed.as_secs_f64(),
         "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),
-        "latency_ns": {
+        "latency_ns": if h.is_empty() { Value::Null } else { json!({
             "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99),
             "p99.9": h.value_at_quantile(0.999), "max": h.max(),
-        },
+        }) },
         "retried": report.async_metrics.retried,
         "timed_out": report.async_metrics.timed_out,
         "backpressured_s": report.backpressured_ns as f64 / 1e9,
     })
+}
+
+/// The JSON of a job that could not start: its settings, the outcome and the cause.
+pub fn failed_to_start_json(settings: &JobSettings, error: &RunError) -> Value {
+    json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": crate::compare::machine(),
+        "outcome": "failed",
+        "cause": error.to_string(),
+        "settings": settings_json(settings),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(cores: Option<&str>, oversubscribe: bool) -> Result<WorkerPlan, RunError> {
+        WorkerPlan::for_machine(cores, oversubscribe, vec![0, 1, 2, 3])
+    }
+
+    #[test]
+    fn workers_are_bounded_by_the_machines_cores() {
+        let all = plan(None, false).unwrap();
+        assert_eq!((all.workers(), all.free_core()), (4, None));
+        let two = plan(Some("2"), false).unwrap();
+        assert_eq!(
+            (two.placement.clone(), two.free_core()),
+            (vec![0, 1], Some(2))
+        );
+        assert!(matches!(
+            plan(Some("5"), false),
+            Err(RunError::TooManyWorkers {
+                requested: 5,
+                cores: 4
+            })
+        ));
+        let shared = plan(Some("6"), true).unwrap();
+        assert_eq!(shared.placement, vec![0, 1, 2, 3, 0, 1]);
+        assert!(matches!(plan(Some("0"), true), Err(RunError::NoWorkers)));
+        let listed = plan(Some("3, 1"), false).unwrap();
+        assert_eq!(
+            (listed.cores.clone(), listed.free_core()),
+            (Cores::List(vec![3, 1]), Some(0))
+        );
+        assert!(matches!(
+            plan(Some("1,7"), true),
+            Err(RunError::NoSuchCore { core: 7, .. })
+        ));
+        assert!(matches!(
+            plan(Some("1,1"), false),
+            Err(RunError::CoreTwice { core: 1 })
+        ));
+        assert!(plan(Some("1,1"), true).is_ok());
+        assert!(matches!(
+            plan(Some("two"), false),
+            Err(RunError::BadCores(_))
+        ));
+    }
+
+    #[test]
+    fn words_for_the_user() {
+        assert_eq!(workers_text(1), "1 worker");
+        assert_eq!(workers_text(2), "2 workers");
+        assert_eq!(mode_name(OutputMode::KeyedOrdered), "keyed");
+        assert_eq!(cores_text(&[3, 0, 1, 2, 6, 8, 9]), "0-3, 6, 8, 9");
+        assert_eq!(bytes_text(512), "512 bytes");
+        assert_eq!(bytes_text(3 << 30), "3.0 GiB");
+    }
 }

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
 use weir_engine::runtime::job::{JobProgress, KeyDistribution};
-use weir_engine::runtime::Cores;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
 
@@ -101,19 +102,25 @@ struct RunArgs {
     /// Lookup latency: fixed:<d>, uniform:<d>..<d>, lognormal:<median>,<sigma>.
     #[arg(long, default_value = "fixed:1ms", value_parser = parse_latency)]
     latency: Latency,
-    /// Async timeout per lookup (e.g. 1s, 500ms).
+    /// Time limit of a record's lookup over all its attempts, as in Flink's async I/O
+    /// (e.g. 1s, 500ms): with --retries N each attempt gets timeout ÷ (N + 1), which the
+    /// run's header shows.
     #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     timeout: Duration,
-    /// Retries after a failed lookup (fixed delay, --retry-delay).
+    /// Retries after a failed lookup (fixed delay, --retry-delay), all within --timeout.
     #[arg(long, default_value_t = 0)]
     retries: u32,
     /// Delay between retries.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     retry_delay: Duration,
-    /// Workers: a count, or a comma-separated list of core ids.
+    /// Workers: a count, or a comma-separated list of core ids; at most one per core
+    /// of this machine unless --oversubscribe (default: one per core).
     #[arg(long)]
     cores: Option<String>,
-    /// Do not pin workers to cores.
+    /// Allow more workers than cores (or a core listed twice): workers then share cores.
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Do not pin workers (nor the embedded lookup service) to cores.
     #[arg(long)]
     no_pin: bool,
     /// I/O driver (default: WEIR_DRIVER, else io_uring with epoll fallback).
@@ -140,7 +147,8 @@ struct RunArgs {
     /// Exchange buffer timeout (0 = flush every record).
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]
     buffer_timeout: Duration,
-    /// Write the report as JSON here.
+    /// Write the report as JSON here (checked before the run; a failed job writes its
+    /// outcome and cause too).
     #[arg(long)]
     json: Option<PathBuf>,
     /// Run the lookup written as an `async` block on the per-worker executor.
@@ -276,47 +284,44 @@ fn main() {
 }
 
 fn run_job(args: RunArgs) -> i32 {
+    match run_main_job(&args) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+/// `weir run`: every setting is checked, and the JSON path opened, before anything
+/// sizeable is allocated or started.
+fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let driver = match args.driver {
         Some(kind) => kind,
-        None => match weir_net::driver::kind_from_env() {
-            Ok(kind) => kind,
-            Err(error) => {
-                eprintln!("error: WEIR_DRIVER: {error}");
-                return 2;
-            }
-        },
+        None => weir_net::driver::kind_from_env()
+            .map_err(|error| RunError::Setting(format!("WEIR_DRIVER: {error}")))?,
     };
-    let cores = match args.cores.as_deref() {
-        None => Cores::Count(
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        ),
-        Some(text) if !text.contains(',') && text.parse::<usize>().is_ok() => {
-            Cores::Count(text.parse().unwrap_or(1))
-        }
-        Some(text) => match text
-            .split(',')
-            .map(|c| c.trim().parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(list) => Cores::List(list),
-            Err(_) => {
-                eprintln!("error: --cores takes a count or a comma-separated list of core ids, got {text:?}");
-                return 2;
-            }
-        },
-    };
+    let plan = WorkerPlan::new(args.cores.as_deref(), args.oversubscribe)?;
     if let Some(rate) = args.rate {
         if !(rate.is_finite() && rate > 0.0) {
-            eprintln!("error: --rate must be a positive number of records per second");
-            return 2;
+            return Err(RunError::Setting(
+                "--rate must be a positive number of records per second".into(),
+            ));
         }
     }
     if !(0.0..=1.0).contains(&args.skew) {
-        eprintln!("error: --skew must be in 0..=1");
-        return 2;
+        return Err(RunError::Setting("--skew must be in 0..=1".into()));
     }
+    job::check_memory(plan.workers(), args.records, args.capacity as usize)?;
+    let mut json = match &args.json {
+        Some(path) => Some(open_json(path)?),
+        None => None,
+    };
+    // The embedded service gets a core of its own when the workers leave one free.
+    let service_core = match (args.lookup_addr, args.no_pin) {
+        (None, false) => plan.free_core(),
+        _ => None,
+    };
     let server = match args.lookup_addr {
         Some(_) => None,
         None => {
@@ -327,20 +332,17 @@ fn run_job(args: RunArgs) -> i32 {
                     error_rate: args.error_rate,
                     ..Faults::default()
                 },
+                core: service_core,
                 ..ServerConfig::default()
             };
-            match LookupServer::start(config) {
-                Ok(server) => Some(server),
-                Err(error) => {
-                    eprintln!("error: cannot start the embedded lookup service: {error}");
-                    return 1;
-                }
-            }
+            Some(LookupServer::start(config).map_err(RunError::Service)?)
         }
     };
-    let service = args
-        .lookup_addr
-        .unwrap_or_else(|| server.as_ref().map(|s| s.addr()).expect("embedded"));
+    let service = match (&server, args.lookup_addr) {
+        (Some(server), _) => server.addr(),
+        (None, Some(addr)) => addr,
+        (None, None) => unreachable!("an embedded service starts when no address is given"),
+    };
     let keys = if args.skew > 0.0 {
         KeyDistribution::Skewed {
             keys: args.keys,
@@ -362,7 +364,7 @@ fn run_job(args: RunArgs) -> i32 {
         timeout: args.timeout,
         retries: args.retries,
         retry_delay: args.retry_delay,
-        cores,
+        cores: plan.cores.clone(),
         pin: !args.no_pin,
         driver,
         service,
@@ -373,24 +375,42 @@ fn run_job(args: RunArgs) -> i32 {
         key_iter: None,
         collect: None,
     };
+    let service_core = server.as_ref().and_then(|s| s.core());
+    let service_place = match &server {
+        None => "external".to_string(),
+        Some(server) => match server.core() {
+            Some(core) => format!("core {core} (own)"),
+            None if args.no_pin => "unpinned, shared with workers".to_string(),
+            None => "shared with workers".to_string(),
+        },
+    };
     eprintln!(
-        "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",
+        "weir run: {} records, {} mode, capacity {}, latency {}, timeout {}",
         settings.records,
-        settings.mode,
+        job::mode_name(settings.mode),
         settings.capacity,
         args.latency,
-        service,
-        if server.is_some() {
-            "embedded"
-        } else {
-            "external"
+        settings.timeout_text(),
+    );
+    eprintln!(
+        "weir run: {} {}, lookup service {service} ({})",
+        job::workers_text(plan.workers()),
+        match (args.no_pin, plan.workers()) {
+            (true, _) => "unpinned".to_string(),
+            (false, 1) => format!("on core {}", job::cores_text(&plan.placement)),
+            (false, _) => format!("on cores {}", job::cores_text(&plan.placement)),
+        },
+        match server.as_ref().map(|s| s.core()) {
+            None => "external".to_string(),
+            Some(Some(core)) => format!("embedded, on its own core {core}"),
+            Some(None) => "embedded, sharing the workers' cores".to_string(),
         }
     );
     let progress = Arc::new(JobProgress::default());
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
-        std::thread::spawn(move || job::run(&settings, progress))
+        std::thread::spawn(move || job::run_to_end(&settings, progress))
     };
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
@@ -398,9 +418,15 @@ fn run_job(args: RunArgs) -> i32 {
         let bar = indicatif::ProgressBar::new(settings.records);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} records  {per_sec}  in flight {msg}  [{elapsed_precise}]",
+                "{bar:40} {pos}/{len} records  {rate}  in flight {msg}  [{elapsed_precise}]",
             )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .with_key(
+                "rate",
+                |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                    let _ = write!(out, "{:.0} records/s", state.per_sec());
+                },
+            ),
         );
         bar
     };
@@ -412,43 +438,85 @@ fn run_job(args: RunArgs) -> i32 {
     bar.finish_and_clear();
     let result = handle.join();
     let stats = server.map(|s| s.stop());
-    let (report, elapsed) = match result {
-        Ok(Ok(outcome)) => outcome,
+    let finished = match result {
+        Ok(Ok(finished)) => finished,
         Ok(Err(error)) => {
-            eprintln!("error: the job failed: {error}");
-            return 1;
+            if let Some((path, file)) = json.as_mut() {
+                let value = job::failed_to_start_json(&settings, &error);
+                write_json(path, file, &value)?;
+            }
+            return Err(error);
         }
-        Err(_) => {
-            eprintln!("error: the job's thread panicked");
-            return 1;
-        }
+        Err(_) => return Err(RunError::Panicked),
     };
-    println!(
-        "{}",
-        job::render(&settings, &report, elapsed, args.latency.mean())
-    );
-    if let Some(stats) = stats {
-        println!(
-            "  {:<28} {} requests, {} errors injected",
+    println!("{}", job::render(&settings, &finished, args.latency.mean()));
+    match stats {
+        Some(stats) => println!(
+            "  {:<28} {service_place}, {} requests, {} errors injected",
             "lookup service", stats.requests, stats.errors
-        );
+        ),
+        None => println!("  {:<28} external at {service}", "lookup service"),
     }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&job::to_json(&settings, &report, elapsed))
-            .expect("plain JSON");
-        if let Err(error) = std::fs::write(path, text) {
-            eprintln!("error: cannot write {}: {error}", path.display());
-            return 1;
+    if let Some((path, file)) = json.as_mut() {
+        let mut value = job::to_json(&settings, &finished);
+        value["workers"] = Value::from(plan.workers());
+        value["worker_cores"] = Value::from(plan.placement.clone());
+        value["lookup_service"] = serde_json::json!({
+            "address": service.to_string(),
+            "embedded": stats.is_some(),
+            "placement": service_place,
+            "core": service_core,
+            "requests": stats.map(|s| s.requests),
+            "errors_injected": stats.map(|s| s.errors),
+        });
+        write_json(path, file, &value)?;
+    }
+    if let Some(error) = &finished.failure {
+        match job::failure_hint(error) {
+            Some(hint) => eprintln!("error: the job failed: {error}; {hint}"),
+            None => eprintln!("error: the job failed: {error}"),
         }
+        return Ok(1);
     }
+    let report = &finished.report;
     if report.missing > 0 || report.duplicates > 0 {
         eprintln!(
             "error: {} records lost and {} duplicated",
             report.missing, report.duplicates
         );
-        return 1;
+        return Ok(1);
     }
-    0
+    Ok(0)
+}
+
+/// Opens (creating, not yet truncating) the `--json` file, so that an unwritable path
+/// fails before the run rather than after it.
+fn open_json(path: &std::path::Path) -> Result<(PathBuf, std::fs::File), RunError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(|file| (path.to_path_buf(), file))
+        .map_err(|source| RunError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Replaces the `--json` file's content with `value`.
+fn write_json(
+    path: &std::path::Path,
+    file: &mut std::fs::File,
+    value: &Value,
+) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(value).expect("JSON of plain values");
+    file.set_len(0)
+        .and_then(|()| std::io::Write::write_all(file, text.as_bytes()))
+        .map_err(|source| RunError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 fn serve(args: ServeArgs) -> i32 {
@@ -468,7 +536,7 @@ fn serve(args: ServeArgs) -> i32 {
     match LookupServer::start(config) {
         Ok(server) => {
             eprintln!(
-                "weir lookup service listening on {} (latency {:?}); Ctrl-C stops it",
+                "weir lookup service listening on {} (latency {}); Ctrl-C stops it",
                 server.addr(),
                 args.latency
             );

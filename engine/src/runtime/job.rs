@@ -101,6 +101,80 @@ impl Default for ExchangeSpec {
     }
 }
 
+/// Smallest segment the job shrinks its segments to when a partition fans out to many
+/// sinks (see [`ExchangeSpec::sizing`]).
+pub const FAN_OUT_SEGMENT_MIN: usize = 1024;
+
+/// Bytes of one buffer slot in a channel's ring.
+const CHANNEL_SLOT_BYTES: usize = std::mem::size_of::<crate::exchange::SharedBuffer>();
+/// Bytes of a channel besides its slots: the ring's two cache-padded indices, its
+/// flags and both ends.
+const CHANNEL_FIXED_BYTES: usize = 512;
+
+/// How the job's exchange is sized for a number of source and sink subtasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeSizing {
+    /// Bytes per segment.
+    pub segment_size: usize,
+    /// Segments each source subtask's partition reserves (at least one per sink).
+    pub segments_per_partition: usize,
+    /// Buffers each channel (one per source and sink) can hold: the partition's
+    /// segments plus its overdraft, so a send never finds it full.
+    pub channel_capacity: usize,
+    /// Segments of the network buffer pool.
+    pub network_segments: usize,
+    /// Bytes of the network buffer pool.
+    pub network_bytes: usize,
+    /// Bytes of every channel's ring together.
+    pub channel_bytes: usize,
+}
+
+impl ExchangeSizing {
+    /// Everything the exchange allocates at start-up, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.network_bytes.saturating_add(self.channel_bytes)
+    }
+}
+
+impl ExchangeSpec {
+    /// The exchange's sizes for `sources` partitions of `sinks` subpartitions each.
+    ///
+    /// A partition needs a segment per sink, so past `segments` sinks the partition
+    /// takes more segments; they shrink instead (halving, down to
+    /// [`FAN_OUT_SEGMENT_MIN`] bytes) so that a partition keeps the
+    /// `segments × segment_size` bytes it has at a small fan-out and the network pool
+    /// grows with the number of sources, not with sources × sinks. Up to `segments`
+    /// sinks nothing changes.
+    pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
+        let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
+        let per_partition = self.segments.max(sinks).max(1);
+        let mut segment_size = self.segment_size;
+        let budget = self.segments.saturating_mul(self.segment_size);
+        while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
+            && per_partition.saturating_mul(segment_size) > budget
+        {
+            segment_size /= 2;
+        }
+        let network_segments = sources
+            .saturating_mul(per_partition + overdraft)
+            .saturating_add(8);
+        let channel_capacity = per_partition + overdraft;
+        let ring_bytes = channel_capacity
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(CHANNEL_SLOT_BYTES)
+            .saturating_add(CHANNEL_FIXED_BYTES);
+        ExchangeSizing {
+            segment_size,
+            segments_per_partition: per_partition,
+            channel_capacity,
+            network_segments,
+            network_bytes: network_segments.saturating_mul(segment_size),
+            channel_bytes: sources.saturating_mul(sinks).saturating_mul(ring_bytes),
+        }
+    }
+}
+
 /// Hooks a task's I/O (e.g. a lookup client) into its worker's driver.
 pub trait IoHandler {
     /// Hands queued requests to the driver; `now_ns` drives request expiry.
@@ -186,10 +260,33 @@ struct SinkResult {
 
 /// Runs `spec` on `runtime` (which is consumed).
 pub fn run_job<F>(
-    mut runtime: Runtime,
+    runtime: Runtime,
     spec: JobSpec<F>,
     progress: Arc<JobProgress>,
 ) -> Result<JobReport, RuntimeError>
+where
+    F: AsyncFunction,
+    F::In: From<SourceRecord>,
+    F::Out: JobRecord,
+{
+    match run_job_to_end(runtime, spec, progress)? {
+        (report, None) => Ok(report),
+        (_, Some(error)) => Err(error),
+    }
+}
+
+/// Runs `spec` on `runtime` (which is consumed) to its end, successful or not: a run
+/// that fails (a task's error, a worker's panic) still reports what its tasks had done
+/// when it stopped, with the error beside it. `Err` only when the job cannot start
+/// (its settings or the exchange's allocation are refused).
+///
+/// In a failed run's report, `missing` counts every id not received, generated or
+/// not, and `run` names each worker's driver but not its pinning or loop counts.
+pub fn run_job_to_end<F>(
+    mut runtime: Runtime,
+    spec: JobSpec<F>,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Option<RuntimeError>), RuntimeError>
 where
     F: AsyncFunction,
     F::In: From<SourceRecord>,
@@ -209,11 +306,9 @@ where
     }
     let workers = runtime.workers();
     let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
-    let per_partition = spec.exchange.segments.max(spec.sinks);
-    let network = NetworkBufferPool::new(
-        spec.sources * (per_partition + overdraft) + 8,
-        spec.exchange.segment_size,
-    )?;
+    let sizing = spec.exchange.sizing(spec.sources, spec.sinks);
+    let per_partition = sizing.segments_per_partition;
+    let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)?;
     let mut gates: Vec<Vec<Box<dyn InputChannel>>> = (0..spec.sinks).map(|_| Vec::new()).collect();
     let mut partitions = Vec::new();
     for source in 0..spec.sources {
@@ -226,13 +321,14 @@ where
         for (sink, gate) in gates.iter_mut().enumerate() {
             let sink_worker = (spec.sources + sink) % workers;
             let notify: Arc<dyn crate::park::Notify> = Arc::new(runtime.unparker(sink_worker));
-            let (sender, receiver) = local_channel(per_partition + overdraft, Some(notify));
+            let (sender, receiver) = local_channel(sizing.channel_capacity, Some(notify));
             senders.push(sender);
             gate.push(Box::new(receiver));
         }
         partitions.push(ResultPartition::new(pool, senders)?);
     }
     let metrics: Arc<Mutex<Vec<(AsyncMetrics, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let first_failure = FirstFailure::default();
     let records = spec.generator.records;
     for (source, partition) in partitions.into_iter().enumerate() {
         let worker = source % workers;
@@ -244,6 +340,7 @@ where
         let timeout = spec.exchange.buffer_timeout;
         let progress = Arc::clone(&progress);
         let metrics = Arc::clone(&metrics);
+        let first_failure = Arc::clone(&first_failure);
         // Completions from other threads wake the source's worker.
         let unparker = runtime.unparker(worker);
         runtime.spawn(
@@ -285,6 +382,7 @@ where
                         backpressured_ns: 0,
                         progress,
                         metrics,
+                        first_failure,
                     }))
                 },
             ),
@@ -294,6 +392,7 @@ where
     for (sink, channels) in gates.into_iter().enumerate() {
         let worker = (spec.sources + sink) % workers;
         let results = Arc::clone(&results);
+        let first_failure = Arc::clone(&first_failure);
         let collect = spec.collect.clone();
         let progress = Arc::clone(&progress);
         runtime.spawn(
@@ -311,15 +410,42 @@ where
                         latency: Histogram::new_with_bounds(1, 60_000_000_000, 3)
                             .expect("static bounds"),
                         results,
+                        first_failure,
                         progress,
                         reported: 0,
                         collect: collect.map(|shared| (Vec::new(), shared)),
+                        published: false,
                     }))
                 },
             ),
         );
     }
-    let run = runtime.run()?;
+    let drivers: Vec<&'static str> = (0..workers).map(|w| runtime.driver_name(w)).collect();
+    // Tasks publish their results when they finish, or when they are dropped early
+    // (a failed run), so either way the report below sees them.
+    let (run, failure) = match runtime.run() {
+        Ok(run) => (run, None),
+        Err(error) => {
+            // A task's error is reported as the task returned it, the first one of all.
+            let root = first_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let error = match (error, root) {
+                (RuntimeError::Task { .. }, Some((worker, error))) => {
+                    RuntimeError::Task { worker, error }
+                }
+                (error, _) => error,
+            };
+            (
+                RunReport {
+                    drivers,
+                    ..RunReport::default()
+                },
+                Some(error),
+            )
+        }
+    };
     drop(network);
     let mut sinks = std::mem::take(&mut *results.lock().unwrap_or_else(|e| e.into_inner()));
     let mut merged = vec![0u64; (records as usize).div_ceil(64)];
@@ -350,7 +476,25 @@ where
         report.async_metrics.merge(operator);
         report.backpressured_ns += backpressured;
     }
-    Ok(report)
+    Ok((report, failure))
+}
+
+/// The first error any task of the job returned, with its worker, kept as the task
+/// returned it. The runtime keeps the first failure it is *told* of, and a failing
+/// worker drops its tasks (closing their channels) before it tells: a sink on another
+/// worker may then fail with "producer gone" and be told first. Tasks note their
+/// error here before returning it, so the cause is the one that came first.
+type FirstFailure = Arc<Mutex<Option<(usize, TaskError)>>>;
+
+/// Notes `error` as the job's first failure if there was none; returns its message for
+/// the runtime.
+fn note_failure(first: &FirstFailure, worker: usize, error: TaskError) -> TaskError {
+    let message = error.to_string();
+    let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+    if first.is_none() {
+        *first = Some((worker, error));
+    }
+    message.into()
 }
 
 /// The job's exchange routing: a hash of the record's key.
@@ -393,6 +537,7 @@ where
     backpressured_ns: u64,
     progress: Arc<JobProgress>,
     metrics: Arc<Mutex<Vec<(AsyncMetrics, u64)>>>,
+    first_failure: FirstFailure,
 }
 
 impl<F: AsyncFunction> SourceTask<F>
@@ -453,6 +598,36 @@ where
     F::Out: JobRecord,
 {
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        let worker = cx.worker;
+        self.poll_source(cx)
+            .map_err(|error| note_failure(&self.first_failure, worker, error))
+    }
+
+    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
+        self.io.as_mut().is_some_and(|io| io.on_event(event))
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        let mut deadline = self.operator.next_timer_deadline();
+        if let (Some(interval), Some(start), Phase::Running) =
+            (self.interval_ns, self.start_ns, self.phase)
+        {
+            let at = start + self.next * interval;
+            deadline = Some(deadline.map_or(at, |d| d.min(at)));
+        }
+        if let Some(flush) = self.writer.next_flush_deadline() {
+            deadline = Some(deadline.map_or(flush, |d| d.min(flush)));
+        }
+        deadline
+    }
+}
+
+impl<F: AsyncFunction> SourceTask<F>
+where
+    F::In: From<SourceRecord>,
+    F::Out: JobRecord,
+{
+    fn poll_source(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let now = cx.now_ns;
         let start = *self.start_ns.get_or_insert(now);
         let mut busy = self.operator.drain(now, &mut self.overflow)? > 0;
@@ -540,8 +715,6 @@ where
         }
         if self.phase == Phase::Ending && self.writer.resume(now)? {
             self.phase = Phase::Done;
-            let mut metrics = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
-            metrics.push((self.operator.metrics().clone(), self.backpressured_ns));
             return Ok(Progress::Done);
         }
         self.progress
@@ -549,23 +722,17 @@ where
             .store(self.operator.in_flight() as u64, Ordering::Relaxed);
         Ok(if busy { Progress::Busy } else { Progress::Idle })
     }
+}
 
-    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
-        self.io.as_mut().is_some_and(|io| io.on_event(event))
-    }
-
-    fn next_deadline(&self) -> Option<u64> {
-        let mut deadline = self.operator.next_timer_deadline();
-        if let (Some(interval), Some(start), Phase::Running) =
-            (self.interval_ns, self.start_ns, self.phase)
-        {
-            let at = start + self.next * interval;
-            deadline = Some(deadline.map_or(at, |d| d.min(at)));
-        }
-        if let Some(flush) = self.writer.next_flush_deadline() {
-            deadline = Some(deadline.map_or(flush, |d| d.min(flush)));
-        }
-        deadline
+impl<F: AsyncFunction> Drop for SourceTask<F>
+where
+    F::Out: JobRecord,
+{
+    /// Hands the operator's counters to the report: the task is dropped when it is
+    /// done, or early when the run fails.
+    fn drop(&mut self) {
+        let mut metrics = self.metrics.lock().unwrap_or_else(|e| e.into_inner());
+        metrics.push((self.operator.metrics().clone(), self.backpressured_ns));
     }
 }
 
@@ -578,13 +745,61 @@ struct SinkTask<T: JobRecord> {
     reordered: u64,
     latency: Histogram<u64>,
     results: Arc<Mutex<Vec<SinkResult>>>,
+    first_failure: FirstFailure,
     progress: Arc<JobProgress>,
     reported: u64,
     collect: Option<(Vec<T>, Collected<T>)>,
+    /// Its result has gone to the report.
+    published: bool,
+}
+
+impl<T: JobRecord> SinkTask<T> {
+    /// Hands what the sink received to the report (once: at the end of its input, or
+    /// when dropped before that in a failed run).
+    fn publish(&mut self) {
+        if std::mem::replace(&mut self.published, true) {
+            return;
+        }
+        if let Some((local, shared)) = self.collect.take() {
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(local);
+        }
+        self.progress
+            .received
+            .fetch_add(self.received - self.reported, Ordering::Relaxed);
+        self.reported = self.received;
+        let result = SinkResult {
+            seen: std::mem::take(&mut self.seen),
+            received: self.received,
+            duplicates: self.duplicates,
+            reordered: self.reordered,
+            latency: self.latency.clone(),
+        };
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(result);
+    }
+}
+
+impl<T: JobRecord> Drop for SinkTask<T> {
+    fn drop(&mut self) {
+        self.publish();
+    }
 }
 
 impl<T: JobRecord> Task for SinkTask<T> {
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        let worker = cx.worker;
+        self.poll_sink(cx)
+            .map_err(|error| note_failure(&self.first_failure, worker, error))
+    }
+}
+
+impl<T: JobRecord> SinkTask<T> {
+    fn poll_sink(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let mut busy = false;
         for _ in 0..POLL_BATCH_MAX * 4 {
             match self.gate.poll_next_at(cx.now_ns)? {
@@ -614,26 +829,7 @@ impl<T: JobRecord> Task for SinkTask<T> {
                 }
                 Some(GateEvent::Watermark(_)) => busy = true,
                 Some(GateEvent::End) => {
-                    if let Some((local, shared)) = self.collect.take() {
-                        shared
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .extend(local);
-                    }
-                    self.progress
-                        .received
-                        .fetch_add(self.received - self.reported, Ordering::Relaxed);
-                    let result = SinkResult {
-                        seen: std::mem::take(&mut self.seen),
-                        received: self.received,
-                        duplicates: self.duplicates,
-                        reordered: self.reordered,
-                        latency: self.latency.clone(),
-                    };
-                    self.results
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(result);
+                    self.publish();
                     return Ok(Progress::Done);
                 }
                 None => break,
@@ -646,5 +842,47 @@ impl<T: JobRecord> Task for SinkTask<T> {
             self.reported = self.received;
         }
         Ok(if busy { Progress::Busy } else { Progress::Idle })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizing_is_unchanged_up_to_the_configured_fan_out() {
+        let spec = ExchangeSpec::default();
+        for workers in [1, 2, 16, 64] {
+            let sizing = spec.sizing(workers, workers);
+            assert_eq!(sizing.segment_size, spec.segment_size);
+            assert_eq!(sizing.segments_per_partition, spec.segments);
+            assert_eq!(
+                sizing.network_segments,
+                workers * (spec.segments + crate::limits::OVERDRAFT_SEGMENTS_DEFAULT) + 8
+            );
+        }
+    }
+
+    #[test]
+    fn network_pool_grows_with_sources_not_sources_times_sinks() {
+        let spec = ExchangeSpec::default();
+        // A partition keeps the bytes it has at the configured fan-out (64 × 32 KiB),
+        // give or take its overdraft, as long as segments can shrink.
+        let per_partition = (spec.segments + 8) * spec.segment_size;
+        for workers in [65, 128, 400, 1000, 2000] {
+            let sizing = spec.sizing(workers, workers);
+            assert!(sizing.segments_per_partition >= workers);
+            assert!(
+                sizing.network_bytes <= workers * per_partition,
+                "{workers} workers: {} bytes",
+                sizing.network_bytes
+            );
+        }
+        // 1000 workers used to take 1000 × 1005 segments of 32 KiB: 33 GB.
+        assert!(spec.sizing(1000, 1000).network_bytes < 3 << 30);
+        // Past the smallest segment the pool grows again, by that segment per sink.
+        let wide = spec.sizing(10_000, 10_000);
+        assert_eq!(wide.segment_size, FAN_OUT_SEGMENT_MIN);
+        assert_eq!(wide.bytes(), wide.network_bytes + wide.channel_bytes);
     }
 }

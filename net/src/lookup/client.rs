@@ -328,8 +328,8 @@ impl<R: LookupRequest> LookupClient<R> {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
                 let message = format!(
-                    "no answer from the lookup service within {:?}",
-                    self.config.request_timeout
+                    "no answer from the lookup service within {}",
+                    super::format_duration(self.config.request_timeout)
                 );
                 pending.fail(message);
             }

@@ -8,5 +8,5 @@ pub mod server;
 pub use client::{
     ClientConfig, ClientIo, ClientStats, LookupClient, LookupFunction, LookupRequest,
 };
-pub use latency::{parse_duration, Latency, Rng};
+pub use latency::{format_duration, parse_duration, Latency, Rng};
 pub use server::{Faults, LookupServer, ServerConfig, ServerStats};

@@ -104,6 +104,7 @@ pub struct LookupServer {
     waker: Arc<Waker>,
     counters: Arc<Counters>,
     thread: Option<JoinHandle<()>>,
+    core: Option<usize>,
 }
 
 impl LookupServer {
@@ -171,26 +172,39 @@ impl LookupServer {
             .register(&mut event_loop.listener, LISTENER, Interest::READABLE)
             .map_err(|e| NetError::io("registering the listener", e))?;
         let core = event_loop.config.core;
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("weir-lookup".into())
             .spawn(move || {
-                if let Some(id) = core {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                let pinned = core.filter(|&id| {
+                    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id });
+                    if !pinned {
                         eprintln!(
                             "weir lookup service: could not pin to core {id}; running unpinned"
                         );
                     }
-                }
+                    pinned
+                });
+                let _ = pinned_tx.send(pinned);
                 event_loop.run()
             })
             .map_err(|e| NetError::io("spawning the service thread", e))?;
+        // The thread reports its placement before it serves anything.
+        let core = pinned_rx.recv().unwrap_or(None);
         Ok(LookupServer {
             addr,
             stop,
             waker,
             counters,
             thread: Some(thread),
+            core,
         })
+    }
+
+    /// The core the service thread is pinned to: the configured one if pinning took
+    /// effect, else `None` (it runs wherever the scheduler puts it).
+    pub fn core(&self) -> Option<usize> {
+        self.core
     }
 
     /// Where it listens.
