@@ -281,7 +281,13 @@ impl Runtime {
                         parks: 0,
                         wakeups: Wakeups::default(),
                     };
-                    match worker_main(index, slot, pin, epoch, &abort, &mut stats) {
+                    // The tasks outlive the loop until a failure is recorded: dropping
+                    // them first would disconnect their channels, and another worker's
+                    // "producer gone" could then be taken for the cause.
+                    let mut tasks = Vec::new();
+                    let result =
+                        worker_main(index, slot, pin, epoch, &abort, &mut stats, &mut tasks);
+                    match result {
                         Ok(()) => {}
                         Err(error) => {
                             let mut first = failure.lock().unwrap_or_else(|e| e.into_inner());
@@ -294,6 +300,7 @@ impl Runtime {
                             }
                         }
                     }
+                    drop(tasks);
                     stats
                 })
                 .map_err(RuntimeError::Driver)?;
@@ -368,6 +375,7 @@ fn worker_main(
     epoch: Instant,
     abort: &AtomicBool,
     stats: &mut WorkerStats,
+    tasks: &mut Vec<Option<Box<dyn Task>>>,
 ) -> Result<(), RuntimeError> {
     let WorkerSlot {
         core,
@@ -384,7 +392,7 @@ fn worker_main(
             }
         }
     }
-    let mut tasks: Vec<Option<Box<dyn Task>>> = Vec::with_capacity(factories.len());
+    tasks.reserve(factories.len());
     for factory in factories {
         match factory(driver.as_mut()) {
             Ok(task) => tasks.push(Some(task)),
@@ -429,7 +437,7 @@ fn worker_main(
                 }
             }
         }
-        let events = match turn(driver.as_mut(), &mut tasks, Some(Duration::ZERO)) {
+        let events = match turn(driver.as_mut(), tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
             Err(error) => return Err(RuntimeError::Driver(error)),
         };
@@ -457,7 +465,7 @@ fn worker_main(
         let wakeup = parker.park_with(
             Some(timeout),
             || abort.load(Ordering::Acquire),
-            |timeout| match turn(driver.as_mut(), &mut tasks, timeout) {
+            |timeout| match turn(driver.as_mut(), tasks, timeout) {
                 Ok(events) => io_events = events,
                 Err(error) => turn_error = Some(error),
             },
