@@ -20,7 +20,7 @@ use weir_engine::runtime::job::{
     run_job_to_end, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler,
     JobProgress, JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
 };
-use weir_engine::runtime::{Cores, Runtime, RuntimeError};
+use weir_engine::runtime::{Cores, Runtime, RuntimeError, Wakeups};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
 };
@@ -727,6 +727,28 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
             report.backpressured_ns as f64 / 1e9
         ),
     );
+    let mut wakeups = Wakeups::default();
+    for worker in &report.run.wakeups {
+        wakeups.merge(worker);
+    }
+    row(
+        "worker wake-ups",
+        format!(
+            "{} notified, {} I/O, {} deadline, {} idle (over {} parks)",
+            wakeups.notified,
+            wakeups.io,
+            wakeups.deadline,
+            wakeups.idle,
+            report.run.parks.iter().sum::<u64>()
+        ),
+    );
+    row(
+        "timer wheel peak",
+        format!(
+            "{} timers (capacity {})",
+            report.async_metrics.timer_wheel_peak, settings.capacity
+        ),
+    );
     out
 }
 
@@ -774,6 +796,11 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         "retried": report.async_metrics.retried,
         "timed_out": report.async_metrics.timed_out,
         "backpressured_s": report.backpressured_ns as f64 / 1e9,
+        "timer_wheel_peak": report.async_metrics.timer_wheel_peak,
+        "wakeups": report.run.wakeups.iter().map(|w| json!({
+            "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
+        })).collect::<Vec<_>>(),
+        "parks": report.run.parks,
     })
 }
 

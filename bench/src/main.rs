@@ -407,6 +407,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         }
     );
     let progress = Arc::new(JobProgress::default());
+    let cpu_start = process_cpu();
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
@@ -438,6 +439,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     bar.finish_and_clear();
     let result = handle.join();
     let stats = server.map(|s| s.stop());
+    // Every thread of the process, the ended ones included: workers, the embedded
+    // service, the progress bar.
+    let cpu = process_cpu().saturating_sub(cpu_start);
     let finished = match result {
         Ok(Ok(finished)) => finished,
         Ok(Err(error)) => {
@@ -457,6 +461,21 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         ),
         None => println!("  {:<28} external at {service}", "lookup service"),
     }
+    let records = finished.report.received.max(1);
+    let cpu_per_record_ns = cpu.as_nanos() as f64 / records as f64;
+    let service_share = stats
+        .filter(|s| s.cpu_ns > 0 && !cpu.is_zero())
+        .map(|s| s.cpu_ns as f64 / cpu.as_nanos() as f64);
+    println!(
+        "  {:<28} {:.3} µs (user + sys of all threads {:.2} s ÷ records out){}",
+        "CPU per record",
+        cpu_per_record_ns / 1e3,
+        cpu.as_secs_f64(),
+        match service_share {
+            Some(share) => format!("; the embedded service {:.0}% of it", share * 100.0),
+            None => String::new(),
+        }
+    );
     if let Some((path, file)) = json.as_mut() {
         let mut value = job::to_json(&settings, &finished);
         value["workers"] = Value::from(plan.workers());
@@ -468,7 +487,11 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             "core": service_core,
             "requests": stats.map(|s| s.requests),
             "errors_injected": stats.map(|s| s.errors),
+            "cpu_s": stats.map(|s| s.cpu_ns as f64 / 1e9),
         });
+        value["cpu_s"] = Value::from(cpu.as_secs_f64());
+        value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
+        value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
         write_json(path, file, &value)?;
     }
     if let Some(error) = &finished.failure {
@@ -616,4 +639,16 @@ fn profile(target: ProfileTarget, out: &std::path::Path) -> i32 {
             1
         }
     }
+}
+
+/// User + system CPU time of the whole process so far (every thread, ended ones too).
+fn process_cpu() -> Duration {
+    // SAFETY: an all-zero `rusage` is a valid value for the call to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; the result is checked.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
