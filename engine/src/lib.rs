@@ -24,6 +24,7 @@ pub mod async_io;
 pub mod element;
 pub mod error;
 pub mod exchange;
+pub mod graph;
 pub mod limits;
 pub mod mailbox;
 pub mod park;
