@@ -1,5 +1,13 @@
-//! The main job: embedded lookup service, `generator → async lookup → key-hash
-//! exchange → counting sink` over the workers, with its record types and report.
+//! The main job: embedded lookup service, `generator → async lookup → key-by
+//! exchange → checking sink` over the workers, built with the job-graph API
+//! ([`weir_engine::graph`]), with its record types, source, sink and report.
+//!
+//! The source stamps each record with its creation time by the run's clock (an
+//! open-loop source stamps its *intended* time, so a late source is charged:
+//! coordinated omission is corrected); the sink checks that each id arrives exactly
+//! once (a bitmap of ids per sink subtask, merged at the end), counts records that
+//! arrive out of order from one source subtask, and records latency in an HDR
+//! histogram.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -7,20 +15,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::future::Future;
-use std::pin::Pin;
-
+use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use weir_engine::async_io::futures::{FutureFunction, LocalExecutor};
-use weir_engine::async_io::{
-    AsyncConfig, AsyncError, AsyncFunction, OperatorError, OutputMode, RetryStrategy,
-};
+use weir_engine::async_io::AsyncMetrics;
+use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
-use weir_engine::runtime::job::{
-    run_job_to_end, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler,
-    JobProgress, JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
+use weir_engine::graph::{
+    latency_histogram, ExchangeSpec, Graph, GraphError, IoHandler, LiveCounters, Sink, Source,
+    SourceEvent, SubtaskInfo,
 };
-use weir_engine::runtime::{Cores, Runtime, RuntimeError, Wakeups};
+use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
 };
@@ -362,18 +366,6 @@ impl Codec for Enriched {
     }
 }
 
-impl JobRecord for Enriched {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn key(&self) -> u64 {
-        self.key
-    }
-    fn created_ns(&self) -> u64 {
-        self.created_ns
-    }
-}
-
 /// Settings of one run of the main job.
 #[derive(Clone)]
 pub struct JobSettings {
@@ -446,31 +438,284 @@ pub struct Finished {
     pub failure: Option<RuntimeError>,
 }
 
-/// A boxed local future of a lookup's results.
-type LookupFuture = Pin<Box<dyn Future<Output = Result<Vec<Enriched>, AsyncError>>>>;
-/// The lookup written as an `async` block.
-type AsyncLookup = FutureFunction<Lookup, Enriched, Box<dyn FnMut(&Lookup) -> LookupFuture>>;
+/// Live counters of the job, for the progress display.
+pub type JobProgress = LiveCounters;
 
-/// The lookup client's I/O plus the executor running the futures it wakes.
-struct FuturesIo {
-    client: ClientIo<Lookup>,
-    executor: Rc<RefCell<LocalExecutor>>,
+/// A record as the source makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRecord {
+    /// Unique across the job: `0..records`.
+    pub id: u64,
+    /// The lookup key.
+    pub key: u64,
+    /// Creation time by the run's clock (the intended time in open-loop runs).
+    pub created_ns: u64,
 }
 
-impl IoHandler for FuturesIo {
-    fn flush(&mut self, driver: &mut dyn weir_engine::runtime::Driver, now_ns: u64) {
-        self.executor.borrow_mut().run_ready();
-        self.client.flush(driver, now_ns);
+/// How keys are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KeyDistribution {
+    /// Uniform over `0..keys`.
+    Uniform {
+        /// Distinct keys.
+        keys: u64,
+    },
+    /// `hot_fraction` of records use the first `hot_keys` keys, the rest are uniform.
+    Skewed {
+        /// Distinct keys.
+        keys: u64,
+        /// Keys that are hot.
+        hot_keys: u64,
+        /// Share of records on hot keys.
+        hot_fraction: f64,
+    },
+}
+
+/// Makes subtask `i` of `n`'s key iterator on its worker's thread (an iterator source).
+pub type KeyIterFactory = Arc<dyn Fn(usize, usize) -> Box<dyn Iterator<Item = u64>> + Send + Sync>;
+
+/// Where a collecting sink puts every record it receives (for tests).
+pub type Collected<T> = Arc<std::sync::Mutex<Vec<T>>>;
+
+/// Seed of the key sampling.
+const SEED: u64 = 42;
+
+/// The main job's source: `records` spread over the subtasks (ids `i, i + n, …` on
+/// subtask `i` of `n`), keys drawn from the distribution (xorshift64*) or taken from
+/// an iterator, as fast as accepted or at a rate.
+struct MainSource {
+    subtask: u64,
+    sources: u64,
+    next: u64,
+    count: u64,
+    key_iter: Option<Box<dyn Iterator<Item = u64>>>,
+    interval_ns: Option<u64>,
+    start_ns: Option<u64>,
+    keys: KeyDistribution,
+    rng: u64,
+}
+
+impl MainSource {
+    fn new(settings: &JobSettings, info: &SubtaskInfo) -> Self {
+        let (subtask, sources) = (info.index as u64, info.parallelism as u64);
+        let records = settings.records;
+        let key_iter = settings
+            .key_iter
+            .as_ref()
+            .map(|make| make(info.index, info.parallelism));
+        MainSource {
+            subtask,
+            sources,
+            next: 0,
+            count: match key_iter {
+                Some(_) => u64::MAX,
+                None => records / sources + u64::from(subtask < records % sources),
+            },
+            key_iter,
+            interval_ns: settings.rate.map(|r| (1e9 * sources as f64 / r) as u64),
+            start_ns: None,
+            keys: settings.keys,
+            rng: (SEED ^ subtask.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
+        }
     }
 
-    fn on_event(&mut self, event: &weir_engine::runtime::DriverEvent<'_>) -> bool {
-        let mine = self.client.on_event(event);
-        if mine {
-            // Resume the futures the event woke now, on this thread.
-            self.executor.borrow_mut().run_ready();
+    fn next_key(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        match self.keys {
+            KeyDistribution::Uniform { keys } => r % keys.max(1),
+            KeyDistribution::Skewed {
+                keys,
+                hot_keys,
+                hot_fraction,
+            } => {
+                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+                let r2 = r.rotate_left(32);
+                if unit < hot_fraction {
+                    r2 % hot_keys.max(1)
+                } else {
+                    r2 % keys.max(1)
+                }
+            }
         }
-        mine
     }
+}
+
+impl Source<Lookup> for MainSource {
+    #[inline]
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
+        if self.next == self.count {
+            return SourceEvent::End;
+        }
+        let start = *self.start_ns.get_or_insert(now_ns);
+        let intended = match self.interval_ns {
+            Some(interval) => {
+                let at = start + self.next * interval;
+                if at > now_ns {
+                    return SourceEvent::Idle { until_ns: Some(at) };
+                }
+                at
+            }
+            None => now_ns,
+        };
+        let key = match self.key_iter.as_mut() {
+            Some(keys) => match keys.next() {
+                Some(key) => key,
+                None => {
+                    self.count = self.next;
+                    return SourceEvent::End;
+                }
+            },
+            None => self.next_key(),
+        };
+        let record = SourceRecord {
+            id: self.subtask + self.next * self.sources,
+            key,
+            created_ns: intended,
+        };
+        self.next += 1;
+        SourceEvent::Record(Lookup(record), None)
+    }
+}
+
+/// What one sink subtask received.
+struct SinkResult {
+    seen: Vec<u64>,
+    received: u64,
+    duplicates: u64,
+    reordered: u64,
+    latency: Histogram<u64>,
+}
+
+/// The main job's sink: counts, checks ids, measures latency.
+struct CheckSink {
+    sources: u64,
+    /// The last id from each source subtask (ids are `subtask + n × sources`).
+    last_id: Vec<Option<u64>>,
+    seen: Vec<u64>,
+    received: u64,
+    duplicates: u64,
+    reordered: u64,
+    latency: Histogram<u64>,
+    results: Arc<std::sync::Mutex<Vec<SinkResult>>>,
+    live: Arc<LiveCounters>,
+    reported: u64,
+    collect: Option<(Vec<Enriched>, Collected<Enriched>)>,
+    published: bool,
+}
+
+impl CheckSink {
+    /// Hands what the sink received to the report (once: at the end of its input, or
+    /// when dropped before that in a failed run).
+    fn publish(&mut self) {
+        if std::mem::replace(&mut self.published, true) {
+            return;
+        }
+        if let Some((local, shared)) = self.collect.take() {
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(local);
+        }
+        self.live.received.fetch_add(
+            self.received - self.reported,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.reported = self.received;
+        let result = SinkResult {
+            seen: std::mem::take(&mut self.seen),
+            received: self.received,
+            duplicates: self.duplicates,
+            reordered: self.reordered,
+            latency: self.latency.clone(),
+        };
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(result);
+    }
+}
+
+impl Drop for CheckSink {
+    fn drop(&mut self) {
+        self.publish();
+    }
+}
+
+impl Sink<Enriched> for CheckSink {
+    #[inline]
+    fn invoke(
+        &mut self,
+        value: Enriched,
+        _timestamp: Option<i64>,
+        now_ns: u64,
+    ) -> Result<(), TaskError> {
+        self.received += 1;
+        let source = (value.id % self.sources) as usize;
+        if self.last_id[source].is_some_and(|last| last > value.id) {
+            self.reordered += 1;
+        }
+        self.last_id[source] = Some(value.id);
+        let id = value.id as usize;
+        match self.seen.get_mut(id / 64) {
+            Some(word) => {
+                let bit = 1u64 << (id % 64);
+                if *word & bit != 0 {
+                    self.duplicates += 1;
+                }
+                *word |= bit;
+            }
+            None => self.duplicates += 1,
+        }
+        self.latency
+            .saturating_record(now_ns.saturating_sub(value.created_ns).max(1));
+        if let Some((local, _)) = self.collect.as_mut() {
+            local.push(value);
+        }
+        if self.received - self.reported >= 1024 {
+            self.live.received.fetch_add(
+                self.received - self.reported,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            self.reported = self.received;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        self.publish();
+        Ok(())
+    }
+}
+
+/// What the job did.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// Records generated.
+    pub generated: u64,
+    /// Records received by the sinks (duplicates included).
+    pub received: u64,
+    /// Ids received more than once.
+    pub duplicates: u64,
+    /// Ids never received.
+    pub missing: u64,
+    /// Records that reached a sink with a lower id than the one before them from the
+    /// same source subtask (0 in ordered mode: order is kept end to end per channel).
+    pub reordered: u64,
+    /// Source-to-sink latency, ns.
+    pub latency_ns: Histogram<u64>,
+    /// The async operators' counters, summed (the histogram merged).
+    pub async_metrics: AsyncMetrics,
+    /// Time the source tasks spent unable to emit (async operator full or writer
+    /// back-pressure), ns.
+    pub backpressured_ns: u64,
+    /// The runtime's report.
+    pub run: RunReport,
 }
 
 /// Builds and runs the job; returns its report and wall time, or why it failed.
@@ -508,53 +753,6 @@ pub fn run_to_end(
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
         .build()?;
-    let capacity = settings.capacity;
-    if settings.futures {
-        let function: FunctionFactory<AsyncLookup> = Arc::new(move |_subtask, unparker| {
-            let client = Rc::new(RefCell::new(
-                LookupClient::<Lookup>::new(client_config.clone())
-                    .expect("client settings validated up front"),
-            ));
-            let executor = Rc::new(RefCell::new(
-                LocalExecutor::new(capacity * 2 + 16, Some(unparker)).expect("positive capacity"),
-            ));
-            let lookups = Rc::clone(&client);
-            let call: Box<dyn FnMut(&Lookup) -> LookupFuture> = Box::new(move |input: &Lookup| {
-                let get = lookups.borrow_mut().get(input.0.key);
-                let input = *input;
-                Box::pin(async move {
-                    let value = get.await?;
-                    Ok(vec![input.complete(&value)])
-                })
-            });
-            let io: Box<dyn IoHandler> = Box::new(FuturesIo {
-                client: ClientIo(client),
-                executor: Rc::clone(&executor),
-            });
-            (FutureFunction::new(executor, call), Some(io))
-        });
-        return run_with(settings, runtime, function, progress);
-    }
-    let function: FunctionFactory<LookupFunction<Lookup>> = Arc::new(move |_subtask, _unparker| {
-        let client = Rc::new(RefCell::new(
-            LookupClient::<Lookup>::new(client_config.clone())
-                .expect("client settings validated up front"),
-        ));
-        let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
-        (LookupFunction::new(client), Some(io))
-    });
-    run_with(settings, runtime, function, progress)
-}
-
-fn run_with<F>(
-    settings: &JobSettings,
-    runtime: Runtime,
-    function: FunctionFactory<F>,
-    progress: Arc<JobProgress>,
-) -> Result<Finished, RunError>
-where
-    F: AsyncFunction<In = Lookup, Out = Enriched>,
-{
     let workers = runtime.workers();
     eprintln!(
         "weir: {} on the {} driver",
@@ -571,29 +769,109 @@ where
                 .retry_on_any_error(),
         );
     }
-    let spec = JobSpec {
-        generator: GeneratorSpec {
-            records: settings.records,
-            rate: settings.rate,
-            keys: settings.keys,
-            seed: 42,
-        },
-        keys: settings.key_iter.clone(),
-        collect: settings.collect.clone(),
-        sources: workers,
-        sinks: workers,
-        async_config,
-        function,
-        exchange: ExchangeSpec {
+    let graph = Graph::new()
+        .with_parallelism(workers)
+        .with_live(progress)
+        .with_exchange(ExchangeSpec {
             buffer_timeout: settings.buffer_timeout,
             ..ExchangeSpec::default()
-        },
+        });
+    let source_settings = settings.clone();
+    let source = graph
+        .from_source(move |info| MainSource::new(&source_settings, info))
+        .name("generator");
+    let enriched = if settings.futures {
+        source.async_wait_futures(
+            move |_| {
+                let client = Rc::new(RefCell::new(
+                    LookupClient::<Lookup>::new(client_config.clone())
+                        .expect("client settings validated up front"),
+                ));
+                let lookups = Rc::clone(&client);
+                let call = move |input: &Lookup| {
+                    let get = lookups.borrow_mut().get(input.0.key);
+                    let input = *input;
+                    async move {
+                        let value = get.await?;
+                        Ok(vec![input.complete(&value)])
+                    }
+                };
+                let io: Box<dyn IoHandler> = Box::new(ClientIo(client));
+                (call, Some(io))
+            },
+            async_config,
+        )
+    } else {
+        source.async_wait_io(
+            move |_| {
+                let client = Rc::new(RefCell::new(
+                    LookupClient::<Lookup>::new(client_config.clone())
+                        .expect("client settings validated up front"),
+                ));
+                let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+                (LookupFunction::new(client), Some(io))
+            },
+            async_config,
+        )
     };
+    let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
+    let records = settings.records;
+    {
+        let results = Arc::clone(&results);
+        let collect = settings.collect.clone();
+        let live = graph.live();
+        enriched
+            .key_by(|record: &Enriched| record.key)
+            .sink(move |_| CheckSink {
+                sources: workers as u64,
+                last_id: vec![None; workers],
+                seen: vec![0; (records as usize).div_ceil(64)],
+                received: 0,
+                duplicates: 0,
+                reordered: 0,
+                latency: latency_histogram(),
+                results: Arc::clone(&results),
+                live: Arc::clone(&live),
+                reported: 0,
+                collect: collect.clone().map(|shared| (Vec::new(), shared)),
+                published: false,
+            });
+    }
+    let live = graph.live();
     let started = Instant::now();
-    let (report, failure) = run_job_to_end(runtime, spec, progress)?;
+    let (result, failure) = graph.execute_to_end(runtime).map_err(|error| match error {
+        GraphError::Runtime(error) => RunError::Runtime(error),
+        error => RunError::Setting(error.to_string()),
+    })?;
+    let elapsed = started.elapsed();
+    let mut merged = vec![0u64; (records as usize).div_ceil(64)];
+    let mut report = JobReport {
+        generated: live.generated.load(std::sync::atomic::Ordering::Relaxed),
+        received: 0,
+        duplicates: 0,
+        missing: 0,
+        reordered: 0,
+        latency_ns: latency_histogram(),
+        async_metrics: result.async_metrics(),
+        backpressured_ns: result.stages.first().map_or(0, |s| s.backpressured_ns),
+        run: result.run,
+    };
+    for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        report.received += sink.received;
+        report.duplicates += sink.duplicates;
+        report.reordered += sink.reordered;
+        // Same bounds on both sides: adding cannot fail.
+        let _ = report.latency_ns.add(&sink.latency);
+        for (word, bits) in merged.iter_mut().zip(&sink.seen) {
+            report.duplicates += u64::from((*word & bits).count_ones());
+            *word |= bits;
+        }
+    }
+    let unique: u64 = merged.iter().map(|w| u64::from(w.count_ones())).sum();
+    report.missing = records - unique;
     Ok(Finished {
         report,
-        elapsed: started.elapsed(),
+        elapsed,
         failure,
     })
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
+use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
-use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
 

@@ -504,6 +504,12 @@ impl Graph {
         self
     }
 
+    /// Counts into `live` (e.g. counters a progress display already holds).
+    pub fn with_live(mut self, live: Arc<LiveCounters>) -> Self {
+        self.live = live;
+        self
+    }
+
     /// The settings of every exchange.
     pub fn with_exchange(self, exchange: ExchangeSpec) -> Self {
         self.inner.borrow_mut().exchange = exchange;

@@ -17,7 +17,6 @@
 //! factory, so they may hold `!Send` state (an `Rc`, the operator).
 
 pub mod driver;
-pub mod job;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

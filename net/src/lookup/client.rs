@@ -441,7 +441,7 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
 /// Connects a shared [`LookupClient`] to its task's worker driver.
 pub struct ClientIo<R: LookupRequest>(pub Rc<RefCell<LookupClient<R>>>);
 
-impl<R: LookupRequest> weir_engine::runtime::job::IoHandler for ClientIo<R> {
+impl<R: LookupRequest> weir_engine::graph::IoHandler for ClientIo<R> {
     fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
         let mut client = self.0.borrow_mut();
         client.expire(now_ns);
