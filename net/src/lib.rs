@@ -20,5 +20,5 @@ pub mod error;
 pub mod lookup;
 pub mod uring;
 
-pub use driver::{build as build_driver, DriverKind, Wake};
+pub use driver::{build as build_driver, factory as driver_factory, DriverKind, Wake};
 pub use error::NetError;

@@ -40,6 +40,17 @@ pub trait LookupRequest: 'static {
     fn complete(self, value: &[u8]) -> Self::Out;
 }
 
+/// A bare key: its result is the value's bytes.
+impl LookupRequest for u64 {
+    type Out = Vec<u8>;
+    fn key(&self) -> u64 {
+        *self
+    }
+    fn complete(self, value: &[u8]) -> Vec<u8> {
+        value.to_vec()
+    }
+}
+
 /// Settings of a client.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -436,6 +447,34 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
     fn key(&self, input: &R) -> u64 {
         input.key()
     }
+}
+
+/// What [`lookup_function`] returns: subtask `i`'s lookup function and the I/O hook
+/// of its client, for [`Stream::async_wait_io`](weir_engine::graph::Stream::async_wait_io).
+pub type LookupFactory<R> = Box<
+    dyn Fn(
+            &weir_engine::graph::SubtaskInfo,
+        ) -> (
+            LookupFunction<R>,
+            Option<Box<dyn weir_engine::graph::IoHandler>>,
+        ) + Send
+        + Sync,
+>;
+
+/// Each subtask's lookup function for a graph: its own client with `config`'s
+/// connections, driven by its worker's driver. The settings are checked here, so
+/// making a subtask's client cannot fail.
+pub fn lookup_function<R: LookupRequest + Clone>(
+    config: ClientConfig,
+) -> Result<LookupFactory<R>, NetError> {
+    LookupClient::<R>::new(config.clone())?;
+    Ok(Box::new(move |_subtask| {
+        let client = Rc::new(RefCell::new(
+            LookupClient::<R>::new(config.clone()).expect("settings checked above"),
+        ));
+        let io: Box<dyn weir_engine::graph::IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+        (LookupFunction::new(client), Some(io))
+    }))
 }
 
 /// Connects a shared [`LookupClient`] to its task's worker driver.
