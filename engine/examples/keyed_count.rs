@@ -13,8 +13,11 @@ use weir_engine::runtime::{Cores, Runtime};
 const TEXT: &str = "the quick brown fox jumps over the lazy dog the fox naps \
                     and the dog barks at the quick fox";
 
-/// Each count as it is updated: (word, count so far, counting subtask).
-fn run(repeat: usize) -> Result<Vec<(String, u64, u64)>, Box<dyn std::error::Error>> {
+/// A count as it is updated: (word, count so far, counting subtask).
+type Count = (String, u64, u64);
+
+/// Every count update.
+fn run(repeat: usize) -> Result<Vec<Count>, Box<dyn std::error::Error>> {
     let graph = Graph::new();
     let counts = graph
         .from_iter(move |source: &SubtaskInfo| {

@@ -714,18 +714,15 @@ impl Graph {
             let per_partition = sizing.segments_per_partition;
             let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)
                 .map_err(RuntimeError::from)?;
-            for i in 0..from.parallelism {
+            for (i, &from_worker) in from.workers.iter().enumerate() {
                 let targets =
                     partition::connected(edge.partitioning, from.parallelism, to.parallelism, i);
                 let config = LocalPoolConfig::new(per_partition, targets.len())
                     .with_max_per_subpartition(per_partition)
                     .with_overdraft(overdraft);
-                let pool = LocalBufferPool::with_notify(
-                    &network,
-                    config,
-                    runtime.unparker(from.workers[i]),
-                )
-                .map_err(RuntimeError::from)?;
+                let pool =
+                    LocalBufferPool::with_notify(&network, config, runtime.unparker(from_worker))
+                        .map_err(RuntimeError::from)?;
                 let mut senders = Vec::with_capacity(targets.len());
                 for j in targets {
                     let notify: Arc<dyn crate::park::Notify> =
