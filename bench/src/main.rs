@@ -50,6 +50,9 @@ enum Command {
         /// Only the experiments whose name contains this text.
         #[arg(long)]
         only: Option<String>,
+        /// Only the implementations whose name contains this text (e.g. to profile one).
+        #[arg(long)]
+        implementation: Option<String>,
     },
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
@@ -242,6 +245,7 @@ fn main() {
             scale,
             json,
             only,
+            implementation,
         } => {
             if !(scale.is_finite() && scale > 0.0 && scale <= 100.0) {
                 eprintln!("error: --scale must be in (0, 100], got {scale}");
@@ -258,6 +262,16 @@ fn main() {
                 cases.retain(|c| c.experiment.contains(only.as_str()));
                 if cases.is_empty() {
                     eprintln!("error: no experiment of this suite matches --only {only:?}");
+                    std::process::exit(2);
+                }
+            }
+            if let Some(implementation) = &implementation {
+                cases.retain(|c| c.implementation.contains(implementation.as_str()));
+                if cases.is_empty() {
+                    eprintln!(
+                        "error: no implementation in these experiments matches \
+                         --implementation {implementation:?}"
+                    );
                     std::process::exit(2);
                 }
             }
