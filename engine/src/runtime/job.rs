@@ -107,6 +107,11 @@ pub trait IoHandler {
     fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64);
     /// Takes an event if it is for one of this handler's connections.
     fn on_event(&mut self, event: &DriverEvent<'_>) -> bool;
+    /// When the handler next needs a flush even without I/O (a reconnection attempt, a
+    /// timeout), by the run's clock.
+    fn next_deadline(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Makes subtask `i`'s async function (and its I/O handler) on its worker's thread;
@@ -564,6 +569,9 @@ where
         }
         if let Some(flush) = self.writer.next_flush_deadline() {
             deadline = Some(deadline.map_or(flush, |d| d.min(flush)));
+        }
+        if let Some(io) = self.io.as_ref().and_then(|io| io.next_deadline()) {
+            deadline = Some(deadline.map_or(io, |d| d.min(io)));
         }
         deadline
     }
