@@ -203,6 +203,7 @@ enum Suite {
     Async,
     Exchange,
     Lookup,
+    Redis,
 }
 
 /// `weir` with no subcommand: `weir run` on its defaults.
@@ -245,6 +246,13 @@ fn main() {
                 Suite::Async => compare::async_cases(scale),
                 Suite::Exchange => compare::exchange_cases(scale),
                 Suite::Lookup => compare::lookup_cases(scale),
+                Suite::Redis => match compare::redis_cases(scale) {
+                    Ok(cases) => cases,
+                    Err(error) => {
+                        eprintln!("error: the redis suite needs a redis-server: {error}");
+                        std::process::exit(1);
+                    }
+                },
             };
             if let Some(only) = &only {
                 cases.retain(|c| c.experiment.contains(only.as_str()));

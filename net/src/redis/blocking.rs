@@ -207,6 +207,23 @@ pub fn load_keys(
     keys: u64,
     value_size: usize,
     prefix: &str,
+    progress: impl FnMut(u64),
+) -> Result<Loaded, RedisError> {
+    load_keys_with(
+        url,
+        keys,
+        value_size,
+        |out, n| key_name(out, prefix, n),
+        progress,
+    )
+}
+
+/// [`load_keys`] with key `n`'s name written by `name`.
+pub fn load_keys_with(
+    url: &RedisUrl,
+    keys: u64,
+    value_size: usize,
+    mut name: impl FnMut(&mut Vec<u8>, u64),
     mut progress: impl FnMut(u64),
 ) -> Result<Loaded, RedisError> {
     if value_size > 512 << 20 {
@@ -223,7 +240,7 @@ pub fn load_keys(
         connection.pipeline((end - next) as usize, |out| {
             for n in next..end {
                 key.clear();
-                key_name(&mut key, prefix, n);
+                name(&mut key, n);
                 value.clear();
                 value_of(&mut value, n, value_size);
                 resp::encode_command(out, &[b"SET", &key, &value]);

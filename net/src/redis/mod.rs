@@ -15,7 +15,7 @@ pub mod process;
 mod resp;
 pub mod url;
 
-pub use blocking::{key_name, load_keys, value_of, BlockingConnection, Loaded};
+pub use blocking::{key_name, load_keys, load_keys_with, value_of, BlockingConnection, Loaded};
 pub use client::{
     Args, Backoff, Batching, Fields, Lookup, RedisClient, RedisConfig, RedisFunction, RedisIo,
     RedisRequest, RedisStats, Reply, SharedStats,
