@@ -20,6 +20,10 @@ use weir_engine::runtime::job::{
 };
 use weir_engine::runtime::{Cores, Runtime, RuntimeError};
 use weir_net::lookup::{ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest};
+use weir_net::redis::{
+    Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisFunction, RedisIo,
+    RedisRequest, RedisUrl, Reply, SharedStats,
+};
 use weir_net::DriverKind;
 
 /// A source record on its way to the lookup.
@@ -221,7 +225,8 @@ fn run_with<F>(
     progress: Arc<JobProgress>,
 ) -> Result<(JobReport, Duration), RuntimeError>
 where
-    F: AsyncFunction<In = Lookup, Out = Enriched>,
+    F: AsyncFunction<Out = Enriched>,
+    F::In: From<SourceRecord>,
 {
     let workers = runtime.workers();
     eprintln!(
@@ -356,4 +361,94 @@ pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) ->
         "timed_out": report.async_metrics.timed_out,
         "backpressured_s": report.backpressured_ns as f64 / 1e9,
     })
+}
+
+/// The job's keys in Redis: `weir:<key>`, as `weir load-redis` writes them.
+pub const REDIS_KEY_PREFIX: &str = "weir:";
+
+/// A source record on its way to a Redis lookup (`GET weir:<key>`).
+#[derive(Debug, Clone, Copy)]
+pub struct RedisLookup(pub SourceRecord);
+
+impl From<SourceRecord> for RedisLookup {
+    fn from(record: SourceRecord) -> Self {
+        RedisLookup(record)
+    }
+}
+
+impl RedisRequest for RedisLookup {
+    type Out = Enriched;
+    fn lookup(&self, args: &mut Args) -> RedisGet {
+        args.push_fmt(format_args!("{REDIS_KEY_PREFIX}{}", self.0.key));
+        RedisGet::Get
+    }
+    /// A missing key is a value: the record goes on with an empty one (counted as a
+    /// miss in [`RedisStore::stats`]).
+    fn complete(self, reply: Reply<'_>) -> Enriched {
+        Enriched {
+            id: self.0.id,
+            key: self.0.key,
+            created_ns: self.0.created_ns,
+            value: reply.value().map(<[u8]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// Redis as the store of the main job's lookups (`weir run --store`).
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    /// The server.
+    pub url: RedisUrl,
+    /// `MGET` batching of each turn's lookups, or plain pipelining.
+    pub batching: Batching,
+    /// The clients' counters, summed over the workers.
+    pub stats: Arc<SharedStats>,
+}
+
+impl RedisStore {
+    /// The client settings for `settings`: its connections per subtask, room for its
+    /// capacity, and (as for the lookup service) a request timeout short enough for
+    /// the retries to run within the operator's timeout.
+    pub fn client_config(&self, settings: &JobSettings) -> RedisConfig {
+        let mut config = RedisConfig::new(self.url.clone());
+        config.connections = settings.connections;
+        config.capacity = settings.capacity * 4 + 64;
+        config.batching = self.batching;
+        config.request_timeout =
+            (settings.timeout / (settings.retries + 1)).max(std::time::Duration::from_millis(1));
+        config.connect_timeout = config.connect_timeout.min(config.request_timeout);
+        config
+    }
+}
+
+/// [`run`] with the lookups going to Redis instead of the lookup service
+/// (`settings.service` and `settings.futures` are not used).
+pub fn run_redis(
+    settings: &JobSettings,
+    store: &RedisStore,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Duration), RuntimeError> {
+    let config = store.client_config(settings);
+    let addr = config
+        .check()
+        .map_err(|error| RuntimeError::Setup(Box::new(error)))?;
+    let driver_kind = settings.driver;
+    let runtime = Runtime::builder()
+        .cores(settings.cores.clone())
+        .pin(settings.pin)
+        .driver(Arc::new(move || {
+            weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
+        }))
+        .build()?;
+    let stats = Arc::clone(&store.stats);
+    let function: FunctionFactory<RedisFunction<RedisLookup>> =
+        Arc::new(move |_subtask, _unparker| {
+            let client = RedisClient::<RedisLookup>::with_addr(config.clone(), addr)
+                .expect("client settings checked up front")
+                .with_shared_stats(Arc::clone(&stats));
+            let client = Rc::new(RefCell::new(client));
+            let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
+            (RedisFunction::new(client), Some(io))
+        });
+    run_with(settings, runtime, function, progress)
 }

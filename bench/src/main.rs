@@ -13,6 +13,7 @@ use weir_engine::async_io::OutputMode;
 use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_engine::runtime::Cores;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
+use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
 
 #[derive(Parser)]
@@ -32,6 +33,9 @@ enum Command {
     Run(RunArgs),
     /// The lookup service alone, until interrupted.
     ServeLookup(ServeArgs),
+    /// Loads the main job's keys (`weir:0` ...) into Redis for `weir run --store`,
+    /// pipelined.
+    LoadRedis(LoadRedisArgs),
     /// Weir against its peers in interleaved turns; prints medians and ratios.
     Compare {
         /// Which structures to compare.
@@ -134,6 +138,14 @@ struct RunArgs {
     /// Use a running service at this address instead of the embedded one.
     #[arg(long)]
     lookup_addr: Option<SocketAddr>,
+    /// Look the keys up in Redis instead (redis://[user:password@]host:port[/db]); load
+    /// them first with `weir load-redis`.
+    #[arg(long, value_parser = parse_redis_url)]
+    store: Option<RedisUrl>,
+    /// With --store: batch each driver turn's lookups into MGETs of up to this many
+    /// keys; 0 sends each GET on its own (plain pipelining).
+    #[arg(long, default_value_t = 0)]
+    mget: usize,
     /// Injected error-response rate at the embedded service.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
@@ -180,6 +192,24 @@ enum Mode {
     Keyed,
 }
 
+fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
+    text.parse()
+        .map_err(|e: weir_net::redis::UrlError| e.to_string())
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct LoadRedisArgs {
+    /// The server.
+    #[arg(long, default_value = "redis://127.0.0.1:6379", value_parser = parse_redis_url)]
+    store: RedisUrl,
+    /// Keys to write (`weir:0` .. `weir:<N-1>`; match `weir run --keys`).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+}
+
 fn parse_latency(text: &str) -> Result<Latency, String> {
     text.parse()
 }
@@ -221,6 +251,7 @@ fn main() {
     match command {
         Command::Run(args) => std::process::exit(run_job(args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
+        Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::Report { data, out, commit } => {
             if let Err(error) = weir_bench::report::generate(&data, &out, &commit) {
                 eprintln!("error: {error}");
@@ -325,7 +356,14 @@ fn run_job(args: RunArgs) -> i32 {
         eprintln!("error: --skew must be in 0..=1");
         return 2;
     }
-    let server = match args.lookup_addr {
+    if args.store.is_some() && args.futures {
+        eprintln!("error: --futures applies to the embedded lookup service; drop it with --store");
+        return 2;
+    }
+    let server = match args
+        .lookup_addr
+        .or(args.store.as_ref().map(|_| UNUSED_SERVICE))
+    {
         Some(_) => None,
         None => {
             let config = ServerConfig {
@@ -348,7 +386,8 @@ fn run_job(args: RunArgs) -> i32 {
     };
     let service = args
         .lookup_addr
-        .unwrap_or_else(|| server.as_ref().map(|s| s.addr()).expect("embedded"));
+        .or(server.as_ref().map(|s| s.addr()))
+        .unwrap_or(UNUSED_SERVICE);
     let keys = if args.skew > 0.0 {
         KeyDistribution::Skewed {
             keys: args.keys,
@@ -381,24 +420,53 @@ fn run_job(args: RunArgs) -> i32 {
         key_iter: None,
         collect: None,
     };
-    eprintln!(
-        "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",
-        settings.records,
-        settings.mode,
-        settings.capacity,
-        args.latency,
-        service,
-        if server.is_some() {
-            "embedded"
-        } else {
-            "external"
+    if args.store.is_none() {
+        eprintln!(
+            "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",
+            settings.records,
+            settings.mode,
+            settings.capacity,
+            args.latency,
+            service,
+            if server.is_some() {
+                "embedded"
+            } else {
+                "external"
+            }
+        );
+    }
+    let redis = args.store.clone().map(|url| job::RedisStore {
+        url,
+        batching: match args.mget {
+            0 => Batching::Off,
+            max_keys => Batching::Mget { max_keys },
+        },
+        stats: Arc::default(),
+    });
+    if let Some(store) = &redis {
+        if let Err(error) = store.client_config(&settings).check() {
+            eprintln!("error: --store: {error}");
+            return 2;
         }
-    );
+        eprintln!(
+            "weir run: {} records, {:?} mode, capacity {}, lookups in Redis at {} ({:?}), keys {}<key>",
+            settings.records,
+            settings.mode,
+            settings.capacity,
+            store.url,
+            store.batching,
+            job::REDIS_KEY_PREFIX
+        );
+    }
     let progress = Arc::new(JobProgress::default());
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
-        std::thread::spawn(move || job::run(&settings, progress))
+        let redis = redis.clone();
+        std::thread::spawn(move || match &redis {
+            Some(store) => job::run_redis(&settings, store, progress),
+            None => job::run(&settings, progress),
+        })
     };
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
@@ -431,10 +499,26 @@ fn run_job(args: RunArgs) -> i32 {
             return 1;
         }
     };
-    println!(
-        "{}",
-        job::render(&settings, &report, elapsed, args.latency.mean())
-    );
+    let mean_latency = match &redis {
+        // Little's limit needs the service's latency, which Redis does not announce.
+        Some(_) => Duration::ZERO,
+        None => args.latency.mean(),
+    };
+    println!("{}", job::render(&settings, &report, elapsed, mean_latency));
+    if let Some(store) = &redis {
+        let stats = store.stats.snapshot();
+        println!(
+            "  {:<28} {} hits, {} misses, {} error replies, {} failed, {} commands ({} MGETs), {} connections",
+            "redis",
+            stats.hits,
+            stats.misses,
+            stats.errors,
+            stats.failed,
+            stats.commands,
+            stats.batches,
+            stats.connects
+        );
+    }
     if let Some(stats) = stats {
         println!(
             "  {:<28} {} requests, {} errors injected",
@@ -457,6 +541,45 @@ fn run_job(args: RunArgs) -> i32 {
         return 1;
     }
     0
+}
+
+/// The lookup service address when Redis is the store (never connected to).
+const UNUSED_SERVICE: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
+
+fn load_redis(args: LoadRedisArgs) -> i32 {
+    eprintln!(
+        "weir load-redis: {} keys of {} bytes into {}",
+        args.keys, args.value_size, args.store
+    );
+    let bar = indicatif::ProgressBar::new(args.keys);
+    let started = std::time::Instant::now();
+    let loaded = weir_net::redis::load_keys(
+        &args.store,
+        args.keys,
+        args.value_size,
+        job::REDIS_KEY_PREFIX,
+        |done| bar.set_position(done),
+    );
+    bar.finish_and_clear();
+    match loaded {
+        Ok(loaded) => {
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "loaded {} keys ({} MB of values) in {seconds:.2} s: {:.0} keys/s",
+                loaded.keys,
+                loaded.bytes / 1_000_000,
+                loaded.keys as f64 / seconds.max(1e-9)
+            );
+            0
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
+        }
+    }
 }
 
 fn serve(args: ServeArgs) -> i32 {

@@ -161,6 +161,9 @@ pub enum RuntimeError {
     /// A driver could not be made.
     #[error("cannot create a worker's I/O driver: {0}")]
     Driver(#[source] std::io::Error),
+    /// Setting the run up failed (e.g. an external system's settings were refused).
+    #[error("cannot set up the run: {0}")]
+    Setup(#[source] TaskError),
     /// A task failed; the run was stopped.
     #[error("task on worker {worker} failed: {error}")]
     Task {

@@ -234,6 +234,12 @@ impl RedisConfig {
         }
     }
 
+    /// Checks the settings and resolves the server's address (blocking, once).
+    pub fn check(&self) -> Result<SocketAddr, RedisError> {
+        self.validate()?;
+        Ok(self.url.resolve()?)
+    }
+
     fn validate(&self) -> Result<(), RedisError> {
         let problem = if self.connections == 0 {
             Some("connections must be at least 1")
@@ -460,8 +466,14 @@ pub struct RedisClient<R: RedisRequest> {
 impl<R: RedisRequest> RedisClient<R> {
     /// A client; it resolves the host now and connects when the first call waits.
     pub fn new(config: RedisConfig) -> Result<Self, RedisError> {
+        let addr = config.check()?;
+        Self::with_addr(config, addr)
+    }
+
+    /// A client of the server at `addr` (the URL's host resolved already, e.g. by
+    /// [`RedisConfig::check`], so that clients made on workers do not resolve again).
+    pub fn with_addr(config: RedisConfig, addr: SocketAddr) -> Result<Self, RedisError> {
         config.validate()?;
-        let addr = config.url.resolve()?;
         Ok(RedisClient {
             peer: addr.to_string(),
             addr,
