@@ -364,8 +364,11 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         table(&mut md, &rows);
     }
     // Redis, when scripts/report.sh could start a server for it.
-    if let Some(value) = read(data, "redis.json") {
-        redis_section(&mut md, &plots, &value)?;
+    match read(data, "redis.json") {
+        Some(value) => redis_section(&mut md, &plots, &value)?,
+        None => {
+            let _ = writeln!(md, "\n## Redis lookups\n\nNot measured in this run (no redis-server could be started).\n");
+        }
     }
     // The main job and its open-loop sweep.
     let _ = writeln!(md, "\n## The main job (`weir run`)\n");
