@@ -1,6 +1,7 @@
 //! Criterion curves for Redis `GET`s of 100-byte values on one worker against a
 //! `redis-server` pinned to the other core, over the number in flight: Weir's operator
-//! over its Redis client (io_uring and epoll, plain pipelining and `MGET` batching),
+//! over its Redis client (io_uring and epoll, plain pipelining and `MGET` batching, the
+//! worker polling for `SPIN` before it parks),
 //! redis-rs's multiplexed connection and fred on a tokio current-thread runtime.
 //!
 //! Needs `redis-server` (scripts/redis.sh install); without it the suite says so and
@@ -14,7 +15,7 @@ mod common;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::compare::{FRED, REDIS_RS};
-use weir_bench::redis_peers::{fred, redis_rs, server, weir};
+use weir_bench::redis_peers::{fred, redis_rs, server, weir, SPIN};
 use weir_net::redis::RedisServer;
 use weir_net::DriverKind;
 
@@ -34,11 +35,11 @@ fn in_flight(c: &mut Criterion) {
     for inflight in [1usize, 16, 256, 1024] {
         for &(driver, name) in &drivers {
             group.bench_with_input(BenchmarkId::new(name, inflight), &inflight, |b, &c| {
-                b.iter_custom(|n| weir(driver, &url, c, false, n).elapsed)
+                b.iter_custom(|n| weir(driver, &url, c, false, SPIN, n).elapsed)
             });
             let batched = format!("{name}, MGET batching");
             group.bench_with_input(BenchmarkId::new(batched, inflight), &inflight, |b, &c| {
-                b.iter_custom(|n| weir(driver, &url, c, true, n).elapsed)
+                b.iter_custom(|n| weir(driver, &url, c, true, SPIN, n).elapsed)
             });
         }
         group.bench_with_input(BenchmarkId::new(REDIS_RS, inflight), &inflight, |b, &c| {

@@ -536,12 +536,13 @@ pub const TOKIO_LOOP_LOOKUP: &str = "tokio pipelined loop (one task, no per-call
 pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 
 /// The Redis experiments: GETs of 100-byte values at C in flight from one worker,
-/// Weir (io_uring and epoll, plain pipelining and MGET batching) against redis-rs and
+/// Weir (io_uring and epoll, plain pipelining and MGET batching, each polling for
+/// `redis_peers::SPIN` before parking, and once parking at once) against redis-rs and
 /// fred, and the server's own ceiling (`redis-benchmark -P 64`). One `redis-server`,
 /// pinned to the second core, serves every turn; it stops when the cases are dropped.
 /// Fails where `redis-server` cannot be started.
 pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
-    use redis_peers::{ceiling, fred, redis_rs, weir};
+    use redis_peers::{ceiling, fred, redis_rs, weir, SPIN};
     let server = Arc::new(redis_peers::server()?);
     let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     let mut drivers = vec![(DriverKind::Epoll, "weir epoll", "weir epoll, MGET batching")];
@@ -574,11 +575,25 @@ pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
                     experiment,
                     name,
                     ops,
-                    with_server(Arc::new(move |url, n| weir(driver, url, c, mget, n))),
+                    with_server(Arc::new(move |url, n| weir(driver, url, c, mget, SPIN, n))),
                     None,
                 ));
             }
         }
+        let (driver, name) = if uring {
+            (DriverKind::Uring, WEIR_REDIS_NO_SPIN_URING)
+        } else {
+            (DriverKind::Epoll, WEIR_REDIS_NO_SPIN_EPOLL)
+        };
+        cases.push(workload(
+            experiment,
+            name,
+            ops,
+            with_server(Arc::new(move |url, n| {
+                weir(driver, url, c, false, Duration::ZERO, n)
+            })),
+            None,
+        ));
         cases.push(workload(
             experiment,
             REDIS_RS,
@@ -606,6 +621,11 @@ pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
 
 /// A Redis workload: runs `n` operations against the server at a URL.
 type RedisWorkload = Arc<dyn Fn(&weir_net::redis::RedisUrl, u64) -> Measurement + Send + Sync>;
+
+/// Weir's plain pipelining on io_uring with a worker that parks as soon as it is idle.
+pub const WEIR_REDIS_NO_SPIN_URING: &str = "weir io_uring, no spin (parks when idle)";
+/// The same on epoll, where io_uring is unavailable.
+pub const WEIR_REDIS_NO_SPIN_EPOLL: &str = "weir epoll, no spin (parks when idle)";
 
 /// The Redis experiment at one lookup in flight.
 pub const REDIS_C1: &str = "redis GET 100 B, 1 in flight";
@@ -952,5 +972,10 @@ mod tests {
                 case.implementation
             );
         }
+        // The redis suite needs a server to build its cases; its names by themselves.
+        assert_eq!(Role::of(REDIS_RS), Role::Peer);
+        assert_eq!(Role::of(FRED), Role::Peer);
+        assert_eq!(Role::of(REDIS_CEILING), Role::Ceiling);
+        assert_eq!(Role::of("weir io_uring, MGET batching"), Role::Weir);
     }
 }

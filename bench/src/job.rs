@@ -168,6 +168,7 @@ pub fn run(
     let runtime = Runtime::builder()
         .cores(settings.cores.clone())
         .pin(settings.pin)
+        .spin(spin_from_env().map_err(|e| RuntimeError::Setup(e.into()))?)
         .driver(Arc::new(move || {
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
@@ -363,6 +364,16 @@ pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) ->
     })
 }
 
+/// How long idle workers poll before they park: `WEIR_SPIN` (e.g. `100us`; see
+/// `RuntimeBuilder::spin`), by default not at all.
+pub fn spin_from_env() -> Result<Duration, String> {
+    match std::env::var("WEIR_SPIN") {
+        Ok(text) => weir_net::lookup::parse_duration(&text)
+            .map_err(|e| format!("WEIR_SPIN={text:?}: {e}; write e.g. 100us")),
+        Err(_) => Ok(Duration::ZERO),
+    }
+}
+
 /// The job's keys in Redis: `weir:<key>`, as `weir load-redis` writes them.
 pub const REDIS_KEY_PREFIX: &str = "weir:";
 
@@ -436,6 +447,7 @@ pub fn run_redis(
     let runtime = Runtime::builder()
         .cores(settings.cores.clone())
         .pin(settings.pin)
+        .spin(spin_from_env().map_err(|e| RuntimeError::Setup(e.into()))?)
         .driver(Arc::new(move || {
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))

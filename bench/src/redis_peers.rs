@@ -3,7 +3,9 @@
 //!
 //! - Weir's async operator over its Redis client on one worker, with the io_uring and
 //!   the epoll driver, each with plain pipelining and with the `GET`s of a driver turn
-//!   batched into `MGET`s;
+//!   batched into `MGET`s; the worker polls for [`SPIN`] before it parks, as a runtime
+//!   worker built with `RuntimeBuilder::spin(SPIN)` does (`WEIR_SPIN=100us weir run`),
+//!   and once without that spin, parking as soon as it is idle;
 //! - `redis` (redis-rs) as its documentation advises for concurrent use: one
 //!   multiplexed async connection (which pipelines the commands of concurrent callers
 //!   on its one socket) shared by clones, on a tokio current-thread runtime, the calls
@@ -49,6 +51,10 @@ pub fn key(out: &mut Vec<u8>, n: u64) {
 }
 /// Keys per `MGET` when batching.
 pub const MGET_MAX_KEYS: usize = 512;
+/// How long Weir's worker polls before it parks in these workloads: longer than a
+/// loopback round trip, so a worker waiting for one reply takes it without the
+/// wake-up of a parked thread.
+pub const SPIN: Duration = Duration::from_micros(100);
 
 /// A `redis-server` on the second bench core with the bench keys loaded.
 pub fn server() -> Result<RedisServer, String> {
@@ -89,8 +95,16 @@ impl Collector<usize> for Count {
 }
 
 /// `n` GETs through Weir's unordered operator (capacity `c`) over its Redis client on
-/// this thread with `driver`, batched into `MGET`s or not.
-pub fn weir(driver: DriverKind, url: &RedisUrl, c: usize, mget: bool, n: u64) -> Measurement {
+/// this thread with `driver`, batched into `MGET`s or not, polling for `spin` before
+/// blocking in the driver (the runtime worker's loop, on this thread).
+pub fn weir(
+    driver: DriverKind,
+    url: &RedisUrl,
+    c: usize,
+    mget: bool,
+    spin: Duration,
+    n: u64,
+) -> Measurement {
     let (core_a, _) = bench_cores();
     pin(core_a);
     let mut driver = weir_net::build_driver(driver).expect("driver");
@@ -116,27 +130,38 @@ pub fn weir(driver: DriverKind, url: &RedisUrl, c: usize, mget: bool, n: u64) ->
     )
     .expect("operator");
     let epoch = Instant::now();
+    let spin_ns = spin.as_nanos() as u64;
+    let mut progress_ns = 0;
     let mut out = Count(0);
     let mut next = 0;
     while out.0 < n {
         let now = epoch.elapsed().as_nanos() as u64;
+        let submitted = next;
         while next < n && !operator.is_full() {
             operator
                 .process_record(Get(next), None, now, &mut out)
                 .expect("no failure");
             next += 1;
         }
+        if next > submitted {
+            progress_ns = now;
+        }
         client.borrow_mut().flush(driver.as_mut(), now);
-        let wait = if operator.has_completions() {
+        let wait = if operator.has_completions() || now.saturating_sub(progress_ns) < spin_ns {
             Duration::ZERO
         } else {
             Duration::from_millis(50)
         };
+        let mut events = 0;
         driver
             .turn(Some(wait), &mut |event| {
+                events += 1;
                 client.borrow_mut().on_event(&event);
             })
             .expect("driver turn");
+        if events > 0 {
+            progress_ns = now;
+        }
         operator
             .drain(epoch.elapsed().as_nanos() as u64, &mut out)
             .expect("no failure");
@@ -299,10 +324,10 @@ mod tests {
         let server = server().expect("redis-server");
         let url = server.url();
         for (c, n) in [(1, 20), (16, 2_000), (256, 3_000)] {
-            for mget in [false, true] {
-                weir(DriverKind::Epoll, &url, c, mget, n);
+            for (mget, spin) in [(false, SPIN), (true, SPIN), (false, Duration::ZERO)] {
+                weir(DriverKind::Epoll, &url, c, mget, spin, n);
                 if weir_net::build_driver(DriverKind::Uring).is_ok() {
-                    weir(DriverKind::Uring, &url, c, mget, n);
+                    weir(DriverKind::Uring, &url, c, mget, spin, n);
                 }
             }
             assert!(!redis_rs(&url, c, n).latency_ns.expect("sampled").is_empty());

@@ -172,6 +172,18 @@ pub trait RedisRequest: 'static {
 }
 
 /// Whether the `GET`s of a turn are coalesced.
+///
+/// Which wins where (`weir compare redis`: one worker, one connection, `GET`s of
+/// 100-byte values from 100,000 keys, server on the other core of a 2-core VM, medians
+/// of 3 rounds): with 1 lookup in flight the two are the same (a batch of one key goes
+/// as a `GET`; 23 µs a lookup on epoll either way); with 16 in flight `MGET` is
+/// 1.0–1.1× plain pipelining; with 256, 1.4–1.5× (1.8–2.2 M against 1.25–1.5 M
+/// lookups/s); with 1024, 1.5–1.6× (4.5–5.1 M against 3.0–3.2 M/s). The server's work
+/// per key is what `MGET` saves: one command to parse and dispatch instead of many.
+///
+/// Keep it off against a Redis Cluster (an `MGET`'s keys must share a hash slot) and
+/// where a key may hold something else than a string: `GET` of a hash fails with
+/// `WRONGTYPE`, while `MGET` answers nil for it, a miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Batching {
     /// Each `GET` is its own command (plain pipelining).
