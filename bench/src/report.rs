@@ -489,7 +489,7 @@ fn redis_section(md: &mut String, plots: &Path, value: &Value) -> Result<(), Str
     let rows = rows(value);
     let _ = writeln!(
         md,
-        "\n## Redis lookups\n\nCommand: `{}`\n\nOne worker, one connection, `GET`s of 100-byte values from 100,000 keys on a `redis-server` pinned to the other core; redis-rs (multiplexed connection) and fred on a tokio current-thread runtime; the ceiling is `redis-benchmark -P 64 -r 100000` (50 connections) reading the same keys.",
+        "\n## Redis lookups\n\nCommand: `{}`\n\nOne worker, one connection, `GET`s of 100-byte values from 100,000 keys on a `redis-server` pinned to the other core. Weir's worker polls for 100 µs before it parks (`RuntimeBuilder::spin`, `WEIR_SPIN`); the \"no spin\" row parks as soon as it is idle. redis-rs (multiplexed connection) and fred run on a tokio current-thread runtime. The ceiling is `redis-benchmark -P 64 -r 100000` (50 connections) reading the same keys.",
         value["command"].as_str().unwrap_or("?")
     );
     let in_flight = |r: &Row| number_after(&r.experiment, "100 B,");

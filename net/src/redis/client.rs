@@ -1518,6 +1518,36 @@ mod tests {
         );
     }
 
+    /// A set-up that takes longer than the connect timeout, and a server silent for
+    /// the request timeout with replies due: the calls fail with typed errors and the
+    /// connection is closed.
+    #[test]
+    fn set_up_and_replies_are_timed() {
+        let mut driver = weir_engine::runtime::NoIo::new();
+        let second = 1_000_000_000;
+        let (client, mut harness) = setting_up("redis://127.0.0.1:9");
+        harness.process_record(Req::Get(1), None).expect("submit");
+        client.borrow_mut().flush(&mut driver, second / 2);
+        assert!(harness.run_mailbox().is_ok(), "within the connect timeout");
+        assert_eq!(client.borrow().next_deadline(), Some(second + 1));
+        client.borrow_mut().flush(&mut driver, second + 2);
+        let error = redis_error(harness.run_mailbox().expect_err("connect timeout"));
+        assert!(
+            matches!(error, RedisError::ConnectTimeout { .. }),
+            "{error}"
+        );
+        assert_eq!(client.borrow().connections[0].state, State::Down);
+
+        let (client, mut harness) = ready(Batching::Off);
+        harness.process_record(Req::Get(1), None).expect("submit");
+        client.borrow_mut().flush(&mut driver, 4 * second);
+        assert!(harness.run_mailbox().is_ok(), "within the request timeout");
+        client.borrow_mut().flush(&mut driver, 5 * second + 1);
+        let error = redis_error(harness.run_mailbox().expect_err("request timeout"));
+        assert!(matches!(error, RedisError::Timeout { .. }), "{error}");
+        assert!(error.to_string().contains("request timeout"), "{error}");
+    }
+
     #[test]
     fn failed_attempts_back_off_doubling_to_the_maximum() {
         let (client, _harness) = ready(Batching::Off);
