@@ -530,3 +530,80 @@ fn a_misbehaving_peer_fails_the_calls_with_typed_errors() {
         }
     }
 }
+
+/// A listener whose accept queue is full drops new SYNs: a connection to it stays in
+/// `SYN_SENT`. Returns its port and the connections that filled the queue.
+fn unanswering_listener() -> (u16, std::os::fd::OwnedFd, Vec<std::net::TcpStream>) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a fresh descriptor we own (wrapped in an OwnedFd at
+    // once) and on a zeroed, correctly sized sockaddr_in; every result is checked.
+    let (fd, port) = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert_eq!(libc::listen(fd, 0), 0);
+        let mut bound: libc::sockaddr_in = std::mem::zeroed();
+        let mut bound_len = len;
+        assert_eq!(
+            libc::getsockname(
+                fd,
+                (&mut bound as *mut libc::sockaddr_in).cast(),
+                &mut bound_len
+            ),
+            0
+        );
+        (owned, u16::from_be(bound.sin_port))
+    };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let fillers = (0..4)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok()
+        })
+        .collect();
+    (port, fd, fillers)
+}
+
+/// A server that never completes the handshake: the set-up times out with a typed
+/// error, and the driver lets go of the half-open socket at once.
+#[test]
+fn a_connect_that_never_completes_times_out() {
+    let (port, _listener, _fillers) = unanswering_listener();
+    for driver in drivers() {
+        for protocol in ["resp2", "auto"] {
+            let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol={protocol}")
+                .parse()
+                .unwrap();
+            let mut config = RedisConfig::new(url);
+            config.connect_timeout = Duration::from_millis(200);
+            config.request_timeout = Duration::from_millis(300);
+            let client = Rc::new(RefCell::new(RedisClient::new(config).expect("client")));
+            let started = Instant::now();
+            let requests = vec![Req::Get("k".into(), 0)];
+            let error = redis_error(
+                run(driver, &client, requests, unordered(1), |_| {}).expect_err("times out"),
+            );
+            assert!(
+                matches!(
+                    error,
+                    RedisError::ConnectTimeout { .. } | RedisError::Timeout { .. }
+                ),
+                "{driver:?} {protocol}: {error:?}"
+            );
+            assert!(error.is_transient());
+            // The driver was dropped inside `run`: nothing kept it waiting.
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{driver:?} {protocol}: took {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}

@@ -216,7 +216,9 @@ pub struct RedisConfig {
     pub capacity: usize,
     /// `MGET` batching of `GET`s.
     pub batching: Batching,
-    /// Connect plus `HELLO`/`AUTH`/`SELECT` within this, or the attempt fails.
+    /// Connect plus `HELLO`/`AUTH`/`SELECT` within this, or the attempt fails. (A
+    /// connection with no set-up command, RESP2 without credentials on database 0, is
+    /// used at once: the request timeout covers its connect.)
     pub connect_timeout: Duration,
     /// A connection with replies due that receives nothing this long is closed.
     pub request_timeout: Duration,
