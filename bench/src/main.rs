@@ -361,6 +361,10 @@ fn run_job(args: RunArgs) -> i32 {
         eprintln!("error: --skew must be in 0..=1");
         return 2;
     }
+    if args.store.is_none() && args.mget > 0 {
+        eprintln!("error: --mget batches Redis lookups; use it with --store");
+        return 2;
+    }
     if args.store.is_some() && args.futures {
         eprintln!("error: --futures applies to the embedded lookup service; drop it with --store");
         return 2;
