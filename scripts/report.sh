@@ -5,7 +5,7 @@
 # suites (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each
 # written as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 6 minutes on 2 cores)
+#   scripts/report.sh           full run (about 9 minutes on 2 cores, 3 of them Redis)
 #   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
