@@ -1,9 +1,10 @@
 //! Criterion curves for the async operator against tokio + futures
 //! `buffered`/`buffer_unordered`: latency-0 overhead per mode, completions from another
-//! thread (capacity 100), and timer-driven latency over capacity (Weir: the operator as
-//! a task on a runtime worker, calls completed by timers on a timing wheel, the worker
-//! parked until the next; tokio: `tokio::time::sleep`, whose 1 ms tick rounds each
-//! deadline up, as tokio users get it).
+//! thread (capacity 100), and timer-driven completions: one curve over capacity (at
+//! 1 ms), one over latency (at capacity 100). Weir runs the operator as a task on a
+//! runtime worker, its calls completed by timers on a timing wheel and the worker parked
+//! until the next; tokio uses `tokio::time::sleep`, whose 1 ms tick rounds each deadline
+//! up, as tokio users get it.
 //!
 //! Little's-law fractions and latency percentiles: `weir compare async`.
 
@@ -59,34 +60,50 @@ fn cross_thread(c: &mut Criterion) {
     group.finish();
 }
 
+/// Timer-driven completions, one chart over capacity at 1 ms latency and one over
+/// latency at capacity 100.
 fn timer_latency(c: &mut Criterion) {
-    let mut group = c.benchmark_group("async_wait/timer_latency");
+    let mut group = common::curve(c, "async_wait/timer_1ms_by_capacity");
     group.sample_size(10);
-    group.throughput(Throughput::Elements(1));
-    let latencies: &[u64] = if quick() { &[1] } else { &[1, 10] };
-    for &latency_ms in latencies {
-        for capacity in [10usize, 100, 1000] {
-            let latency = Duration::from_millis(latency_ms);
-            let id = format!("L={latency_ms}ms C={capacity}");
-            group.bench_with_input(
-                BenchmarkId::new(WEIR_TIMER_UNORDERED, &id),
-                &capacity,
-                |b, &cap| {
-                    b.iter_custom(|n| {
-                        weir_timer(OutputMode::Unordered, cap, latency, n.max(cap as u64)).elapsed
-                    })
-                },
-            );
-            group.bench_with_input(
-                BenchmarkId::new(TOKIO_TIMER_UNORDERED, &id),
-                &capacity,
-                |b, &cap| {
-                    b.iter_custom(|n| tokio_timer(false, cap, latency, n.max(cap as u64)).elapsed)
-                },
-            );
-        }
+    let latency = Duration::from_millis(1);
+    for capacity in [10usize, 100, 1000] {
+        add_timer_pair(&mut group, capacity, latency, capacity);
     }
     group.finish();
+    let mut group = common::curve(c, "async_wait/timer_capacity100_by_latency_ms");
+    group.sample_size(10);
+    let latencies: &[u64] = if quick() { &[1, 10] } else { &[1, 2, 5, 10] };
+    for &latency_ms in latencies {
+        add_timer_pair(
+            &mut group,
+            latency_ms,
+            Duration::from_millis(latency_ms),
+            100,
+        );
+    }
+    group.finish();
+}
+
+fn add_timer_pair(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    parameter: impl std::fmt::Display,
+    latency: Duration,
+    capacity: usize,
+) {
+    group.bench_with_input(
+        BenchmarkId::new(WEIR_TIMER_UNORDERED, &parameter),
+        &capacity,
+        |b, &cap| {
+            b.iter_custom(|n| {
+                weir_timer(OutputMode::Unordered, cap, latency, n.max(cap as u64)).elapsed
+            })
+        },
+    );
+    group.bench_with_input(
+        BenchmarkId::new(TOKIO_TIMER_UNORDERED, &parameter),
+        &capacity,
+        |b, &cap| b.iter_custom(|n| tokio_timer(false, cap, latency, n.max(cap as u64)).elapsed),
+    );
 }
 
 criterion_group! { name = benches; config = common::config(20); targets = overhead, cross_thread, timer_latency }

@@ -1,5 +1,6 @@
-//! Criterion curves for the local data exchange: records/s through record writer →
-//! local channel → input gate on two pinned cores, over record size, with a
+//! Criterion curves for the local data exchange: time per record through record writer
+//! → local channel → input gate on two pinned cores, over record size (8, 100, 1000
+//! bytes: one chart, `exchange/1to1`), with a
 //! `crossbeam_channel` of the same records (one per message, and a `Vec` of 32 KiB per
 //! message) and three ceilings beside it (a copy into a warm pool-sized region, a copy
 //! then a decode, a copy handed across cores through a ring of segments); 1→2 key-hash
@@ -14,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::compare::{
     CROSSBEAM_BATCHED, CROSSBEAM_PER_RECORD, CROSS_CORE_CEILING, MEMCPY_CEILING,
     MEMCPY_DECODE_CEILING,
@@ -27,36 +28,35 @@ use weir_bench::exchange_peers::{
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
 
 fn record_size(c: &mut Criterion) {
+    let mut group = common::curve(c, "exchange/1to1");
     macro_rules! size {
         ($n:literal) => {{
-            let mut group = c.benchmark_group(concat!("exchange/1to1_", stringify!($n), "B"));
-            group.throughput(Throughput::Elements(1));
-            group.bench_function("weir", |b| {
+            group.bench_with_input(BenchmarkId::new("weir", $n), &$n, |b, _| {
                 b.iter_custom(|n| {
                     weir_exchange::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1)).elapsed
                 })
             });
-            group.bench_function(CROSSBEAM_PER_RECORD, |b| {
+            group.bench_with_input(BenchmarkId::new(CROSSBEAM_PER_RECORD, $n), &$n, |b, _| {
                 b.iter_custom(|n| crossbeam_channel::<$n>(n).elapsed)
             });
-            group.bench_function(CROSSBEAM_BATCHED, |b| {
+            group.bench_with_input(BenchmarkId::new(CROSSBEAM_BATCHED, $n), &$n, |b, _| {
                 b.iter_custom(|n| crossbeam_channel_batched::<$n>(n).elapsed)
             });
-            group.bench_function(MEMCPY_CEILING, |b| {
+            group.bench_with_input(BenchmarkId::new(MEMCPY_CEILING, $n), &$n, |b, _| {
                 b.iter_custom(|n| memcpy_ceiling::<$n>(n).elapsed)
             });
-            group.bench_function(MEMCPY_DECODE_CEILING, |b| {
+            group.bench_with_input(BenchmarkId::new(MEMCPY_DECODE_CEILING, $n), &$n, |b, _| {
                 b.iter_custom(|n| memcpy_decode_ceiling::<$n>(n).elapsed)
             });
-            group.bench_function(CROSS_CORE_CEILING, |b| {
+            group.bench_with_input(BenchmarkId::new(CROSS_CORE_CEILING, $n), &$n, |b, _| {
                 b.iter_custom(|n| cross_core_ceiling::<$n>(n).elapsed)
             });
-            group.finish();
         }};
     }
     size!(8);
     size!(100);
     size!(1000);
+    group.finish();
 }
 
 fn fan_out(c: &mut Criterion) {

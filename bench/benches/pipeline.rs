@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::job::{self, JobSettings};
+use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_engine::async_io::OutputMode;
-use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_engine::runtime::Cores;
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;

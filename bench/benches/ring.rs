@@ -16,8 +16,7 @@ use weir_bench::ring_peers::{
 };
 
 fn streaming(c: &mut Criterion) {
-    let mut group = c.benchmark_group("ring/streaming");
-    group.throughput(Throughput::Elements(1));
+    let mut group = common::curve(c, "ring/streaming");
     for capacity in [64usize, 1024, 16384] {
         fn add<Q: Queue>(
             group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,

@@ -904,9 +904,17 @@ pub fn machine() -> Value {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // The machine's online cores, not this thread's affinity (the comparisons pin their
+    // threads, after which `available_parallelism` says 1).
+    // SAFETY: sysconf reads a system setting; no memory is passed.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let cores = if online > 0 {
+        online as usize
+    } else {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    };
     json!({ "cpu": cpu, "cores": cores, "kernel": kernel })
 }
 

@@ -1,5 +1,15 @@
-//! The main job: embedded lookup service, `generator → async lookup → key-hash
-//! exchange → counting sink` over the workers, with its record types and report.
+//! The main job: embedded lookup service, `generator → async lookup → key-by
+//! exchange → checking sink` over the workers, built with the job-graph API
+//! ([`weir_engine::graph`]), with its record types, source, sink and report. The
+//! lookups go to the lookup service or, with a [`RedisStore`], to Redis
+//! (`GET weir:<key>`); the graph is the same either way.
+//!
+//! The source stamps each record with its creation time by the run's clock (an
+//! open-loop source stamps its *intended* time, so a late source is charged:
+//! coordinated omission is corrected); the sink checks that each id arrives exactly
+//! once (a bitmap of ids per sink subtask, merged at the end), counts records that
+//! arrive out of order from one source subtask, and records latency in an HDR
+//! histogram.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -7,24 +17,308 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::future::Future;
-use std::pin::Pin;
-
+use hdrhistogram::Histogram;
 use serde_json::{json, Value};
-use weir_engine::async_io::futures::{FutureFunction, LocalExecutor};
-use weir_engine::async_io::{AsyncConfig, AsyncError, AsyncFunction, OutputMode, RetryStrategy};
+use weir_engine::async_io::AsyncMetrics;
+use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
-use weir_engine::runtime::job::{
-    run_job, Collected, ExchangeSpec, FunctionFactory, GeneratorSpec, IoHandler, JobProgress,
-    JobRecord, JobReport, JobSpec, KeyDistribution, KeyIterFactory, SourceRecord,
+use weir_engine::graph::{
+    latency_histogram, ExchangeSpec, Graph, GraphError, IoHandler, LiveCounters, Sink, Source,
+    SourceEvent, SubtaskInfo,
 };
-use weir_engine::runtime::{Cores, Runtime, RuntimeError};
-use weir_net::lookup::{ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest};
+use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
+use weir_net::lookup::{
+    format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
+};
 use weir_net::redis::{
-    Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisFunction, RedisIo,
-    RedisRequest, RedisUrl, Reply, SharedStats,
+    Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisError, RedisFunction,
+    RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
 };
-use weir_net::DriverKind;
+use weir_net::{DriverKind, NetError};
+
+/// Why `weir run` cannot run, or why its job stopped: each message says what to change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// `--cores 0` or an empty list.
+    #[error("--cores asks for no workers; a job needs at least one (use --cores 1 or more)")]
+    NoWorkers,
+    /// More workers than the cores this process may run on.
+    #[error(
+        "--cores {requested} asks for more workers than the {cores} cores this process may \
+         run on; use --cores {cores} or fewer, or add --oversubscribe to let workers share cores"
+    )]
+    TooManyWorkers {
+        /// Workers asked for.
+        requested: usize,
+        /// Cores available.
+        cores: usize,
+    },
+    /// A listed core this process may not run on.
+    #[error(
+        "--cores lists core {core}, which this process may not run on; \
+         list cores from {available}"
+    )]
+    NoSuchCore {
+        /// The core listed.
+        core: usize,
+        /// The cores it may run on, as a list.
+        available: String,
+    },
+    /// A core listed twice.
+    #[error(
+        "--cores lists core {core} more than once; list each core once, or add \
+         --oversubscribe to put several workers on it"
+    )]
+    CoreTwice {
+        /// The core listed.
+        core: usize,
+    },
+    /// `--cores` that is neither a count nor a list of core ids.
+    #[error("--cores takes a count or a comma-separated list of core ids, got {0:?}")]
+    BadCores(String),
+    /// The job would need more memory than the machine has available.
+    #[error(
+        "{workers} would need about {needed} for the exchange and the sinks, more than the \
+         {available} this machine has available; use fewer workers (--cores) or fewer records"
+    )]
+    NotEnoughMemory {
+        /// "N workers and M records".
+        workers: String,
+        /// What the job would allocate, in words.
+        needed: String,
+        /// `MemAvailable`, in words.
+        available: String,
+    },
+    /// The `--json` path cannot be written.
+    #[error(
+        "cannot write the JSON report to {}: {source}; give --json a path in a writable \
+         directory",
+        path.display()
+    )]
+    Json {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Another invalid setting.
+    #[error("{0}")]
+    Setting(String),
+    /// The embedded lookup service did not start.
+    #[error("cannot start the embedded lookup service: {0}")]
+    Service(#[source] NetError),
+    /// The lookup client refused its settings.
+    #[error("invalid lookup client settings: {0}")]
+    Client(#[source] NetError),
+    /// The Redis client refused its settings, or the server's address did not resolve.
+    #[error("--store: {0}")]
+    Store(#[source] RedisError),
+    /// The runtime or the job failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The thread running the job panicked (a bug; its message is on stderr).
+    #[error("the job's thread panicked; this is a bug in Weir, please report it")]
+    Panicked,
+}
+
+impl RunError {
+    /// The process exit status: 2 for settings to change, 1 for a run that failed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Service(_) | RunError::Runtime(_) | RunError::Panicked => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// "1 worker", "2 workers".
+pub fn workers_text(workers: usize) -> String {
+    if workers == 1 {
+        "1 worker".into()
+    } else {
+        format!("{workers} workers")
+    }
+}
+
+/// The output mode as `--mode` takes it.
+pub fn mode_name(mode: OutputMode) -> &'static str {
+    match mode {
+        OutputMode::Ordered => "ordered",
+        OutputMode::Unordered => "unordered",
+        OutputMode::KeyedOrdered => "keyed",
+    }
+}
+
+/// Core ids as a short list: `0-3, 6, 8-9`.
+pub fn cores_text(cores: &[usize]) -> String {
+    let mut sorted = cores.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => sorted[i].to_string(),
+            1 => format!("{}, {}", sorted[i], sorted[j]),
+            _ => format!("{}-{}", sorted[i], sorted[j]),
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// Bytes in words: `512 KiB`, `3.2 GiB`.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Where the workers run: one per core of this machine unless `--oversubscribe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerPlan {
+    /// What the runtime is given.
+    pub cores: Cores,
+    /// The core of each worker (where it is pinned unless `--no-pin`).
+    pub placement: Vec<usize>,
+    /// The cores this process may run on.
+    pub machine: Vec<usize>,
+}
+
+impl WorkerPlan {
+    /// The cores this process may run on (its affinity mask).
+    pub fn machine_cores() -> Vec<usize> {
+        match core_affinity::get_core_ids() {
+            Some(ids) if !ids.is_empty() => ids.into_iter().map(|c| c.id).collect(),
+            _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+        }
+    }
+
+    /// The plan for `--cores` (`None`: one worker per core), checked against the
+    /// machine's cores before anything is allocated.
+    pub fn new(cores: Option<&str>, oversubscribe: bool) -> Result<Self, RunError> {
+        Self::for_machine(cores, oversubscribe, Self::machine_cores())
+    }
+
+    /// As [`new`](Self::new), on a machine with these cores.
+    pub fn for_machine(
+        cores: Option<&str>,
+        oversubscribe: bool,
+        machine: Vec<usize>,
+    ) -> Result<Self, RunError> {
+        let text = cores.map(str::trim);
+        let (cores, placement) = match text {
+            None => (Cores::Count(machine.len()), machine.clone()),
+            Some(text) if !text.contains(',') && text.parse::<usize>().is_ok() => {
+                let count: usize = text.parse().unwrap_or(0);
+                if count == 0 {
+                    return Err(RunError::NoWorkers);
+                }
+                if count > machine.len() && !oversubscribe {
+                    return Err(RunError::TooManyWorkers {
+                        requested: count,
+                        cores: machine.len(),
+                    });
+                }
+                // As the runtime places them: worker i on the i-th core, round robin.
+                let placement = (0..count).map(|i| machine[i % machine.len()]).collect();
+                (Cores::Count(count), placement)
+            }
+            Some(text) => {
+                let list = text
+                    .split(',')
+                    .map(|c| c.trim().parse::<usize>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| RunError::BadCores(text.to_string()))?;
+                if list.is_empty() {
+                    return Err(RunError::NoWorkers);
+                }
+                for (i, &core) in list.iter().enumerate() {
+                    if !machine.contains(&core) {
+                        return Err(RunError::NoSuchCore {
+                            core,
+                            available: cores_text(&machine),
+                        });
+                    }
+                    if !oversubscribe && list[..i].contains(&core) {
+                        return Err(RunError::CoreTwice { core });
+                    }
+                }
+                (Cores::List(list.clone()), list)
+            }
+        };
+        Ok(WorkerPlan {
+            cores,
+            placement,
+            machine,
+        })
+    }
+
+    /// Workers.
+    pub fn workers(&self) -> usize {
+        self.placement.len()
+    }
+
+    /// A core no worker runs on, for the embedded lookup service.
+    pub fn free_core(&self) -> Option<usize> {
+        self.machine
+            .iter()
+            .copied()
+            .find(|core| !self.placement.contains(core))
+    }
+}
+
+/// Bytes `MemAvailable` in `/proc/meminfo` says, if it can be read.
+pub fn memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What the job allocates that grows with its workers and records: the exchange (the
+/// network buffer pool and a channel per source and sink), each sink's bitmap of the
+/// ids it received (and their merge), and each source's in-flight state.
+pub fn memory_needed(workers: usize, records: u64, capacity: usize) -> u64 {
+    let exchange = ExchangeSpec::default().sizing(workers, workers).bytes() as u64;
+    let bitmap = records.div_ceil(64).saturating_mul(8);
+    let bitmaps = bitmap.saturating_mul(workers as u64 + 1);
+    // Slab entry, lookup client request and output queue slot per in-flight record.
+    let in_flight = (workers as u64)
+        .saturating_mul(capacity as u64)
+        .saturating_mul(1024);
+    exchange.saturating_add(bitmaps).saturating_add(in_flight)
+}
+
+/// Refuses a job that would not fit in the memory this machine has available.
+pub fn check_memory(workers: usize, records: u64, capacity: usize) -> Result<(), RunError> {
+    let Some(available) = memory_available() else {
+        return Ok(());
+    };
+    let needed = memory_needed(workers, records, capacity);
+    if needed > available {
+        return Err(RunError::NotEnoughMemory {
+            workers: format!("{} and {records} records", workers_text(workers)),
+            needed: bytes_text(needed),
+            available: bytes_text(available),
+        });
+    }
+    Ok(())
+}
 
 /// A source record on its way to the lookup.
 #[derive(Debug, Clone, Copy)]
@@ -51,343 +345,10 @@ impl LookupRequest for Lookup {
     }
 }
 
-/// A record with its looked-up value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Enriched {
-    /// Source id.
-    pub id: u64,
-    /// Key.
-    pub key: u64,
-    /// Creation time at the source.
-    pub created_ns: u64,
-    /// The value from the lookup service.
-    pub value: Vec<u8>,
-}
-
-impl Codec for Enriched {
-    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
-        self.id.encode(out);
-        self.key.encode(out);
-        self.created_ns.encode(out);
-        self.value.encode(out);
-    }
-    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
-        Ok(Enriched {
-            id: u64::decode(input)?,
-            key: u64::decode(input)?,
-            created_ns: u64::decode(input)?,
-            value: Vec::decode(input)?,
-        })
-    }
-}
-
-impl JobRecord for Enriched {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn key(&self) -> u64 {
-        self.key
-    }
-    fn created_ns(&self) -> u64 {
-        self.created_ns
-    }
-}
-
-/// Settings of one run of the main job.
-#[derive(Clone)]
-pub struct JobSettings {
-    /// Records in all.
-    pub records: u64,
-    /// Records per second (open loop), or as fast as possible.
-    pub rate: Option<f64>,
-    /// Output mode of the async operator.
-    pub mode: OutputMode,
-    /// Async capacity per subtask.
-    pub capacity: usize,
-    /// Async timeout.
-    pub timeout: Duration,
-    /// Attempts after the first.
-    pub retries: u32,
-    /// Retry delay.
-    pub retry_delay: Duration,
-    /// Workers.
-    pub cores: Cores,
-    /// Pin workers.
-    pub pin: bool,
-    /// Driver.
-    pub driver: DriverKind,
-    /// The lookup service.
-    pub service: SocketAddr,
-    /// Connections per source subtask.
-    pub connections: usize,
-    /// Distinct keys (and the skew).
-    pub keys: KeyDistribution,
-    /// Exchange buffer timeout.
-    pub buffer_timeout: Option<Duration>,
-    /// Write the lookup as an `async` block (futures adapter) instead of a callback.
-    pub futures: bool,
-    /// An iterator source instead of the generator (`records` = what it yields in all).
-    pub key_iter: Option<KeyIterFactory>,
-    /// A collecting sink (tests).
-    pub collect: Option<Collected<Enriched>>,
-}
-
-/// A boxed local future of a lookup's results.
-type LookupFuture = Pin<Box<dyn Future<Output = Result<Vec<Enriched>, AsyncError>>>>;
-/// The lookup written as an `async` block.
-type AsyncLookup = FutureFunction<Lookup, Enriched, Box<dyn FnMut(&Lookup) -> LookupFuture>>;
-
-/// The lookup client's I/O plus the executor running the futures it wakes.
-struct FuturesIo {
-    client: ClientIo<Lookup>,
-    executor: Rc<RefCell<LocalExecutor>>,
-}
-
-impl IoHandler for FuturesIo {
-    fn flush(&mut self, driver: &mut dyn weir_engine::runtime::Driver, now_ns: u64) {
-        self.executor.borrow_mut().run_ready();
-        self.client.flush(driver, now_ns);
-    }
-
-    fn on_event(&mut self, event: &weir_engine::runtime::DriverEvent<'_>) -> bool {
-        let mine = self.client.on_event(event);
-        if mine {
-            // Resume the futures the event woke now, on this thread.
-            self.executor.borrow_mut().run_ready();
-        }
-        mine
-    }
-}
-
-/// Builds and runs the job; returns its report and wall time.
-pub fn run(
-    settings: &JobSettings,
-    progress: Arc<JobProgress>,
-) -> Result<(JobReport, Duration), RuntimeError> {
-    let driver_kind = settings.driver;
-    let runtime = Runtime::builder()
-        .cores(settings.cores.clone())
-        .pin(settings.pin)
-        .spin(spin_from_env().map_err(|e| RuntimeError::Setup(e.into()))?)
-        .driver(Arc::new(move || {
-            weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
-        }))
-        .build()?;
-    let client_config = ClientConfig {
-        addr: settings.service,
-        connections: settings.connections,
-        capacity: settings.capacity * 4 + 64,
-        // With retries, a request the service never answers fails (retryably) early
-        // enough for its retries to run within the operator's timeout.
-        request_timeout: settings.timeout / (settings.retries + 1),
-    };
-    let capacity = settings.capacity;
-    if settings.futures {
-        let function: FunctionFactory<AsyncLookup> = Arc::new(move |_subtask, unparker| {
-            let client = Rc::new(RefCell::new(
-                LookupClient::<Lookup>::new(client_config.clone())
-                    .expect("client settings validated up front"),
-            ));
-            let executor = Rc::new(RefCell::new(
-                LocalExecutor::new(capacity * 2 + 16, Some(unparker)).expect("positive capacity"),
-            ));
-            let lookups = Rc::clone(&client);
-            let call: Box<dyn FnMut(&Lookup) -> LookupFuture> = Box::new(move |input: &Lookup| {
-                let get = lookups.borrow_mut().get(input.0.key);
-                let input = *input;
-                Box::pin(async move {
-                    let value = get.await?;
-                    Ok(vec![input.complete(&value)])
-                })
-            });
-            let io: Box<dyn IoHandler> = Box::new(FuturesIo {
-                client: ClientIo(client),
-                executor: Rc::clone(&executor),
-            });
-            (FutureFunction::new(executor, call), Some(io))
-        });
-        return run_with(settings, runtime, function, progress);
-    }
-    let function: FunctionFactory<LookupFunction<Lookup>> = Arc::new(move |_subtask, _unparker| {
-        let client = Rc::new(RefCell::new(
-            LookupClient::<Lookup>::new(client_config.clone())
-                .expect("client settings validated up front"),
-        ));
-        let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
-        (LookupFunction::new(client), Some(io))
-    });
-    run_with(settings, runtime, function, progress)
-}
-
-fn run_with<F>(
-    settings: &JobSettings,
-    runtime: Runtime,
-    function: FunctionFactory<F>,
-    progress: Arc<JobProgress>,
-) -> Result<(JobReport, Duration), RuntimeError>
-where
-    F: AsyncFunction<Out = Enriched>,
-    F::In: From<SourceRecord>,
-{
-    let workers = runtime.workers();
-    eprintln!(
-        "weir: {workers} workers on the {} driver",
-        runtime.driver_name(0)
-    );
-    let mut async_config =
-        AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
-    if settings.retries > 0 {
-        // `--retries` retries every failed lookup (errors and closed connections): the
-        // explicit retry-all, since a strategy retries nothing by itself.
-        async_config = async_config.with_retry(
-            RetryStrategy::fixed_delay(settings.retries + 1, settings.retry_delay)
-                .retry_on_any_error(),
-        );
-    }
-    let spec = JobSpec {
-        generator: GeneratorSpec {
-            records: settings.records,
-            rate: settings.rate,
-            keys: settings.keys,
-            seed: 42,
-        },
-        keys: settings.key_iter.clone(),
-        collect: settings.collect.clone(),
-        sources: workers,
-        sinks: workers,
-        async_config,
-        function,
-        exchange: ExchangeSpec {
-            buffer_timeout: settings.buffer_timeout,
-            ..ExchangeSpec::default()
-        },
-    };
-    let started = Instant::now();
-    let report = run_job(runtime, spec, progress)?;
-    Ok((report, started.elapsed()))
-}
-
-/// The end-of-run table.
-pub fn render(
-    settings: &JobSettings,
-    report: &JobReport,
-    elapsed: Duration,
-    mean_latency: Duration,
-) -> String {
-    let workers = report.run.drivers.len().max(1);
-    let throughput = report.received as f64 / elapsed.as_secs_f64();
-    let little = (settings.capacity * workers) as f64 / mean_latency.as_secs_f64().max(1e-9);
-    let h = &report.latency_ns;
-    let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
-    let failed = report.async_metrics.failed;
-    let mut out = String::new();
-    let mut row = |name: &str, value: String| out.push_str(&format!("  {name:<28} {value}\n"));
-    row(
-        "workers / driver",
-        format!(
-            "{workers} / {}",
-            report.run.drivers.first().copied().unwrap_or("none")
-        ),
-    );
-    row("pinned", format!("{:?}", report.run.pinned));
-    row("records in", report.generated.to_string());
-    row("records out", report.received.to_string());
-    row("failed", failed.to_string());
-    row(
-        "lost / duplicated",
-        format!("{} / {}", report.missing, report.duplicates),
-    );
-    row("elapsed", format!("{:.3} s", elapsed.as_secs_f64()));
-    row("throughput", format!("{:.0} records/s", throughput));
-    if mean_latency > Duration::ZERO {
-        row(
-            "Little's limit",
-            format!("{little:.0} records/s (capacity × parallelism ÷ mean latency)"),
-        );
-        row(
-            "fraction of Little's limit",
-            format!("{:.1}%", throughput / little * 100.0),
-        );
-    }
-    row(
-        "latency p50 / p99 / p99.9",
-        format!("{:.0} / {:.0} / {:.0} µs", us(0.5), us(0.99), us(0.999)),
-    );
-    row("latency max", format!("{:.0} µs", h.max() as f64 / 1e3));
-    row(
-        "retried / timed out",
-        format!(
-            "{} / {}",
-            report.async_metrics.retried, report.async_metrics.timed_out
-        ),
-    );
-    row(
-        "time back-pressured",
-        format!(
-            "{:.3} s (sum over sources)",
-            report.backpressured_ns as f64 / 1e9
-        ),
-    );
-    out
-}
-
-/// The report as JSON.
-pub fn to_json(settings: &JobSettings, report: &JobReport, elapsed: Duration) -> Value {
-    let h = &report.latency_ns;
-    json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "machine": crate::compare::machine(),
-        "settings": {
-            "records": settings.records,
-            "rate": settings.rate,
-            "mode": format!("{:?}", settings.mode),
-            "capacity": settings.capacity,
-            "timeout_ms": settings.timeout.as_secs_f64() * 1e3,
-            "retries": settings.retries,
-            "connections": settings.connections,
-        },
-        "drivers": report.run.drivers,
-        "records_in": report.generated,
-        "records_out": report.received,
-        "failed": report.async_metrics.failed,
-        "lost": report.missing,
-        "duplicated": report.duplicates,
-        "elapsed_s": elapsed.as_secs_f64(),
-        "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),
-        "latency_ns": {
-            "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99),
-            "p99.9": h.value_at_quantile(0.999), "max": h.max(),
-        },
-        "retried": report.async_metrics.retried,
-        "timed_out": report.async_metrics.timed_out,
-        "backpressured_s": report.backpressured_ns as f64 / 1e9,
-    })
-}
-
-/// How long idle workers poll before they park: `WEIR_SPIN` (e.g. `100us`; see
-/// `RuntimeBuilder::spin`), by default not at all.
-pub fn spin_from_env() -> Result<Duration, String> {
-    match std::env::var("WEIR_SPIN") {
-        Ok(text) => weir_net::lookup::parse_duration(&text)
-            .map_err(|e| format!("WEIR_SPIN={text:?}: {e}; write e.g. 100us")),
-        Err(_) => Ok(Duration::ZERO),
-    }
-}
-
 /// The job's keys in Redis: `weir:<key>`, as `weir load-redis` writes them.
 pub const REDIS_KEY_PREFIX: &str = "weir:";
 
-/// A source record on its way to a Redis lookup (`GET weir:<key>`).
-#[derive(Debug, Clone, Copy)]
-pub struct RedisLookup(pub SourceRecord);
-
-impl From<SourceRecord> for RedisLookup {
-    fn from(record: SourceRecord) -> Self {
-        RedisLookup(record)
-    }
-}
-
-impl RedisRequest for RedisLookup {
+impl RedisRequest for Lookup {
     type Out = Enriched;
     fn lookup(&self, args: &mut Args) -> RedisGet {
         args.push_fmt(format_args!("{REDIS_KEY_PREFIX}{}", self.0.key));
@@ -425,11 +386,410 @@ impl RedisStore {
         config.connections = settings.connections;
         config.capacity = settings.capacity * 4 + 64;
         config.batching = self.batching;
-        config.request_timeout =
-            (settings.timeout / (settings.retries + 1)).max(std::time::Duration::from_millis(1));
+        config.request_timeout = settings.attempt_timeout().max(Duration::from_millis(1));
         config.connect_timeout = config.connect_timeout.min(config.request_timeout);
         config
     }
+}
+
+/// How long idle workers poll before they park: `WEIR_SPIN` (e.g. `100us`; see
+/// `RuntimeBuilder::spin`), by default not at all.
+pub fn spin_from_env() -> Result<Duration, String> {
+    match std::env::var("WEIR_SPIN") {
+        Ok(text) => weir_net::lookup::parse_duration(&text)
+            .map_err(|e| format!("WEIR_SPIN={text:?}: {e}; write e.g. 100us")),
+        Err(_) => Ok(Duration::ZERO),
+    }
+}
+
+/// A record with its looked-up value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enriched {
+    /// Source id.
+    pub id: u64,
+    /// Key.
+    pub key: u64,
+    /// Creation time at the source.
+    pub created_ns: u64,
+    /// The value from the lookup service.
+    pub value: Vec<u8>,
+}
+
+impl Codec for Enriched {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        self.id.encode(out);
+        self.key.encode(out);
+        self.created_ns.encode(out);
+        self.value.encode(out);
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        Ok(Enriched {
+            id: u64::decode(input)?,
+            key: u64::decode(input)?,
+            created_ns: u64::decode(input)?,
+            value: Vec::decode(input)?,
+        })
+    }
+}
+
+/// Settings of one run of the main job.
+#[derive(Clone)]
+pub struct JobSettings {
+    /// Records in all.
+    pub records: u64,
+    /// Records per second (open loop), or as fast as possible.
+    pub rate: Option<f64>,
+    /// Output mode of the async operator.
+    pub mode: OutputMode,
+    /// Async capacity per subtask.
+    pub capacity: usize,
+    /// Async timeout: a record's limit over all its attempts (Flink's rule).
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: u32,
+    /// Retry delay.
+    pub retry_delay: Duration,
+    /// Workers.
+    pub cores: Cores,
+    /// Pin workers.
+    pub pin: bool,
+    /// Driver.
+    pub driver: DriverKind,
+    /// The lookup service.
+    pub service: SocketAddr,
+    /// Connections per source subtask.
+    pub connections: usize,
+    /// Distinct keys (and the skew).
+    pub keys: KeyDistribution,
+    /// Exchange buffer timeout.
+    pub buffer_timeout: Option<Duration>,
+    /// Write the lookup as an `async` block (futures adapter) instead of a callback.
+    pub futures: bool,
+    /// An iterator source instead of the generator (`records` = what it yields in all).
+    pub key_iter: Option<KeyIterFactory>,
+    /// A collecting sink (tests).
+    pub collect: Option<Collected<Enriched>>,
+}
+
+impl JobSettings {
+    /// The time each attempt of a lookup gets: the timeout covers all attempts, so a
+    /// request the service never answers fails (retryably) early enough for its
+    /// retries to run within it.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.timeout / (self.retries.saturating_add(1))
+    }
+
+    /// The timeout in words: `1s` or `1s over 3 attempts (333.333ms each)`.
+    pub fn timeout_text(&self) -> String {
+        if self.retries == 0 {
+            format_duration(self.timeout)
+        } else {
+            format!(
+                "{} over {} attempts ({} each)",
+                format_duration(self.timeout),
+                u64::from(self.retries) + 1,
+                format_duration(self.attempt_timeout())
+            )
+        }
+    }
+}
+
+/// A job that ran, to its end or until it failed.
+pub struct Finished {
+    /// What its tasks did (up to the failure, if any).
+    pub report: JobReport,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Why it stopped early.
+    pub failure: Option<RuntimeError>,
+}
+
+/// Live counters of the job, for the progress display.
+pub type JobProgress = LiveCounters;
+
+/// A record as the source makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRecord {
+    /// Unique across the job: `0..records`.
+    pub id: u64,
+    /// The lookup key.
+    pub key: u64,
+    /// Creation time by the run's clock (the intended time in open-loop runs).
+    pub created_ns: u64,
+}
+
+/// How keys are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KeyDistribution {
+    /// Uniform over `0..keys`.
+    Uniform {
+        /// Distinct keys.
+        keys: u64,
+    },
+    /// `hot_fraction` of records use the first `hot_keys` keys, the rest are uniform.
+    Skewed {
+        /// Distinct keys.
+        keys: u64,
+        /// Keys that are hot.
+        hot_keys: u64,
+        /// Share of records on hot keys.
+        hot_fraction: f64,
+    },
+}
+
+/// Makes subtask `i` of `n`'s key iterator on its worker's thread (an iterator source).
+pub type KeyIterFactory = Arc<dyn Fn(usize, usize) -> Box<dyn Iterator<Item = u64>> + Send + Sync>;
+
+/// Where a collecting sink puts every record it receives (for tests).
+pub type Collected<T> = Arc<std::sync::Mutex<Vec<T>>>;
+
+/// Seed of the key sampling.
+const SEED: u64 = 42;
+
+/// The main job's source: `records` spread over the subtasks (ids `i, i + n, …` on
+/// subtask `i` of `n`), keys drawn from the distribution (xorshift64*) or taken from
+/// an iterator, as fast as accepted or at a rate.
+struct MainSource {
+    subtask: u64,
+    sources: u64,
+    next: u64,
+    count: u64,
+    key_iter: Option<Box<dyn Iterator<Item = u64>>>,
+    interval_ns: Option<u64>,
+    start_ns: Option<u64>,
+    keys: KeyDistribution,
+    rng: u64,
+}
+
+impl MainSource {
+    fn new(settings: &JobSettings, info: &SubtaskInfo) -> Self {
+        let (subtask, sources) = (info.index as u64, info.parallelism as u64);
+        let records = settings.records;
+        let key_iter = settings
+            .key_iter
+            .as_ref()
+            .map(|make| make(info.index, info.parallelism));
+        MainSource {
+            subtask,
+            sources,
+            next: 0,
+            count: match key_iter {
+                Some(_) => u64::MAX,
+                None => records / sources + u64::from(subtask < records % sources),
+            },
+            key_iter,
+            interval_ns: settings.rate.map(|r| (1e9 * sources as f64 / r) as u64),
+            start_ns: None,
+            keys: settings.keys,
+            rng: (SEED ^ subtask.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
+        }
+    }
+
+    fn next_key(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        match self.keys {
+            KeyDistribution::Uniform { keys } => r % keys.max(1),
+            KeyDistribution::Skewed {
+                keys,
+                hot_keys,
+                hot_fraction,
+            } => {
+                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+                let r2 = r.rotate_left(32);
+                if unit < hot_fraction {
+                    r2 % hot_keys.max(1)
+                } else {
+                    r2 % keys.max(1)
+                }
+            }
+        }
+    }
+}
+
+impl Source<Lookup> for MainSource {
+    #[inline]
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
+        if self.next == self.count {
+            return SourceEvent::End;
+        }
+        let start = *self.start_ns.get_or_insert(now_ns);
+        let intended = match self.interval_ns {
+            Some(interval) => {
+                let at = start + self.next * interval;
+                if at > now_ns {
+                    return SourceEvent::Idle { until_ns: Some(at) };
+                }
+                at
+            }
+            None => now_ns,
+        };
+        let key = match self.key_iter.as_mut() {
+            Some(keys) => match keys.next() {
+                Some(key) => key,
+                None => {
+                    self.count = self.next;
+                    return SourceEvent::End;
+                }
+            },
+            None => self.next_key(),
+        };
+        let record = SourceRecord {
+            id: self.subtask + self.next * self.sources,
+            key,
+            created_ns: intended,
+        };
+        self.next += 1;
+        SourceEvent::Record(Lookup(record), None)
+    }
+}
+
+/// What one sink subtask received.
+struct SinkResult {
+    seen: Vec<u64>,
+    received: u64,
+    duplicates: u64,
+    reordered: u64,
+    latency: Histogram<u64>,
+}
+
+/// The main job's sink: counts, checks ids, measures latency.
+struct CheckSink {
+    sources: u64,
+    /// The last id from each source subtask (ids are `subtask + n × sources`).
+    last_id: Vec<Option<u64>>,
+    seen: Vec<u64>,
+    received: u64,
+    duplicates: u64,
+    reordered: u64,
+    latency: Histogram<u64>,
+    results: Arc<std::sync::Mutex<Vec<SinkResult>>>,
+    live: Arc<LiveCounters>,
+    reported: u64,
+    collect: Option<(Vec<Enriched>, Collected<Enriched>)>,
+    published: bool,
+}
+
+impl CheckSink {
+    /// Hands what the sink received to the report (once: at the end of its input, or
+    /// when dropped before that in a failed run).
+    fn publish(&mut self) {
+        if std::mem::replace(&mut self.published, true) {
+            return;
+        }
+        if let Some((local, shared)) = self.collect.take() {
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(local);
+        }
+        self.live.received.fetch_add(
+            self.received - self.reported,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.reported = self.received;
+        let result = SinkResult {
+            seen: std::mem::take(&mut self.seen),
+            received: self.received,
+            duplicates: self.duplicates,
+            reordered: self.reordered,
+            latency: self.latency.clone(),
+        };
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(result);
+    }
+}
+
+impl Drop for CheckSink {
+    fn drop(&mut self) {
+        self.publish();
+    }
+}
+
+impl Sink<Enriched> for CheckSink {
+    #[inline]
+    fn invoke(
+        &mut self,
+        value: Enriched,
+        _timestamp: Option<i64>,
+        now_ns: u64,
+    ) -> Result<(), TaskError> {
+        self.received += 1;
+        let source = (value.id % self.sources) as usize;
+        if self.last_id[source].is_some_and(|last| last > value.id) {
+            self.reordered += 1;
+        }
+        self.last_id[source] = Some(value.id);
+        let id = value.id as usize;
+        match self.seen.get_mut(id / 64) {
+            Some(word) => {
+                let bit = 1u64 << (id % 64);
+                if *word & bit != 0 {
+                    self.duplicates += 1;
+                }
+                *word |= bit;
+            }
+            None => self.duplicates += 1,
+        }
+        self.latency
+            .saturating_record(now_ns.saturating_sub(value.created_ns).max(1));
+        if let Some((local, _)) = self.collect.as_mut() {
+            local.push(value);
+        }
+        if self.received - self.reported >= 1024 {
+            self.live.received.fetch_add(
+                self.received - self.reported,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            self.reported = self.received;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        self.publish();
+        Ok(())
+    }
+}
+
+/// What the job did.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// Records generated.
+    pub generated: u64,
+    /// Records received by the sinks (duplicates included).
+    pub received: u64,
+    /// Ids received more than once.
+    pub duplicates: u64,
+    /// Ids never received.
+    pub missing: u64,
+    /// Records that reached a sink with a lower id than the one before them from the
+    /// same source subtask (0 in ordered mode: order is kept end to end per channel).
+    pub reordered: u64,
+    /// Source-to-sink latency, ns.
+    pub latency_ns: Histogram<u64>,
+    /// The async operators' counters, summed (the histogram merged).
+    pub async_metrics: AsyncMetrics,
+    /// Time the source tasks spent unable to emit (async operator full or writer
+    /// back-pressure), ns.
+    pub backpressured_ns: u64,
+    /// The runtime's report.
+    pub run: RunReport,
+}
+
+/// Builds and runs the job; returns its report and wall time, or why it failed.
+pub fn run(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Duration), RunError> {
+    finished_ok(run_to_end(settings, progress)?)
 }
 
 /// [`run`] with the lookups going to Redis instead of the lookup service
@@ -438,29 +798,477 @@ pub fn run_redis(
     settings: &JobSettings,
     store: &RedisStore,
     progress: Arc<JobProgress>,
-) -> Result<(JobReport, Duration), RuntimeError> {
+) -> Result<(JobReport, Duration), RunError> {
+    finished_ok(run_redis_to_end(settings, store, progress)?)
+}
+
+fn finished_ok(finished: Finished) -> Result<(JobReport, Duration), RunError> {
+    match finished.failure {
+        None => Ok((finished.report, finished.elapsed)),
+        Some(error) => Err(error.into()),
+    }
+}
+
+/// Builds and runs the job to its end, successful or not: a job that fails (lookups
+/// timed out or failed after their retries) still reports what it did. `Err` when it
+/// could not start.
+pub fn run_to_end(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
+    let client_config = ClientConfig {
+        addr: settings.service,
+        connections: settings.connections,
+        capacity: settings.capacity * 4 + 64,
+        request_timeout: settings.attempt_timeout(),
+    };
+    // Checked here, once, so that making each subtask's client cannot fail.
+    LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;
+    execute(settings, progress, Store::Service(client_config))
+}
+
+/// [`run_to_end`] with the lookups going to Redis.
+pub fn run_redis_to_end(
+    settings: &JobSettings,
+    store: &RedisStore,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
     let config = store.client_config(settings);
-    let addr = config
-        .check()
-        .map_err(|error| RuntimeError::Setup(Box::new(error)))?;
+    // Checked (and the address resolved) here, once, so that making each subtask's
+    // client cannot fail.
+    let addr = config.check().map_err(RunError::Store)?;
+    let stats = Arc::clone(&store.stats);
+    execute(settings, progress, Store::Redis(config, addr, stats))
+}
+
+/// Where the job's lookups go, with its checked client settings.
+enum Store {
+    /// The lookup service.
+    Service(ClientConfig),
+    /// Redis at the resolved address, its clients adding to the shared counters.
+    Redis(RedisConfig, SocketAddr, Arc<SharedStats>),
+}
+
+/// Builds the job's graph with its lookups going to `store`, and runs it to its end.
+fn execute(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+    store: Store,
+) -> Result<Finished, RunError> {
+    let spin = spin_from_env().map_err(RunError::Setting)?;
     let driver_kind = settings.driver;
     let runtime = Runtime::builder()
         .cores(settings.cores.clone())
         .pin(settings.pin)
-        .spin(spin_from_env().map_err(|e| RuntimeError::Setup(e.into()))?)
+        .spin(spin)
         .driver(Arc::new(move || {
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
         .build()?;
-    let stats = Arc::clone(&store.stats);
-    let function: FunctionFactory<RedisFunction<RedisLookup>> =
-        Arc::new(move |_subtask, _unparker| {
-            let client = RedisClient::<RedisLookup>::with_addr(config.clone(), addr)
-                .expect("client settings checked up front")
-                .with_shared_stats(Arc::clone(&stats));
-            let client = Rc::new(RefCell::new(client));
-            let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
-            (RedisFunction::new(client), Some(io))
+    let workers = runtime.workers();
+    eprintln!(
+        "weir: {} on the {} driver",
+        workers_text(workers),
+        runtime.driver_name(0)
+    );
+    let mut async_config =
+        AsyncConfig::new(settings.mode, settings.capacity).with_timeout(settings.timeout);
+    if settings.retries > 0 {
+        // `--retries` retries every failed lookup (errors and closed connections): the
+        // explicit retry-all, since a strategy retries nothing by itself.
+        async_config = async_config.with_retry(
+            RetryStrategy::fixed_delay(settings.retries + 1, settings.retry_delay)
+                .retry_on_any_error(),
+        );
+    }
+    let graph = Graph::new()
+        .with_parallelism(workers)
+        .with_live(progress)
+        .with_exchange(ExchangeSpec {
+            buffer_timeout: settings.buffer_timeout,
+            ..ExchangeSpec::default()
         });
-    run_with(settings, runtime, function, progress)
+    let source_settings = settings.clone();
+    let source = graph
+        .from_source(move |info| MainSource::new(&source_settings, info))
+        .name("generator");
+    let enriched = match store {
+        Store::Redis(config, addr, stats) => source.async_wait_io(
+            move |_| {
+                let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
+                    .expect("client settings checked up front")
+                    .with_shared_stats(Arc::clone(&stats));
+                let client = Rc::new(RefCell::new(client));
+                let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
+                (RedisFunction::new(client), Some(io))
+            },
+            async_config,
+        ),
+        Store::Service(client_config) if settings.futures => source.async_wait_futures(
+            move |_| {
+                let client = Rc::new(RefCell::new(
+                    LookupClient::<Lookup>::new(client_config.clone())
+                        .expect("client settings validated up front"),
+                ));
+                let lookups = Rc::clone(&client);
+                let call = move |input: &Lookup| {
+                    let get = lookups.borrow_mut().get(input.0.key);
+                    let input = *input;
+                    async move {
+                        let value = get.await?;
+                        Ok(vec![LookupRequest::complete(input, &value)])
+                    }
+                };
+                let io: Box<dyn IoHandler> = Box::new(ClientIo(client));
+                (call, Some(io))
+            },
+            async_config,
+        ),
+        Store::Service(client_config) => source.async_wait_io(
+            move |_| {
+                let client = Rc::new(RefCell::new(
+                    LookupClient::<Lookup>::new(client_config.clone())
+                        .expect("client settings validated up front"),
+                ));
+                let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+                (LookupFunction::new(client), Some(io))
+            },
+            async_config,
+        ),
+    };
+    let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
+    let records = settings.records;
+    {
+        let results = Arc::clone(&results);
+        let collect = settings.collect.clone();
+        let live = graph.live();
+        enriched
+            .key_by(|record: &Enriched| record.key)
+            .sink(move |_| CheckSink {
+                sources: workers as u64,
+                last_id: vec![None; workers],
+                seen: vec![0; (records as usize).div_ceil(64)],
+                received: 0,
+                duplicates: 0,
+                reordered: 0,
+                latency: latency_histogram(),
+                results: Arc::clone(&results),
+                live: Arc::clone(&live),
+                reported: 0,
+                collect: collect.clone().map(|shared| (Vec::new(), shared)),
+                published: false,
+            });
+    }
+    let live = graph.live();
+    let started = Instant::now();
+    let (result, failure) = graph.execute_to_end(runtime).map_err(|error| match error {
+        GraphError::Runtime(error) => RunError::Runtime(error),
+        error => RunError::Setting(error.to_string()),
+    })?;
+    let elapsed = started.elapsed();
+    let mut merged = vec![0u64; (records as usize).div_ceil(64)];
+    let mut report = JobReport {
+        generated: live.generated.load(std::sync::atomic::Ordering::Relaxed),
+        received: 0,
+        duplicates: 0,
+        missing: 0,
+        reordered: 0,
+        latency_ns: latency_histogram(),
+        async_metrics: result.async_metrics(),
+        backpressured_ns: result.stages.first().map_or(0, |s| s.backpressured_ns),
+        run: result.run,
+    };
+    for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        report.received += sink.received;
+        report.duplicates += sink.duplicates;
+        report.reordered += sink.reordered;
+        // Same bounds on both sides: adding cannot fail.
+        let _ = report.latency_ns.add(&sink.latency);
+        for (word, bits) in merged.iter_mut().zip(&sink.seen) {
+            report.duplicates += u64::from((*word & bits).count_ones());
+            *word |= bits;
+        }
+    }
+    let unique: u64 = merged.iter().map(|w| u64::from(w.count_ones())).sum();
+    report.missing = records - unique;
+    Ok(Finished {
+        report,
+        elapsed,
+        failure,
+    })
+}
+
+/// "completed", or "failed" when the job stopped early.
+pub fn outcome(finished: &Finished) -> &'static str {
+    if finished.failure.is_some() {
+        "failed"
+    } else {
+        "completed"
+    }
+}
+
+/// What to change after a job failed, where the failure says.
+pub fn failure_hint(error: &RuntimeError) -> Option<&'static str> {
+    let RuntimeError::Task { error, .. } = error else {
+        return None;
+    };
+    match error.downcast_ref::<OperatorError>()? {
+        OperatorError::Async(AsyncError::Timeout) => Some(
+            "a lookup outlived --timeout, which covers all its attempts: raise --timeout or \
+             lower the service's --latency",
+        ),
+        // The client's and the service's messages (weir_net::lookup).
+        OperatorError::Async(AsyncError::Call(cause)) => {
+            let cause = cause.to_string();
+            if cause.starts_with("no answer from the lookup service") {
+                Some(
+                    "an attempt got no answer within its share of --timeout (the timeout \
+                     ÷ attempts): raise --timeout, or offer less load (--capacity, --cores, \
+                     --rate)",
+                )
+            } else if cause.contains("failed at the service") {
+                Some("a lookup failed on every attempt: raise --retries or lower --error-rate")
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The end-of-run table (also for a failed job: what it did until it stopped).
+pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duration) -> String {
+    let Finished {
+        report,
+        elapsed,
+        failure,
+    } = finished;
+    let workers = report.run.drivers.len().max(1);
+    let throughput = report.received as f64 / elapsed.as_secs_f64();
+    let little = (settings.capacity * workers) as f64 / mean_latency.as_secs_f64().max(1e-9);
+    let h = &report.latency_ns;
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    let failed = report.async_metrics.failed;
+    let mut out = String::new();
+    let mut row = |name: &str, value: String| out.push_str(&format!("  {name:<28} {value}\n"));
+    row("outcome", outcome(finished).to_string());
+    if let Some(error) = failure {
+        row("cause", error.to_string());
+    }
+    row(
+        "workers / driver",
+        format!(
+            "{workers} / {}",
+            report.run.drivers.first().copied().unwrap_or("none")
+        ),
+    );
+    let pinned = report.run.pinned.iter().filter(|p| **p).count();
+    row(
+        "pinned",
+        match (pinned, report.run.pinned.len()) {
+            (_, 0) => "unknown (the job stopped early)".to_string(),
+            (0, _) => "no".to_string(),
+            (p, n) if p == n => "yes, every worker to its core".to_string(),
+            (p, n) => format!("{p} of {}", workers_text(n)),
+        },
+    );
+    row("records in", report.generated.to_string());
+    row("records out", report.received.to_string());
+    row("failed", failed.to_string());
+    if failure.is_some() {
+        // `missing` also counts the records never generated.
+        let delivered = settings.records - report.missing;
+        row(
+            "undelivered / duplicated",
+            format!(
+                "{} / {} (of the records generated before the job stopped)",
+                report.generated.saturating_sub(delivered),
+                report.duplicates
+            ),
+        );
+    } else {
+        row(
+            "lost / duplicated",
+            format!("{} / {}", report.missing, report.duplicates),
+        );
+    }
+    row("elapsed", format!("{:.3} s", elapsed.as_secs_f64()));
+    row("throughput", format!("{:.0} records/s", throughput));
+    if mean_latency > Duration::ZERO {
+        row(
+            "Little's limit",
+            format!("{little:.0} records/s (capacity × parallelism ÷ mean latency)"),
+        );
+        row(
+            "fraction of Little's limit",
+            format!("{:.1}%", throughput / little * 100.0),
+        );
+    }
+    if h.is_empty() {
+        row("latency", "no record arrived".to_string());
+    } else {
+        row(
+            "latency p50 / p99 / p99.9",
+            format!("{:.0} / {:.0} / {:.0} µs", us(0.5), us(0.99), us(0.999)),
+        );
+        row("latency max", format!("{:.0} µs", h.max() as f64 / 1e3));
+    }
+    row(
+        "retried / timed out",
+        format!(
+            "{} / {}",
+            report.async_metrics.retried, report.async_metrics.timed_out
+        ),
+    );
+    row(
+        "time back-pressured",
+        format!(
+            "{:.3} s (sum over sources)",
+            report.backpressured_ns as f64 / 1e9
+        ),
+    );
+    let mut wakeups = Wakeups::default();
+    for worker in &report.run.wakeups {
+        wakeups.merge(worker);
+    }
+    row(
+        "worker wake-ups",
+        format!(
+            "{} notified, {} I/O, {} deadline, {} idle (over {} parks)",
+            wakeups.notified,
+            wakeups.io,
+            wakeups.deadline,
+            wakeups.idle,
+            report.run.parks.iter().sum::<u64>()
+        ),
+    );
+    row(
+        "timer wheel peak",
+        format!(
+            "{} timers (capacity {})",
+            report.async_metrics.timer_wheel_peak, settings.capacity
+        ),
+    );
+    out
+}
+
+/// The settings as JSON (also written for a job that could not start).
+pub fn settings_json(settings: &JobSettings) -> Value {
+    json!({
+        "records": settings.records,
+        "rate": settings.rate,
+        "mode": mode_name(settings.mode),
+        "capacity": settings.capacity,
+        "timeout_ms": settings.timeout.as_secs_f64() * 1e3,
+        "retries": settings.retries,
+        "attempt_timeout_ms": settings.attempt_timeout().as_secs_f64() * 1e3,
+        "connections": settings.connections,
+    })
+}
+
+/// The report as JSON, with the outcome and, for a failed job, its cause.
+pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
+    let Finished {
+        report,
+        elapsed,
+        failure,
+    } = finished;
+    let h = &report.latency_ns;
+    json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": crate::compare::machine(),
+        "outcome": outcome(finished),
+        "cause": failure.as_ref().map(|e| e.to_string()),
+        "hint": failure.as_ref().and_then(failure_hint),
+        "settings": settings_json(settings),
+        "drivers": report.run.drivers,
+        "records_in": report.generated,
+        "records_out": report.received,
+        "failed": report.async_metrics.failed,
+        "lost": report.missing,
+        "duplicated": report.duplicates,
+        "elapsed_s": elapsed.as_secs_f64(),
+        "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),
+        "latency_ns": if h.is_empty() { Value::Null } else { json!({
+            "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9), "p99": h.value_at_quantile(0.99),
+            "p99.9": h.value_at_quantile(0.999), "max": h.max(),
+        }) },
+        "retried": report.async_metrics.retried,
+        "timed_out": report.async_metrics.timed_out,
+        "backpressured_s": report.backpressured_ns as f64 / 1e9,
+        "timer_wheel_peak": report.async_metrics.timer_wheel_peak,
+        "wakeups": report.run.wakeups.iter().map(|w| json!({
+            "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
+        })).collect::<Vec<_>>(),
+        "parks": report.run.parks,
+    })
+}
+
+/// The JSON of a job that could not start: its settings, the outcome and the cause.
+pub fn failed_to_start_json(settings: &JobSettings, error: &RunError) -> Value {
+    json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": crate::compare::machine(),
+        "outcome": "failed",
+        "cause": error.to_string(),
+        "settings": settings_json(settings),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(cores: Option<&str>, oversubscribe: bool) -> Result<WorkerPlan, RunError> {
+        WorkerPlan::for_machine(cores, oversubscribe, vec![0, 1, 2, 3])
+    }
+
+    #[test]
+    fn workers_are_bounded_by_the_machines_cores() {
+        let all = plan(None, false).unwrap();
+        assert_eq!((all.workers(), all.free_core()), (4, None));
+        let two = plan(Some("2"), false).unwrap();
+        assert_eq!(
+            (two.placement.clone(), two.free_core()),
+            (vec![0, 1], Some(2))
+        );
+        assert!(matches!(
+            plan(Some("5"), false),
+            Err(RunError::TooManyWorkers {
+                requested: 5,
+                cores: 4
+            })
+        ));
+        let shared = plan(Some("6"), true).unwrap();
+        assert_eq!(shared.placement, vec![0, 1, 2, 3, 0, 1]);
+        assert!(matches!(plan(Some("0"), true), Err(RunError::NoWorkers)));
+        let listed = plan(Some("3, 1"), false).unwrap();
+        assert_eq!(
+            (listed.cores.clone(), listed.free_core()),
+            (Cores::List(vec![3, 1]), Some(0))
+        );
+        assert!(matches!(
+            plan(Some("1,7"), true),
+            Err(RunError::NoSuchCore { core: 7, .. })
+        ));
+        assert!(matches!(
+            plan(Some("1,1"), false),
+            Err(RunError::CoreTwice { core: 1 })
+        ));
+        assert!(plan(Some("1,1"), true).is_ok());
+        assert!(matches!(
+            plan(Some("two"), false),
+            Err(RunError::BadCores(_))
+        ));
+    }
+
+    #[test]
+    fn words_for_the_user() {
+        assert_eq!(workers_text(1), "1 worker");
+        assert_eq!(workers_text(2), "2 workers");
+        assert_eq!(mode_name(OutputMode::KeyedOrdered), "keyed");
+        assert_eq!(cores_text(&[3, 0, 1, 2, 6, 8, 9]), "0-3, 6, 8, 9");
+        assert_eq!(bytes_text(512), "512 bytes");
+        assert_eq!(bytes_text(3 << 30), "3.0 GiB");
+    }
 }

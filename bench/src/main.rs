@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+use weir_bench::job::{JobProgress, KeyDistribution};
+use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
-use weir_engine::runtime::job::{JobProgress, KeyDistribution};
-use weir_engine::runtime::Cores;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
@@ -53,6 +54,9 @@ enum Command {
         /// Only the experiments whose name contains this text.
         #[arg(long)]
         only: Option<String>,
+        /// Only the implementations whose name contains this text (e.g. to profile one).
+        #[arg(long)]
+        implementation: Option<String>,
     },
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
@@ -105,19 +109,25 @@ struct RunArgs {
     /// Lookup latency: fixed:<d>, uniform:<d>..<d>, lognormal:<median>,<sigma>.
     #[arg(long, default_value = "fixed:1ms", value_parser = parse_latency)]
     latency: Latency,
-    /// Async timeout per lookup (e.g. 1s, 500ms).
+    /// Time limit of a record's lookup over all its attempts, as in Flink's async I/O
+    /// (e.g. 1s, 500ms): with --retries N each attempt gets timeout ÷ (N + 1), which the
+    /// run's header shows.
     #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     timeout: Duration,
-    /// Retries after a failed lookup (fixed delay, --retry-delay).
+    /// Retries after a failed lookup (fixed delay, --retry-delay), all within --timeout.
     #[arg(long, default_value_t = 0)]
     retries: u32,
     /// Delay between retries.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     retry_delay: Duration,
-    /// Workers: a count, or a comma-separated list of core ids.
+    /// Workers: a count, or a comma-separated list of core ids; at most one per core
+    /// of this machine unless --oversubscribe (default: one per core).
     #[arg(long)]
     cores: Option<String>,
-    /// Do not pin workers to cores.
+    /// Allow more workers than cores (or a core listed twice): workers then share cores.
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Do not pin workers (nor the embedded lookup service) to cores.
     #[arg(long)]
     no_pin: bool,
     /// I/O driver (default: WEIR_DRIVER, else io_uring with epoll fallback).
@@ -152,7 +162,8 @@ struct RunArgs {
     /// Exchange buffer timeout (0 = flush every record).
     #[arg(long, default_value = "1ms", value_parser = parse_duration)]
     buffer_timeout: Duration,
-    /// Write the report as JSON here.
+    /// Write the report as JSON here (checked before the run; a failed job writes its
+    /// outcome and cause too).
     #[arg(long)]
     json: Option<PathBuf>,
     /// Run the lookup written as an `async` block on the per-worker executor.
@@ -271,6 +282,7 @@ fn main() {
             scale,
             json,
             only,
+            implementation,
         } => {
             if !(scale.is_finite() && scale > 0.0 && scale <= 100.0) {
                 eprintln!("error: --scale must be in (0, 100], got {scale}");
@@ -297,6 +309,16 @@ fn main() {
                     std::process::exit(2);
                 }
             }
+            if let Some(implementation) = &implementation {
+                cases.retain(|c| c.implementation.contains(implementation.as_str()));
+                if cases.is_empty() {
+                    eprintln!(
+                        "error: no implementation in these experiments matches \
+                         --implementation {implementation:?}"
+                    );
+                    std::process::exit(2);
+                }
+            }
             let summaries = compare::run(&cases, rounds as usize, |case, ns| {
                 eprint!(
                     "\r{:<60} {:<24} {:>9.1} ns/op",
@@ -320,59 +342,68 @@ fn main() {
 }
 
 fn run_job(args: RunArgs) -> i32 {
+    match run_main_job(&args) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+/// `weir run`: every setting is checked, and the JSON path opened, before anything
+/// sizeable is allocated or started.
+fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let driver = match args.driver {
         Some(kind) => kind,
-        None => match weir_net::driver::kind_from_env() {
-            Ok(kind) => kind,
-            Err(error) => {
-                eprintln!("error: WEIR_DRIVER: {error}");
-                return 2;
-            }
-        },
+        None => weir_net::driver::kind_from_env()
+            .map_err(|error| RunError::Setting(format!("WEIR_DRIVER: {error}")))?,
     };
-    let cores = match args.cores.as_deref() {
-        None => Cores::Count(
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        ),
-        Some(text) if !text.contains(',') && text.parse::<usize>().is_ok() => {
-            Cores::Count(text.parse().unwrap_or(1))
-        }
-        Some(text) => match text
-            .split(',')
-            .map(|c| c.trim().parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(list) => Cores::List(list),
-            Err(_) => {
-                eprintln!("error: --cores takes a count or a comma-separated list of core ids, got {text:?}");
-                return 2;
-            }
-        },
-    };
+    let plan = WorkerPlan::new(args.cores.as_deref(), args.oversubscribe)?;
     if let Some(rate) = args.rate {
         if !(rate.is_finite() && rate > 0.0) {
-            eprintln!("error: --rate must be a positive number of records per second");
-            return 2;
+            return Err(RunError::Setting(
+                "--rate must be a positive number of records per second".into(),
+            ));
         }
     }
     if !(0.0..=1.0).contains(&args.skew) {
-        eprintln!("error: --skew must be in 0..=1");
-        return 2;
+        return Err(RunError::Setting("--skew must be in 0..=1".into()));
     }
     if args.store.is_none() && args.mget > 0 {
-        eprintln!("error: --mget batches Redis lookups; use it with --store");
-        return 2;
+        return Err(RunError::Setting(
+            "--mget batches Redis lookups; use it with --store".into(),
+        ));
     }
     if args.store.is_some() && args.futures {
-        eprintln!("error: --futures applies to the embedded lookup service; drop it with --store");
-        return 2;
+        return Err(RunError::Setting(
+            "--futures applies to the lookup service; drop it with --store".into(),
+        ));
     }
-    let server = match args
-        .lookup_addr
-        .or(args.store.as_ref().map(|_| UNUSED_SERVICE))
-    {
+    if args.store.is_some() && args.lookup_addr.is_some() {
+        return Err(RunError::Setting(
+            "--lookup-addr and --store both say where the lookups go; give one of them".into(),
+        ));
+    }
+    job::check_memory(plan.workers(), args.records, args.capacity as usize)?;
+    let mut json = match &args.json {
+        Some(path) => Some(open_json(path)?),
+        None => None,
+    };
+    let redis = args.store.as_ref().map(|url| job::RedisStore {
+        url: (**url).clone(),
+        batching: match args.mget {
+            0 => Batching::Off,
+            max_keys => Batching::Mget { max_keys },
+        },
+        stats: Arc::default(),
+    });
+    // The embedded service gets a core of its own when the workers leave one free.
+    let service_core = match (args.lookup_addr, args.no_pin) {
+        (None, false) => plan.free_core(),
+        _ => None,
+    };
+    let server = match args.lookup_addr.or(redis.as_ref().map(|_| UNUSED_SERVICE)) {
         Some(_) => None,
         None => {
             let config = ServerConfig {
@@ -382,21 +413,17 @@ fn run_job(args: RunArgs) -> i32 {
                     error_rate: args.error_rate,
                     ..Faults::default()
                 },
+                core: service_core,
                 ..ServerConfig::default()
             };
-            match LookupServer::start(config) {
-                Ok(server) => Some(server),
-                Err(error) => {
-                    eprintln!("error: cannot start the embedded lookup service: {error}");
-                    return 1;
-                }
-            }
+            Some(LookupServer::start(config).map_err(RunError::Service)?)
         }
     };
-    let service = args
-        .lookup_addr
-        .or(server.as_ref().map(|s| s.addr()))
-        .unwrap_or(UNUSED_SERVICE);
+    let service = match (&server, args.lookup_addr) {
+        (Some(server), _) => server.addr(),
+        (None, Some(addr)) => addr,
+        (None, None) => UNUSED_SERVICE,
+    };
     let keys = if args.skew > 0.0 {
         KeyDistribution::Skewed {
             keys: args.keys,
@@ -418,7 +445,7 @@ fn run_job(args: RunArgs) -> i32 {
         timeout: args.timeout,
         retries: args.retries,
         retry_delay: args.retry_delay,
-        cores,
+        cores: plan.cores.clone(),
         pin: !args.no_pin,
         driver,
         service,
@@ -429,52 +456,64 @@ fn run_job(args: RunArgs) -> i32 {
         key_iter: None,
         collect: None,
     };
-    if args.store.is_none() {
-        eprintln!(
-            "weir run: {} records, {:?} mode, capacity {}, latency {:?}, lookup service {} ({})",
-            settings.records,
-            settings.mode,
-            settings.capacity,
-            args.latency,
-            service,
-            if server.is_some() {
-                "embedded"
-            } else {
-                "external"
-            }
-        );
-    }
-    let redis = args.store.clone().map(|url| job::RedisStore {
-        url: *url,
-        batching: match args.mget {
-            0 => Batching::Off,
-            max_keys => Batching::Mget { max_keys },
+    let service_core = server.as_ref().and_then(|s| s.core());
+    let service_place = match &server {
+        None => "external".to_string(),
+        Some(server) => match server.core() {
+            Some(core) => format!("core {core} (own)"),
+            None if args.no_pin => "unpinned, shared with workers".to_string(),
+            None => "shared with workers".to_string(),
         },
-        stats: Arc::default(),
-    });
-    if let Some(store) = &redis {
-        if let Err(error) = store.client_config(&settings).check() {
-            eprintln!("error: --store: {error}");
-            return 2;
-        }
-        eprintln!(
-            "weir run: {} records, {:?} mode, capacity {}, lookups in Redis at {} ({:?}), keys {}<key>",
-            settings.records,
-            settings.mode,
-            settings.capacity,
+    };
+    eprintln!(
+        "weir run: {} records, {} mode, capacity {}, {}timeout {}",
+        settings.records,
+        job::mode_name(settings.mode),
+        settings.capacity,
+        match &redis {
+            Some(_) => String::new(),
+            None => format!("latency {}, ", args.latency),
+        },
+        settings.timeout_text(),
+    );
+    let lookups = match &redis {
+        Some(store) => format!(
+            "lookups in Redis at {} ({}), keys {}<key>",
             store.url,
-            store.batching,
+            match store.batching {
+                Batching::Off => "GETs, plain pipelining".to_string(),
+                Batching::Mget { max_keys } =>
+                    format!("GETs batched into MGETs of up to {max_keys}"),
+            },
             job::REDIS_KEY_PREFIX
-        );
-    }
+        ),
+        None => format!(
+            "lookup service {service} ({})",
+            match server.as_ref().map(|s| s.core()) {
+                None => "external".to_string(),
+                Some(Some(core)) => format!("embedded, on its own core {core}"),
+                Some(None) => "embedded, sharing the workers' cores".to_string(),
+            }
+        ),
+    };
+    eprintln!(
+        "weir run: {} {}, {lookups}",
+        job::workers_text(plan.workers()),
+        match (args.no_pin, plan.workers()) {
+            (true, _) => "unpinned".to_string(),
+            (false, 1) => format!("on core {}", job::cores_text(&plan.placement)),
+            (false, _) => format!("on cores {}", job::cores_text(&plan.placement)),
+        },
+    );
     let progress = Arc::new(JobProgress::default());
+    let cpu_start = process_cpu();
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
         let redis = redis.clone();
         std::thread::spawn(move || match &redis {
-            Some(store) => job::run_redis(&settings, store, progress),
-            None => job::run(&settings, progress),
+            Some(store) => job::run_redis_to_end(&settings, store, progress),
+            None => job::run_to_end(&settings, progress),
         })
     };
     let bar = if args.quiet {
@@ -483,9 +522,15 @@ fn run_job(args: RunArgs) -> i32 {
         let bar = indicatif::ProgressBar::new(settings.records);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} records  {per_sec}  in flight {msg}  [{elapsed_precise}]",
+                "{bar:40} {pos}/{len} records  {rate}  in flight {msg}  [{elapsed_precise}]",
             )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .with_key(
+                "rate",
+                |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                    let _ = write!(out, "{:.0} records/s", state.per_sec());
+                },
+            ),
         );
         bar
     };
@@ -497,59 +542,149 @@ fn run_job(args: RunArgs) -> i32 {
     bar.finish_and_clear();
     let result = handle.join();
     let stats = server.map(|s| s.stop());
-    let (report, elapsed) = match result {
-        Ok(Ok(outcome)) => outcome,
+    // Every thread of the process, the ended ones included: workers, the embedded
+    // service, the progress bar.
+    let cpu = process_cpu().saturating_sub(cpu_start);
+    let finished = match result {
+        Ok(Ok(finished)) => finished,
         Ok(Err(error)) => {
-            eprintln!("error: the job failed: {error}");
-            return 1;
+            if let Some((path, file)) = json.as_mut() {
+                let value = job::failed_to_start_json(&settings, &error);
+                write_json(path, file, &value)?;
+            }
+            return Err(error);
         }
-        Err(_) => {
-            eprintln!("error: the job's thread panicked");
-            return 1;
-        }
+        Err(_) => return Err(RunError::Panicked),
     };
     let mean_latency = match &redis {
         // Little's limit needs the service's latency, which Redis does not announce.
         Some(_) => Duration::ZERO,
         None => args.latency.mean(),
     };
-    println!("{}", job::render(&settings, &report, elapsed, mean_latency));
-    if let Some(store) = &redis {
-        let stats = store.stats.snapshot();
-        println!(
-            "  {:<28} {} hits, {} misses, {} error replies, {} failed, {} commands ({} MGETs), {} connections",
-            "redis",
-            stats.hits,
-            stats.misses,
-            stats.errors,
-            stats.failed,
-            stats.commands,
-            stats.batches,
-            stats.connects
-        );
-    }
-    if let Some(stats) = stats {
-        println!(
-            "  {:<28} {} requests, {} errors injected",
-            "lookup service", stats.requests, stats.errors
-        );
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&job::to_json(&settings, &report, elapsed))
-            .expect("plain JSON");
-        if let Err(error) = std::fs::write(path, text) {
-            eprintln!("error: cannot write {}: {error}", path.display());
-            return 1;
+    println!("{}", job::render(&settings, &finished, mean_latency));
+    match (&redis, stats) {
+        (Some(store), _) => {
+            let stats = store.stats.snapshot();
+            println!(
+                "  {:<28} {} hits, {} misses, {} error replies, {} failed, {} commands ({} MGETs), {} connections",
+                "redis",
+                stats.hits,
+                stats.misses,
+                stats.errors,
+                stats.failed,
+                stats.commands,
+                stats.batches,
+                stats.connects
+            );
         }
+        (None, Some(stats)) => println!(
+            "  {:<28} {service_place}, {} requests, {} errors injected",
+            "lookup service", stats.requests, stats.errors
+        ),
+        (None, None) => println!("  {:<28} external at {service}", "lookup service"),
     }
+    let records = finished.report.received.max(1);
+    let cpu_per_record_ns = cpu.as_nanos() as f64 / records as f64;
+    let service_share = stats
+        .filter(|s| s.cpu_ns > 0 && !cpu.is_zero())
+        .map(|s| s.cpu_ns as f64 / cpu.as_nanos() as f64);
+    println!(
+        "  {:<28} {:.3} µs (user + sys of all threads {:.2} s ÷ records out){}",
+        "CPU per record",
+        cpu_per_record_ns / 1e3,
+        cpu.as_secs_f64(),
+        match service_share {
+            Some(share) => format!("; the embedded service {:.0}% of it", share * 100.0),
+            None => String::new(),
+        }
+    );
+    if let Some((path, file)) = json.as_mut() {
+        let mut value = job::to_json(&settings, &finished);
+        value["workers"] = Value::from(plan.workers());
+        value["worker_cores"] = Value::from(plan.placement.clone());
+        value["lookup_service"] = match &redis {
+            Some(_) => Value::Null,
+            None => serde_json::json!({
+                "address": service.to_string(),
+                "embedded": stats.is_some(),
+                "placement": service_place,
+                "core": service_core,
+                "requests": stats.map(|s| s.requests),
+                "errors_injected": stats.map(|s| s.errors),
+                "cpu_s": stats.map(|s| s.cpu_ns as f64 / 1e9),
+            }),
+        };
+        value["redis"] = match &redis {
+            Some(store) => {
+                let stats = store.stats.snapshot();
+                serde_json::json!({
+                    "url": store.url.to_string(),
+                    "mget_max_keys": match store.batching {
+                        Batching::Off => None,
+                        Batching::Mget { max_keys } => Some(max_keys),
+                    },
+                    "hits": stats.hits,
+                    "misses": stats.misses,
+                    "error_replies": stats.errors,
+                    "failed": stats.failed,
+                    "commands": stats.commands,
+                    "mgets": stats.batches,
+                    "connections": stats.connects,
+                })
+            }
+            None => Value::Null,
+        };
+        value["cpu_s"] = Value::from(cpu.as_secs_f64());
+        value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
+        value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
+        write_json(path, file, &value)?;
+    }
+    if let Some(error) = &finished.failure {
+        match job::failure_hint(error) {
+            Some(hint) => eprintln!("error: the job failed: {error}; {hint}"),
+            None => eprintln!("error: the job failed: {error}"),
+        }
+        return Ok(1);
+    }
+    let report = &finished.report;
     if report.missing > 0 || report.duplicates > 0 {
         eprintln!(
             "error: {} records lost and {} duplicated",
             report.missing, report.duplicates
         );
-        return 1;
+        return Ok(1);
     }
-    0
+    Ok(0)
+}
+
+/// Opens (creating, not yet truncating) the `--json` file, so that an unwritable path
+/// fails before the run rather than after it.
+fn open_json(path: &std::path::Path) -> Result<(PathBuf, std::fs::File), RunError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(|file| (path.to_path_buf(), file))
+        .map_err(|source| RunError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Replaces the `--json` file's content with `value`.
+fn write_json(
+    path: &std::path::Path,
+    file: &mut std::fs::File,
+    value: &Value,
+) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(value).expect("JSON of plain values");
+    file.set_len(0)
+        .and_then(|()| std::io::Write::write_all(file, text.as_bytes()))
+        .map_err(|source| RunError::Json {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The lookup service address when Redis is the store (never connected to).
@@ -608,7 +743,7 @@ fn serve(args: ServeArgs) -> i32 {
     match LookupServer::start(config) {
         Ok(server) => {
             eprintln!(
-                "weir lookup service listening on {} (latency {:?}); Ctrl-C stops it",
+                "weir lookup service listening on {} (latency {}); Ctrl-C stops it",
                 server.addr(),
                 args.latency
             );
@@ -688,4 +823,16 @@ fn profile(target: ProfileTarget, out: &std::path::Path) -> i32 {
             1
         }
     }
+}
+
+/// User + system CPU time of the whole process so far (every thread, ended ones too).
+fn process_cpu() -> Duration {
+    // SAFETY: an all-zero `rusage` is a valid value for the call to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; the result is checked.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }

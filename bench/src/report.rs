@@ -251,6 +251,13 @@ fn series_by(rows: &[Row], filter: impl Fn(&Row) -> Option<f64>) -> Vec<Series> 
 
 /// Writes `REPORT.md` and `plots/*.svg` under `out` from the JSON in `data`.
 pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
+    if !has_measurements(data) {
+        return Err(format!(
+            "no measurements in {}: run scripts/report.sh (or scripts/report.sh --quick) \
+             first, which collects them there and then calls weir report",
+            data.display()
+        ));
+    }
     let plots = out.join("plots");
     std::fs::create_dir_all(&plots)
         .map_err(|e| format!("cannot create {}: {e}", plots.display()))?;
@@ -378,6 +385,13 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             "Command: `{}`\n",
             job["command"].as_str().unwrap_or("?")
         );
+        if job["outcome"].as_str() == Some("failed") {
+            let _ = writeln!(
+                md,
+                "**The run failed**: {}\n",
+                job["cause"].as_str().unwrap_or("no cause recorded")
+            );
+        }
         let _ = writeln!(md, "| records | throughput records/s | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
         let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         let l = &job["latency_ns"];
@@ -471,6 +485,20 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         let _ = writeln!(md, "- [{what}](../flamegraphs/{file})");
     }
     std::fs::write(out.join("REPORT.md"), md).map_err(|e| format!("cannot write the report: {e}"))
+}
+
+/// Whether `data` holds any JSON that `scripts/report.sh` writes.
+fn has_measurements(data: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(data) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).any(|e| {
+        let name = e.file_name().to_string_lossy().to_string();
+        let suite = ["ring", "pool", "async", "exchange", "lookup", "job"]
+            .iter()
+            .any(|s| name == format!("{s}.json"));
+        suite || (name.starts_with("load-") && name.ends_with(".json"))
+    })
 }
 
 fn chrono_free_date() -> String {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weir_bench::job::{self, JobSettings};
+use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_engine::async_io::OutputMode;
-use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_engine::runtime::Cores;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;

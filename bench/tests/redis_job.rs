@@ -12,8 +12,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use weir_bench::job::{self, Enriched, JobSettings, RedisStore};
+use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_engine::async_io::OutputMode;
-use weir_engine::runtime::job::{JobProgress, KeyDistribution};
 use weir_engine::runtime::Cores;
 use weir_net::redis::{load_keys, value_of, Batching, RedisServer, RedisUrl, ServerOptions};
 use weir_net::DriverKind;

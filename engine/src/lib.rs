@@ -8,6 +8,9 @@
 //! - [`element`] and [`async_io`]: stream elements and the async I/O operator
 //!   (Flink's `AsyncWaitOperator`) with its test harness;
 //! - [`timer`]: the hashed timing wheel for timeouts and retries;
+//! - [`runtime`]: workers pinned to cores, each running its tasks;
+//! - [`graph`]: the job-graph API: sources, chained operators, Flink's partitioners
+//!   and key groups, sinks, placement, run on the runtime;
 //! - [`limits`]: every default capacity with its cost.
 //!
 //! `--cfg loom` switches every atomic to loom (see `sync`) for the models in
@@ -24,6 +27,7 @@ pub mod async_io;
 pub mod element;
 pub mod error;
 pub mod exchange;
+pub mod graph;
 pub mod limits;
 pub mod mailbox;
 pub mod park;

@@ -139,3 +139,9 @@ pub(crate) fn flush_outbox(
     outbox.drain(..written);
     result
 }
+
+/// A [`DriverFactory`](weir_engine::runtime::DriverFactory) making a driver of `kind`
+/// for each worker, for [`RuntimeBuilder::driver`](weir_engine::runtime::RuntimeBuilder::driver).
+pub fn factory(kind: DriverKind) -> weir_engine::runtime::DriverFactory {
+    std::sync::Arc::new(move || build(kind).map_err(|e| std::io::Error::other(e.to_string())))
+}

@@ -22,5 +22,5 @@ pub mod lookup;
 pub mod redis;
 pub mod uring;
 
-pub use driver::{build as build_driver, DriverKind, Wake};
+pub use driver::{build as build_driver, factory as driver_factory, DriverKind, Wake};
 pub use error::NetError;

@@ -252,6 +252,11 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         }
     }
 
+    /// The channel selector.
+    pub fn selector(&self) -> &S {
+        &self.selector
+    }
+
     /// Whether part of a record or event still waits for buffers.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()

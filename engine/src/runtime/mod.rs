@@ -17,7 +17,6 @@
 //! factory, so they may hold `!Send` state (an `Rc`, the operator).
 
 pub mod driver;
-pub mod job;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -286,8 +285,10 @@ impl Runtime {
             let abort = Arc::clone(&abort);
             let failure = Arc::clone(&failure);
             let unparkers = unparkers.clone();
-            let pin = self.pin;
-            let spin = self.spin;
+            let options = WorkerOptions {
+                pin: self.pin,
+                spin: self.spin,
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{index}"))
                 .spawn(move || {
@@ -298,7 +299,13 @@ impl Runtime {
                         parks: 0,
                         wakeups: Wakeups::default(),
                     };
-                    match worker_main(index, slot, pin, spin, epoch, &abort, &mut stats) {
+                    // The tasks outlive the loop until a failure is recorded: dropping
+                    // them first would disconnect their channels, and another worker's
+                    // "producer gone" could then be taken for the cause.
+                    let mut tasks = Vec::new();
+                    let result =
+                        worker_main(index, slot, options, epoch, &abort, &mut stats, &mut tasks);
+                    match result {
                         Ok(()) => {}
                         Err(error) => {
                             let mut first = failure.lock().unwrap_or_else(|e| e.into_inner());
@@ -311,6 +318,7 @@ impl Runtime {
                             }
                         }
                     }
+                    drop(tasks);
                     stats
                 })
                 .map_err(RuntimeError::Driver)?;
@@ -378,14 +386,22 @@ fn turn(
     Ok(events)
 }
 
+/// How a worker holds its core: pinned to it or not, and how long it polls with
+/// nothing to do before it parks.
+#[derive(Debug, Clone, Copy)]
+struct WorkerOptions {
+    pin: bool,
+    spin: Duration,
+}
+
 fn worker_main(
     index: usize,
     slot: WorkerSlot,
-    pin: bool,
-    spin: Duration,
+    WorkerOptions { pin, spin }: WorkerOptions,
     epoch: Instant,
     abort: &AtomicBool,
     stats: &mut WorkerStats,
+    tasks: &mut Vec<Option<Box<dyn Task>>>,
 ) -> Result<(), RuntimeError> {
     let WorkerSlot {
         core,
@@ -402,7 +418,7 @@ fn worker_main(
             }
         }
     }
-    let mut tasks: Vec<Option<Box<dyn Task>>> = Vec::with_capacity(factories.len());
+    tasks.reserve(factories.len());
     for factory in factories {
         match factory(driver.as_mut()) {
             Ok(task) => tasks.push(Some(task)),
@@ -450,7 +466,7 @@ fn worker_main(
                 }
             }
         }
-        let events = match turn(driver.as_mut(), &mut tasks, Some(Duration::ZERO)) {
+        let events = match turn(driver.as_mut(), tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
             Err(error) => return Err(RuntimeError::Driver(error)),
         };
@@ -483,7 +499,7 @@ fn worker_main(
         let wakeup = parker.park_with(
             Some(timeout),
             || abort.load(Ordering::Acquire),
-            |timeout| match turn(driver.as_mut(), &mut tasks, timeout) {
+            |timeout| match turn(driver.as_mut(), tasks, timeout) {
                 Ok(events) => io_events = events,
                 Err(error) => turn_error = Some(error),
             },

@@ -40,6 +40,17 @@ pub trait LookupRequest: 'static {
     fn complete(self, value: &[u8]) -> Self::Out;
 }
 
+/// A bare key: its result is the value's bytes.
+impl LookupRequest for u64 {
+    type Out = Vec<u8>;
+    fn key(&self) -> u64 {
+        *self
+    }
+    fn complete(self, value: &[u8]) -> Vec<u8> {
+        value.to_vec()
+    }
+}
+
 /// Settings of a client.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -328,8 +339,8 @@ impl<R: LookupRequest> LookupClient<R> {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
                 let message = format!(
-                    "no answer from the lookup service within {:?}",
-                    self.config.request_timeout
+                    "no answer from the lookup service within {}",
+                    super::format_duration(self.config.request_timeout)
                 );
                 pending.fail(message);
             }
@@ -438,10 +449,38 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
     }
 }
 
+/// What [`lookup_function`] returns: subtask `i`'s lookup function and the I/O hook
+/// of its client, for [`Stream::async_wait_io`](weir_engine::graph::Stream::async_wait_io).
+pub type LookupFactory<R> = Box<
+    dyn Fn(
+            &weir_engine::graph::SubtaskInfo,
+        ) -> (
+            LookupFunction<R>,
+            Option<Box<dyn weir_engine::graph::IoHandler>>,
+        ) + Send
+        + Sync,
+>;
+
+/// Each subtask's lookup function for a graph: its own client with `config`'s
+/// connections, driven by its worker's driver. The settings are checked here, so
+/// making a subtask's client cannot fail.
+pub fn lookup_function<R: LookupRequest + Clone>(
+    config: ClientConfig,
+) -> Result<LookupFactory<R>, NetError> {
+    LookupClient::<R>::new(config.clone())?;
+    Ok(Box::new(move |_subtask| {
+        let client = Rc::new(RefCell::new(
+            LookupClient::<R>::new(config.clone()).expect("settings checked above"),
+        ));
+        let io: Box<dyn weir_engine::graph::IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+        (LookupFunction::new(client), Some(io))
+    }))
+}
+
 /// Connects a shared [`LookupClient`] to its task's worker driver.
 pub struct ClientIo<R: LookupRequest>(pub Rc<RefCell<LookupClient<R>>>);
 
-impl<R: LookupRequest> weir_engine::runtime::job::IoHandler for ClientIo<R> {
+impl<R: LookupRequest> weir_engine::graph::IoHandler for ClientIo<R> {
     fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
         let mut client = self.0.borrow_mut();
         client.expire(now_ns);

@@ -73,6 +73,44 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(nanos as u64))
 }
 
+/// Writes a duration the way [`parse_duration`] reads it, in its largest whole unit
+/// with at most three decimals: `1ms`, `500us`, `1.5s`, `333.333ms`, `0s`.
+pub fn format_duration(duration: Duration) -> String {
+    let nanos = duration.as_nanos() as f64;
+    let (value, unit) = if duration.is_zero() {
+        (0.0, "s")
+    } else if nanos >= 1e9 {
+        (nanos / 1e9, "s")
+    } else if nanos >= 1e6 {
+        (nanos / 1e6, "ms")
+    } else if nanos >= 1e3 {
+        (nanos / 1e3, "us")
+    } else {
+        (nanos, "ns")
+    };
+    let text = format!("{value:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}{unit}")
+}
+
+impl std::fmt::Display for Latency {
+    /// As `--latency` takes it: `fixed:1ms`, `uniform:500us..2ms`, `lognormal:1ms,0.5`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Latency::Fixed(d) => write!(f, "fixed:{}", format_duration(d)),
+            Latency::Uniform(low, high) => write!(
+                f,
+                "uniform:{}..{}",
+                format_duration(low),
+                format_duration(high)
+            ),
+            Latency::LogNormal { median, sigma } => {
+                write!(f, "lognormal:{},{sigma}", format_duration(median))
+            }
+        }
+    }
+}
+
 impl FromStr for Latency {
     type Err = String;
 
@@ -87,7 +125,11 @@ impl FromStr for Latency {
                 let (low, high) = rest.split_once("..").ok_or("uniform needs low..high")?;
                 let (low, high) = (parse_duration(low)?, parse_duration(high)?);
                 if low > high {
-                    return Err(format!("uniform bounds out of order: {low:?} > {high:?}"));
+                    return Err(format!(
+                        "uniform bounds out of order: {} > {}",
+                        format_duration(low),
+                        format_duration(high)
+                    ));
                 }
                 Ok(Latency::Uniform(low, high))
             }
@@ -181,6 +223,21 @@ mod tests {
         ] {
             assert!(bad.parse::<Latency>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn latencies_print_as_they_are_written() {
+        for text in [
+            "fixed:1ms",
+            "uniform:500us..2ms",
+            "lognormal:1ms,0.5",
+            "fixed:0s",
+        ] {
+            assert_eq!(text.parse::<Latency>().unwrap().to_string(), text);
+        }
+        assert_eq!(format_duration(Duration::from_secs(1) / 3), "333.333ms");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_nanos(100)), "100ns");
     }
 
     #[test]

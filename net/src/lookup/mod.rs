@@ -6,7 +6,8 @@ pub mod protocol;
 pub mod server;
 
 pub use client::{
-    ClientConfig, ClientIo, ClientStats, LookupClient, LookupFunction, LookupRequest,
+    lookup_function, ClientConfig, ClientIo, ClientStats, LookupClient, LookupFactory,
+    LookupFunction, LookupRequest,
 };
-pub use latency::{parse_duration, Latency, Rng};
+pub use latency::{format_duration, parse_duration, Latency, Rng};
 pub use server::{Faults, LookupServer, ServerConfig, ServerStats};

@@ -85,10 +85,14 @@ pub struct ServerStats {
     pub stalls: u64,
     /// Malformed frames sent on purpose.
     pub malformed: u64,
+    /// CPU time of the service thread (user + system), published when it stops; 0 while
+    /// it runs.
+    pub cpu_ns: u64,
 }
 
 #[derive(Default)]
 struct Counters {
+    cpu_ns: AtomicU64,
     requests: AtomicU64,
     answered: AtomicU64,
     errors: AtomicU64,
@@ -104,6 +108,7 @@ pub struct LookupServer {
     waker: Arc<Waker>,
     counters: Arc<Counters>,
     thread: Option<JoinHandle<()>>,
+    core: Option<usize>,
 }
 
 impl LookupServer {
@@ -171,26 +176,39 @@ impl LookupServer {
             .register(&mut event_loop.listener, LISTENER, Interest::READABLE)
             .map_err(|e| NetError::io("registering the listener", e))?;
         let core = event_loop.config.core;
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("weir-lookup".into())
             .spawn(move || {
-                if let Some(id) = core {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                let pinned = core.filter(|&id| {
+                    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id });
+                    if !pinned {
                         eprintln!(
                             "weir lookup service: could not pin to core {id}; running unpinned"
                         );
                     }
-                }
+                    pinned
+                });
+                let _ = pinned_tx.send(pinned);
                 event_loop.run()
             })
             .map_err(|e| NetError::io("spawning the service thread", e))?;
+        // The thread reports its placement before it serves anything.
+        let core = pinned_rx.recv().unwrap_or(None);
         Ok(LookupServer {
             addr,
             stop,
             waker,
             counters,
             thread: Some(thread),
+            core,
         })
+    }
+
+    /// The core the service thread is pinned to: the configured one if pinning took
+    /// effect, else `None` (it runs wherever the scheduler puts it).
+    pub fn core(&self) -> Option<usize> {
+        self.core
     }
 
     /// Where it listens.
@@ -208,6 +226,7 @@ impl LookupServer {
             resets: c.resets.load(Ordering::Relaxed),
             stalls: c.stalls.load(Ordering::Relaxed),
             malformed: c.malformed.load(Ordering::Relaxed),
+            cpu_ns: c.cpu_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -230,6 +249,20 @@ impl Drop for LookupServer {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// CPU time the calling thread has used (user + system), in ns; 0 if the clock cannot
+/// be read.
+fn thread_cpu_ns() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec for the call to fill; the result is checked.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) } != 0 {
+        return 0;
+    }
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
 /// A timerfd: epoll's own timeout has millisecond resolution (mio rounds up), which
@@ -376,6 +409,9 @@ impl EventLoop {
             self.publish_counts();
         }
         self.publish_counts();
+        self.counters
+            .cpu_ns
+            .store(thread_cpu_ns(), Ordering::Relaxed);
     }
 
     /// Publishes the loop's counts to the shared counters: one atomic add per counter

@@ -1121,7 +1121,7 @@ impl<R: RedisRequest + Clone> AsyncFunction for RedisFunction<R> {
 /// Connects a shared [`RedisClient`] to its task's worker driver.
 pub struct RedisIo<R: RedisRequest>(pub std::rc::Rc<std::cell::RefCell<RedisClient<R>>>);
 
-impl<R: RedisRequest> weir_engine::runtime::job::IoHandler for RedisIo<R> {
+impl<R: RedisRequest> weir_engine::graph::IoHandler for RedisIo<R> {
     fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
         self.0.borrow_mut().flush(driver, now_ns);
     }

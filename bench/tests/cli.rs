@@ -1,0 +1,209 @@
+//! `weir run` and `weir report` as a user meets them, through the built binary: settings
+//! that cannot work are one-line errors before anything starts, a failed job still
+//! prints its table and writes its JSON with the cause, and the run says what it ran.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn weir(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .env_remove("WEIR_DRIVER")
+        .output()
+        .expect("weir runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The cores this process may run on, as `weir run` counts them.
+fn machine_cores() -> usize {
+    core_affinity::get_core_ids().map_or(1, |ids| ids.len().max(1))
+}
+
+/// A fresh, empty directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Asserts a settings error: exit status 2, nothing on stdout, one line on stderr.
+fn assert_one_line_error(output: &Output) -> String {
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert!(output.stdout.is_empty(), "stdout: {}", text(&output.stdout));
+    assert_eq!(stderr.lines().count(), 1, "stderr: {stderr}");
+    assert!(stderr.starts_with("error: "), "stderr: {stderr}");
+    stderr
+}
+
+#[test]
+fn more_workers_than_cores_is_a_one_line_error_before_any_allocation() {
+    let workers = machine_cores().max(999) + 1;
+    // Under a 512 MiB address-space limit: the run used to allocate 33 GB for 1000
+    // workers and abort with a backtrace.
+    let output = Command::new("sh")
+        .args(["-c", "ulimit -v 524288 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "--cores", &workers.to_string()])
+        .output()
+        .expect("sh runs");
+    let stderr = assert_one_line_error(&output);
+    assert!(stderr.contains(&format!("--cores {workers}")), "{stderr}");
+    assert!(stderr.contains("--oversubscribe"), "{stderr}");
+
+    let stderr = assert_one_line_error(&weir(&["run", "--cores", "0"]));
+    assert!(stderr.contains("at least one"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--cores", "0,0"]));
+    assert!(stderr.contains("core 0 more than once"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--cores", "100000"]));
+    assert!(stderr.contains("cores this process may run on"), "{stderr}");
+}
+
+#[test]
+fn oversubscribe_runs_more_workers_than_cores() {
+    let workers = (machine_cores() + 1).to_string();
+    let output = weir(&[
+        "run",
+        "--cores",
+        &workers,
+        "--oversubscribe",
+        "--records",
+        "3000",
+        "--quiet",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains(&format!("{workers} workers")), "{stderr}");
+    assert!(
+        row(&stdout, "outcome").is_some_and(|v| v == "completed"),
+        "{stdout}"
+    );
+}
+
+/// The value of a row of the closing table.
+fn row(table: &str, name: &str) -> Option<String> {
+    table.lines().find_map(|line| {
+        let rest = line.trim_start().strip_prefix(name)?;
+        rest.starts_with("  ").then(|| rest.trim().to_string())
+    })
+}
+
+#[test]
+fn a_failed_job_prints_its_table_and_writes_its_cause() {
+    let dir = scratch("failed");
+    let json = dir.join("job.json");
+    // The service answers after 5 s, the timeout is 50 ms: every lookup stalls past it.
+    let output = weir(&[
+        "run",
+        "--cores",
+        "1",
+        "--records",
+        "200",
+        "--latency",
+        "fixed:5s",
+        "--timeout",
+        "50ms",
+        "--quiet",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(
+        row(&stdout, "outcome").as_deref(),
+        Some("failed"),
+        "{stdout}"
+    );
+    let cause = row(&stdout, "cause").expect("a cause row");
+    assert!(cause.contains("timed out"), "{cause}");
+    assert!(row(&stdout, "records in").is_some(), "{stdout}");
+    assert!(row(&stdout, "retried / timed out").is_some(), "{stdout}");
+    assert!(stderr.contains("--timeout"), "{stderr}");
+    let value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written"))
+            .expect("valid JSON");
+    assert_eq!(value["outcome"], "failed");
+    assert_eq!(value["cause"].as_str(), Some(cause.as_str()));
+    assert!(
+        value["timed_out"].as_u64().is_some_and(|n| n > 0),
+        "{value}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_unwritable_json_path_fails_before_the_run() {
+    let started = std::time::Instant::now();
+    let output = weir(&["run", "--json", "/nonexistent/dir/x.json"]);
+    let stderr = assert_one_line_error(&output);
+    assert!(stderr.contains("/nonexistent/dir/x.json"), "{stderr}");
+    assert!(stderr.contains("--json"), "{stderr}");
+    // Nothing ran: the default job takes seconds and prints its header first.
+    assert!(!stderr.contains("weir run:"), "{stderr}");
+    assert!(started.elapsed().as_secs() < 10);
+}
+
+#[test]
+fn report_without_data_says_what_to_run_first() {
+    let dir = scratch("report");
+    let out = dir.join("out");
+    let output = weir(&[
+        "report",
+        "--data",
+        dir.join("none").to_str().expect("utf-8 path"),
+        "--out",
+        out.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("scripts/report.sh"), "{stderr}");
+    assert!(!out.join("REPORT.md").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_run_says_what_it_runs_in_user_facing_names() {
+    let help = text(&weir(&["run", "--help"]).stdout);
+    assert!(help.contains("over all its attempts"), "{help}");
+    let output = weir(&[
+        "run",
+        "--cores",
+        "1",
+        "--records",
+        "2000",
+        "--mode",
+        "keyed",
+        "--retries",
+        "3",
+        "--timeout",
+        "1s",
+        "--quiet",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    for expected in [
+        "keyed mode",
+        "latency fixed:1ms",
+        "timeout 1s over 4 attempts (250ms each)",
+        "1 worker ",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} in {stderr}");
+    }
+    for debug in ["KeyedOrdered", "Fixed(", "1 workers", "[true"] {
+        assert!(
+            !stdout.contains(debug) && !stderr.contains(debug),
+            "{debug:?}: {stdout}{stderr}"
+        );
+    }
+    // One worker leaves a core free for the embedded lookup service.
+    let service = row(&stdout, "lookup service").expect("a lookup service row");
+    if machine_cores() > 1 {
+        assert!(service.contains("(own)"), "{service}");
+    } else {
+        assert!(service.contains("shared with workers"), "{service}");
+    }
+}

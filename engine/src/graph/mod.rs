@@ -1,0 +1,1171 @@
+//! Job graphs: a user's pipeline, from sources through chained operators and
+//! exchanges to sinks, run on the thread-per-core [`Runtime`].
+//!
+//! The shape is Flink's DataStream API. A [`Graph`] holds the stages; a [`Stream`] is
+//! the output of the operators chained so far. `map`, `filter`, `flat_map` and
+//! `async_wait` chain onto the current stage: they run in the same task, on the same
+//! thread, one call per record, as Flink chains operators. An exchange (`forward`,
+//! `rebalance`, `rescale`, `key_by`, `broadcast`, `global`, `partition_custom`)
+//! ends the stage in a record writer and starts a new one behind an input gate; its
+//! records cross threads through the exchange's buffers (see
+//! [`exchange`](crate::exchange)) with their timestamps. A sink ends the stream.
+//!
+//! Every stage has a parallelism (the graph's default unless set), and each of its
+//! subtasks runs on one worker: by default stage after stage on consecutive workers
+//! (subtask `i` of the `k`-th stage on worker `(p₀ + … + pₖ₋₁ + i) mod workers`), or
+//! where [`Stream::place`] says. Watermarks flow end to end: sources emit them, every
+//! operator forwards them (the async operator in order with its records, as Flink's),
+//! a gate emits the minimum over its channels, and a bounded source's end emits the
+//! final watermark `i64::MAX`.
+//!
+//! Nothing starts before the whole graph is checked: [`Graph::plan`] and
+//! [`Graph::execute`] refuse a graph that cannot run with a [`GraphError`] naming the
+//! stage and what to change. A graph built with this API is acyclic by construction:
+//! each exchange starts a new stage fed by an existing one, and a stream is consumed
+//! once.
+//!
+//! ```
+//! use weir_engine::graph::{Graph, SubtaskInfo};
+//! use weir_engine::runtime::{Cores, Runtime};
+//!
+//! // Word lengths, keyed by length: two stages of two subtasks each.
+//! let graph = Graph::new().with_parallelism(2);
+//! let lines = ["to be or not to be", "that is the question"];
+//! let out = graph
+//!     .from_iter(move |subtask: &SubtaskInfo| lines.into_iter().skip(subtask.index).step_by(2))
+//!     .flat_map(|line: &str| line.split(' ').map(|w| w.len() as u64).collect::<Vec<_>>())
+//!     .filter(|len| *len > 1)
+//!     .key_by(|len: &u64| *len)
+//!     .map(|len| len * 10)
+//!     .collect();
+//! let runtime = Runtime::builder().cores(Cores::Count(2)).pin(false).build()?;
+//! graph.execute(runtime)?;
+//! let mut lengths = out.records();
+//! lengths.sort();
+//! assert_eq!(lengths, [20, 20, 20, 20, 20, 20, 30, 30, 40, 80]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod chain;
+pub mod keys;
+pub mod partition;
+pub mod sink;
+pub mod source;
+
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::async_io::futures::{FutureFunction, LocalExecutor};
+use crate::async_io::{AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, AsyncWaitOperator};
+use crate::exchange::codec::Codec;
+use crate::exchange::{
+    local_channel, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig, NetworkBufferPool,
+    RecordWriter, ResultPartition, WriterConfig,
+};
+use crate::park::Unparker;
+use crate::runtime::{Driver, DriverEvent, RunReport, Runtime, RuntimeError, Task, TaskError};
+
+use chain::{
+    AsyncLink, FilterLink, FlatMapLink, Link, MapLink, SinkLink, StageInput, StageTask, WriterLink,
+};
+pub use keys::KeyHashCode;
+pub use partition::{Partitioner, Partitioning};
+use partition::{Route, Selector, Stamped};
+pub use sink::{latency_histogram, Collected, Counted, Sink};
+pub use source::{Generator, IterSource, Source, SourceEvent};
+
+/// Hooks an async function's I/O (e.g. a lookup client's connections) into its
+/// worker's driver; the task calls it each turn.
+pub trait IoHandler {
+    /// Hands queued requests to the driver; `now_ns` drives request expiry.
+    fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64);
+    /// Takes an event if it is for one of this handler's connections.
+    fn on_event(&mut self, event: &DriverEvent<'_>) -> bool;
+    /// When the handler next needs a flush even without I/O (a reconnection attempt, a
+    /// timeout), by the run's clock.
+    fn next_deadline(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Which subtask a user function, source or sink is built for (on its worker's
+/// thread).
+#[derive(Debug, Clone)]
+pub struct SubtaskInfo {
+    /// The stage's name.
+    pub stage: String,
+    /// The subtask's index in `0..parallelism`.
+    pub index: usize,
+    /// The stage's parallelism.
+    pub parallelism: usize,
+    /// The worker it runs on.
+    pub worker: usize,
+    /// Wakes that worker, e.g. when another thread completes a call.
+    pub unparker: Unparker,
+}
+
+/// Live counters of a running graph, for a progress display.
+#[derive(Debug, Default)]
+pub struct LiveCounters {
+    /// Records the sources emitted.
+    pub generated: AtomicU64,
+    /// Records the counting sinks received.
+    pub received: AtomicU64,
+    /// Elements in the async operators.
+    pub in_flight: AtomicU64,
+}
+
+/// Exchange settings, for every exchange of a graph.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExchangeSpec {
+    /// Bytes per segment.
+    pub segment_size: usize,
+    /// Segments per upstream subtask's partition.
+    pub segments: usize,
+    /// Buffer timeout: `Some(0)` flushes after every record, `None` only when full.
+    pub buffer_timeout: Option<Duration>,
+}
+
+impl Default for ExchangeSpec {
+    fn default() -> Self {
+        ExchangeSpec {
+            segment_size: 32 * 1024,
+            segments: 64,
+            buffer_timeout: Some(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Smallest segment an exchange shrinks its segments to when a partition fans out to
+/// many subtasks (see [`ExchangeSpec::sizing`]).
+pub const FAN_OUT_SEGMENT_MIN: usize = 1024;
+
+/// Bytes of one buffer slot in a channel's ring.
+const CHANNEL_SLOT_BYTES: usize = std::mem::size_of::<crate::exchange::SharedBuffer>();
+/// Bytes of a channel besides its slots: the ring's two cache-padded indices, its
+/// flags and both ends.
+const CHANNEL_FIXED_BYTES: usize = 512;
+
+/// How an exchange is sized for a number of upstream and downstream subtasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeSizing {
+    /// Bytes per segment.
+    pub segment_size: usize,
+    /// Segments each upstream subtask's partition reserves (at least one per channel).
+    pub segments_per_partition: usize,
+    /// Buffers each channel can hold: the partition's segments plus its overdraft, so
+    /// a send never finds it full.
+    pub channel_capacity: usize,
+    /// Segments of the network buffer pool.
+    pub network_segments: usize,
+    /// Bytes of the network buffer pool.
+    pub network_bytes: usize,
+    /// Bytes of every channel's ring together.
+    pub channel_bytes: usize,
+}
+
+impl ExchangeSizing {
+    /// Everything the exchange allocates at start-up, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.network_bytes.saturating_add(self.channel_bytes)
+    }
+}
+
+impl ExchangeSpec {
+    /// The exchange's sizes for `sources` partitions of `sinks` subpartitions each.
+    ///
+    /// A partition needs a segment per channel, so past `segments` channels the
+    /// partition takes more segments; they shrink instead (halving, down to
+    /// [`FAN_OUT_SEGMENT_MIN`] bytes) so that a partition keeps the
+    /// `segments × segment_size` bytes it has at a small fan-out and the network pool
+    /// grows with the number of sources, not with sources × sinks. Up to `segments`
+    /// channels nothing changes.
+    pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
+        let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
+        let per_partition = self.segments.max(sinks).max(1);
+        let mut segment_size = self.segment_size;
+        let budget = self.segments.saturating_mul(self.segment_size);
+        while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
+            && per_partition.saturating_mul(segment_size) > budget
+        {
+            segment_size /= 2;
+        }
+        let network_segments = sources
+            .saturating_mul(per_partition + overdraft)
+            .saturating_add(8);
+        let channel_capacity = per_partition + overdraft;
+        let ring_bytes = channel_capacity
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(CHANNEL_SLOT_BYTES)
+            .saturating_add(CHANNEL_FIXED_BYTES);
+        ExchangeSizing {
+            segment_size,
+            segments_per_partition: per_partition,
+            channel_capacity,
+            network_segments,
+            network_bytes: network_segments.saturating_mul(segment_size),
+            channel_bytes: sources.saturating_mul(sinks).saturating_mul(ring_bytes),
+        }
+    }
+}
+
+/// Why a graph cannot run: found before any thread starts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// No stage at all.
+    #[error("the graph has no stage; start one with a source (from_iter, from_generator, from_source) and end it with a sink")]
+    Empty,
+    /// A stream was dropped without a sink or an exchange after it.
+    #[error("stage {stage:?} has no sink; end its stream with sink(), collect() or count()")]
+    NoSink {
+        /// The stage.
+        stage: String,
+    },
+    /// Parallelism 0.
+    #[error("stage {stage:?} has parallelism 0; give it at least 1")]
+    ZeroParallelism {
+        /// The stage.
+        stage: String,
+    },
+    /// A max parallelism below the stage's parallelism.
+    #[error(
+        "stage {stage:?} has max parallelism {max_parallelism}, below its parallelism \
+         {parallelism}; raise the max parallelism to at least {parallelism} (it is the \
+         number of key groups, the most subtasks the stage can ever have)"
+    )]
+    MaxParallelismBelowParallelism {
+        /// The stage.
+        stage: String,
+        /// Its max parallelism.
+        max_parallelism: usize,
+        /// Its parallelism.
+        parallelism: usize,
+    },
+    /// A max parallelism above Flink's bound.
+    #[error("stage {stage:?} has max parallelism {max_parallelism}, above the limit of {limit}; lower it")]
+    MaxParallelismTooLarge {
+        /// The stage.
+        stage: String,
+        /// Its max parallelism.
+        max_parallelism: usize,
+        /// The largest accepted (2^15).
+        limit: usize,
+    },
+    /// A forward exchange between stages of different parallelism.
+    #[error(
+        "forward from stage {from:?} (parallelism {from_parallelism}) to stage {to:?} \
+         (parallelism {to_parallelism}) needs equal parallelisms; give both the same \
+         parallelism, or use rebalance() or rescale() instead"
+    )]
+    ForwardParallelismMismatch {
+        /// The upstream stage.
+        from: String,
+        /// Its parallelism.
+        from_parallelism: usize,
+        /// The downstream stage.
+        to: String,
+        /// Its parallelism.
+        to_parallelism: usize,
+    },
+    /// A placement that does not list one worker per subtask.
+    #[error("stage {stage:?} is placed on {listed} workers but has {parallelism} subtasks; list one worker per subtask")]
+    PlacementLength {
+        /// The stage.
+        stage: String,
+        /// Its parallelism.
+        parallelism: usize,
+        /// Workers listed.
+        listed: usize,
+    },
+    /// A placement on a worker the runtime does not have.
+    #[error("stage {stage:?} is placed on worker {worker}, but the runtime has {workers} workers (0..{workers}); place it on one of those")]
+    NoSuchWorker {
+        /// The stage.
+        stage: String,
+        /// The worker listed.
+        worker: usize,
+        /// Workers of the runtime.
+        workers: usize,
+    },
+    /// The exchange's allocation or the runtime refused.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// Why a running graph failed (a task's error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphRunError {
+    /// A custom partitioner chose a channel that does not exist.
+    #[error("the partitioner of stage {stage:?} returned {partition} for {partitions} subtasks; it must return a value in 0..{partitions}")]
+    PartitionOutOfRange {
+        /// The stage whose output it routes.
+        stage: String,
+        /// What it returned.
+        partition: usize,
+        /// How many downstream subtasks there are.
+        partitions: usize,
+    },
+}
+
+/// How one stage runs, as [`Graph::plan`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagePlan {
+    /// Its name.
+    pub name: String,
+    /// Subtasks.
+    pub parallelism: usize,
+    /// Key groups (the max parallelism).
+    pub max_parallelism: usize,
+    /// The worker of each subtask.
+    pub workers: Vec<usize>,
+    /// How its input arrives, if it is not a source.
+    pub input: Option<Partitioning>,
+}
+
+/// What a stage did.
+#[derive(Debug, Clone, Default)]
+pub struct StageReport {
+    /// Its name.
+    pub name: String,
+    /// Records its subtasks took in (from the source or the gate).
+    pub records_in: u64,
+    /// Time its subtasks could not take input because the chain after it did not
+    /// accept (async operator full, writer out of buffers), ns.
+    pub backpressured_ns: u64,
+    /// Its async operators' counters, summed, if it has any.
+    pub async_metrics: Option<AsyncMetrics>,
+}
+
+/// What a run of a graph did.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    /// The runtime's report (per worker).
+    pub run: RunReport,
+    /// Each stage's counters, in the order stages were made.
+    pub stages: Vec<StageReport>,
+}
+
+impl JobResult {
+    /// Every async operator's counters, summed.
+    pub fn async_metrics(&self) -> AsyncMetrics {
+        let mut all = AsyncMetrics::default();
+        for metrics in self.stages.iter().filter_map(|s| s.async_metrics.as_ref()) {
+            all.merge(metrics);
+        }
+        all
+    }
+}
+
+#[derive(Default)]
+struct StageStats {
+    records_in: u64,
+    backpressured_ns: u64,
+    async_metrics: Option<AsyncMetrics>,
+}
+
+/// What the tasks of a run share: live counters, each stage's counters, the first
+/// failure.
+pub(crate) struct Shared {
+    pub(crate) live: Arc<LiveCounters>,
+    stats: Mutex<Vec<StageStats>>,
+    /// The first error any task returned, with its worker, kept as the task returned
+    /// it. The runtime keeps the first failure it is *told* of, and a failing worker
+    /// drops its tasks (closing their channels) before it tells: a task on another
+    /// worker may then fail with "producer gone" and be told first.
+    first_failure: Mutex<Option<(usize, TaskError)>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn merge_async(&self, stage: usize, metrics: &AsyncMetrics) {
+        let mut stats = lock(&self.stats);
+        if let Some(stats) = stats.get_mut(stage) {
+            stats
+                .async_metrics
+                .get_or_insert_with(AsyncMetrics::default)
+                .merge(metrics);
+        }
+    }
+
+    fn merge_task(&self, stage: usize, records_in: u64, backpressured_ns: u64) {
+        let mut stats = lock(&self.stats);
+        if let Some(stats) = stats.get_mut(stage) {
+            stats.records_in += records_in;
+            stats.backpressured_ns += backpressured_ns;
+        }
+    }
+
+    /// Notes `error` as the first failure if there was none; returns its message for
+    /// the runtime.
+    fn note_failure(&self, worker: usize, error: TaskError) -> TaskError {
+        let message = error.to_string();
+        let mut first = lock(&self.first_failure);
+        if first.is_none() {
+            *first = Some((worker, error));
+        }
+        message.into()
+    }
+}
+
+/// What a subtask's task is built from, on its worker's thread.
+pub(crate) struct Wiring {
+    info: SubtaskInfo,
+    stage: usize,
+    partition: Option<ResultPartition>,
+    channels: Option<Vec<Box<dyn InputChannel>>>,
+    downstream_max_parallelism: usize,
+    writer: WriterConfig,
+    shared: Arc<Shared>,
+}
+
+type Open<T> =
+    Arc<dyn Fn(&mut Wiring, Box<dyn Link<T>>) -> Result<Box<dyn Task>, TaskError> + Send + Sync>;
+type Build = Arc<dyn Fn(&mut Wiring) -> Result<Box<dyn Task>, TaskError> + Send + Sync>;
+
+struct StageDef {
+    name: String,
+    parallelism: Option<usize>,
+    max_parallelism: Option<usize>,
+    placement: Option<Vec<usize>>,
+    input: Option<usize>,
+    output: Option<usize>,
+    build: Option<Build>,
+}
+
+struct EdgeDef {
+    from: usize,
+    to: usize,
+    partitioning: Partitioning,
+}
+
+struct Inner {
+    stages: Vec<StageDef>,
+    edges: Vec<EdgeDef>,
+    parallelism: usize,
+    exchange: ExchangeSpec,
+}
+
+/// A job graph under construction; see the [module docs](self).
+pub struct Graph {
+    inner: RefCell<Inner>,
+    live: Arc<LiveCounters>,
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A stream of `T`: the output of the operators chained so far in one stage.
+#[must_use = "a stream does nothing until it ends in a sink"]
+pub struct Stream<'g, T> {
+    graph: &'g Graph,
+    stage: usize,
+    open: Open<T>,
+}
+
+fn missing(what: &str) -> TaskError {
+    format!("internal wiring error: the subtask has no {what}").into()
+}
+
+/// A random start for each rebalancing subtask (Flink starts at a random channel).
+fn random_seed(index: usize) -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_usize(index);
+    hasher.finish()
+}
+
+impl Graph {
+    /// An empty graph; stages get parallelism 1 unless told otherwise.
+    pub fn new() -> Self {
+        Graph {
+            inner: RefCell::new(Inner {
+                stages: Vec::new(),
+                edges: Vec::new(),
+                parallelism: 1,
+                exchange: ExchangeSpec::default(),
+            }),
+            live: Arc::new(LiveCounters::default()),
+        }
+    }
+
+    /// The parallelism of stages that do not set theirs.
+    pub fn with_parallelism(self, parallelism: usize) -> Self {
+        self.inner.borrow_mut().parallelism = parallelism;
+        self
+    }
+
+    /// Counts into `live` (e.g. counters a progress display already holds).
+    pub fn with_live(mut self, live: Arc<LiveCounters>) -> Self {
+        self.live = live;
+        self
+    }
+
+    /// The settings of every exchange.
+    pub fn with_exchange(self, exchange: ExchangeSpec) -> Self {
+        self.inner.borrow_mut().exchange = exchange;
+        self
+    }
+
+    /// The counters a progress display can read while the graph runs.
+    pub fn live(&self) -> Arc<LiveCounters> {
+        Arc::clone(&self.live)
+    }
+
+    fn open_stage(&self, name: String, input: Option<usize>) -> usize {
+        let mut inner = self.inner.borrow_mut();
+        inner.stages.push(StageDef {
+            name,
+            parallelism: None,
+            max_parallelism: None,
+            placement: None,
+            input,
+            output: None,
+            build: None,
+        });
+        inner.stages.len() - 1
+    }
+
+    /// A stream from a user source: `make` builds subtask `i`'s on its worker.
+    pub fn from_source<T, S, M>(&self, make: M) -> Stream<'_, T>
+    where
+        T: 'static,
+        S: Source<T>,
+        M: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    {
+        let stage = self.open_stage("source".into(), None);
+        let open: Open<T> = Arc::new(move |wiring: &mut Wiring, chain| {
+            let source: Box<dyn Source<T>> = Box::new(make(&wiring.info));
+            Ok(Box::new(StageTask::new(
+                StageInput::Source(source),
+                chain,
+                Arc::clone(&wiring.shared),
+                wiring.stage,
+            )) as Box<dyn Task>)
+        });
+        Stream {
+            graph: self,
+            stage,
+            open,
+        }
+    }
+
+    /// A stream of the items of subtask `i`'s iterator, without timestamps.
+    pub fn from_iter<T, I, M>(&self, make: M) -> Stream<'_, T>
+    where
+        T: 'static,
+        I: IntoIterator<Item = T>,
+        I::IntoIter: 'static,
+        M: Fn(&SubtaskInfo) -> I + Send + Sync + 'static,
+    {
+        self.from_source(move |info| IterSource::new(make(info).into_iter()))
+            .name("iterator source")
+    }
+
+    /// A stream of `make(n)` for `n` in `0..count`, spread over the subtasks, as fast
+    /// as accepted (`rate: None`) or at `rate` records per second over all subtasks.
+    pub fn from_generator<T, F>(&self, count: u64, rate: Option<f64>, make: F) -> Stream<'_, T>
+    where
+        T: 'static,
+        F: FnMut(u64) -> T + Clone + Send + Sync + 'static,
+    {
+        self.from_source(move |info| {
+            Generator::new(make.clone(), count, info.index, info.parallelism, rate)
+        })
+        .name("generator")
+    }
+
+    /// Checks the graph for `workers` workers and places its subtasks; nothing is
+    /// allocated.
+    pub fn plan(&self, workers: usize) -> Result<Vec<StagePlan>, GraphError> {
+        let inner = self.inner.borrow();
+        if inner.stages.is_empty() {
+            return Err(GraphError::Empty);
+        }
+        let mut plans = Vec::with_capacity(inner.stages.len());
+        let mut offset = 0usize;
+        for stage in &inner.stages {
+            if stage.build.is_none() {
+                return Err(GraphError::NoSink {
+                    stage: stage.name.clone(),
+                });
+            }
+            let parallelism = stage.parallelism.unwrap_or(inner.parallelism);
+            if parallelism == 0 {
+                return Err(GraphError::ZeroParallelism {
+                    stage: stage.name.clone(),
+                });
+            }
+            let max_parallelism = stage
+                .max_parallelism
+                .unwrap_or_else(|| keys::default_max_parallelism(parallelism));
+            if max_parallelism < parallelism {
+                return Err(GraphError::MaxParallelismBelowParallelism {
+                    stage: stage.name.clone(),
+                    max_parallelism,
+                    parallelism,
+                });
+            }
+            if max_parallelism > keys::MAX_PARALLELISM_UPPER_BOUND {
+                return Err(GraphError::MaxParallelismTooLarge {
+                    stage: stage.name.clone(),
+                    max_parallelism,
+                    limit: keys::MAX_PARALLELISM_UPPER_BOUND,
+                });
+            }
+            let placed = match &stage.placement {
+                Some(list) => {
+                    if list.len() != parallelism {
+                        return Err(GraphError::PlacementLength {
+                            stage: stage.name.clone(),
+                            parallelism,
+                            listed: list.len(),
+                        });
+                    }
+                    if let Some(&worker) = list.iter().find(|&&w| w >= workers) {
+                        return Err(GraphError::NoSuchWorker {
+                            stage: stage.name.clone(),
+                            worker,
+                            workers,
+                        });
+                    }
+                    list.clone()
+                }
+                None => (0..parallelism)
+                    .map(|i| (offset + i) % workers.max(1))
+                    .collect(),
+            };
+            offset += parallelism;
+            plans.push(StagePlan {
+                name: stage.name.clone(),
+                parallelism,
+                max_parallelism,
+                workers: placed,
+                input: stage.input.map(|e| inner.edges[e].partitioning),
+            });
+        }
+        for edge in &inner.edges {
+            let (from, to) = (&plans[edge.from], &plans[edge.to]);
+            if edge.partitioning == Partitioning::Forward && from.parallelism != to.parallelism {
+                return Err(GraphError::ForwardParallelismMismatch {
+                    from: from.name.clone(),
+                    from_parallelism: from.parallelism,
+                    to: to.name.clone(),
+                    to_parallelism: to.parallelism,
+                });
+            }
+        }
+        Ok(plans)
+    }
+
+    /// Runs the graph on `runtime` to its end; the first task failure stops it.
+    pub fn execute(self, runtime: Runtime) -> Result<JobResult, GraphError> {
+        match self.execute_to_end(runtime)? {
+            (result, None) => Ok(result),
+            (_, Some(error)) => Err(error.into()),
+        }
+    }
+
+    /// Runs the graph on `runtime` to its end, successful or not: a run that fails
+    /// still reports what its tasks had done, with the error beside it. `Err` only
+    /// when it cannot start (the graph is refused, the exchange cannot be allocated).
+    pub fn execute_to_end(
+        self,
+        mut runtime: Runtime,
+    ) -> Result<(JobResult, Option<RuntimeError>), GraphError> {
+        let workers = runtime.workers();
+        let plans = self.plan(workers)?;
+        let inner = self.inner.into_inner();
+        let shared = Arc::new(Shared {
+            live: Arc::clone(&self.live),
+            stats: Mutex::new((0..plans.len()).map(|_| StageStats::default()).collect()),
+            first_failure: Mutex::new(None),
+        });
+        let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
+        // Each stage subtask's partition (its output) and gate channels (its input).
+        let mut partitions: Vec<Vec<Option<ResultPartition>>> = plans
+            .iter()
+            .map(|p| (0..p.parallelism).map(|_| None).collect())
+            .collect();
+        let mut gates: Vec<Vec<Vec<Box<dyn InputChannel>>>> = plans
+            .iter()
+            .map(|p| (0..p.parallelism).map(|_| Vec::new()).collect())
+            .collect();
+        let mut networks = Vec::new();
+        for edge in &inner.edges {
+            let (from, to) = (&plans[edge.from], &plans[edge.to]);
+            let fan_out = (0..from.parallelism)
+                .map(|i| {
+                    partition::connected(edge.partitioning, from.parallelism, to.parallelism, i)
+                        .len()
+                })
+                .max()
+                .unwrap_or(1);
+            let sizing = inner.exchange.sizing(from.parallelism, fan_out);
+            let per_partition = sizing.segments_per_partition;
+            let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)
+                .map_err(RuntimeError::from)?;
+            for (i, &from_worker) in from.workers.iter().enumerate() {
+                let targets =
+                    partition::connected(edge.partitioning, from.parallelism, to.parallelism, i);
+                let config = LocalPoolConfig::new(per_partition, targets.len())
+                    .with_max_per_subpartition(per_partition)
+                    .with_overdraft(overdraft);
+                let pool =
+                    LocalBufferPool::with_notify(&network, config, runtime.unparker(from_worker))
+                        .map_err(RuntimeError::from)?;
+                let mut senders = Vec::with_capacity(targets.len());
+                for j in targets {
+                    let notify: Arc<dyn crate::park::Notify> =
+                        Arc::new(runtime.unparker(to.workers[j]));
+                    let (sender, receiver) = local_channel(sizing.channel_capacity, Some(notify));
+                    senders.push(sender);
+                    gates[edge.to][j].push(Box::new(receiver));
+                }
+                partitions[edge.from][i] =
+                    Some(ResultPartition::new(pool, senders).map_err(RuntimeError::from)?);
+            }
+            networks.push(network);
+        }
+        let writer = WriterConfig {
+            buffer_timeout: inner.exchange.buffer_timeout,
+            ..WriterConfig::default()
+        };
+        for (s, (stage, plan)) in inner.stages.iter().zip(&plans).enumerate() {
+            let build = stage
+                .build
+                .clone()
+                .expect("plan() checked every stage is built");
+            let downstream_max_parallelism = stage
+                .output
+                .map_or(keys::MAX_PARALLELISM_DEFAULT_LOWER_BOUND, |e| {
+                    plans[inner.edges[e].to].max_parallelism
+                });
+            for (i, &worker) in plan.workers.iter().enumerate() {
+                let mut wiring = Wiring {
+                    info: SubtaskInfo {
+                        stage: plan.name.clone(),
+                        index: i,
+                        parallelism: plan.parallelism,
+                        worker,
+                        unparker: runtime.unparker(worker),
+                    },
+                    stage: s,
+                    partition: partitions[s][i].take(),
+                    channels: stage.input.map(|_| std::mem::take(&mut gates[s][i])),
+                    downstream_max_parallelism,
+                    writer,
+                    shared: Arc::clone(&shared),
+                };
+                let build = Arc::clone(&build);
+                runtime.spawn(
+                    worker,
+                    Box::new(move |_driver: &mut dyn Driver| build(&mut wiring)),
+                );
+            }
+        }
+        let drivers: Vec<&'static str> = (0..workers).map(|w| runtime.driver_name(w)).collect();
+        let (run, failure) = match runtime.run() {
+            Ok(run) => (run, None),
+            Err(error) => {
+                let root = lock(&shared.first_failure).take();
+                let error = match (error, root) {
+                    (RuntimeError::Task { .. }, Some((worker, error))) => {
+                        RuntimeError::Task { worker, error }
+                    }
+                    (error, _) => error,
+                };
+                (
+                    RunReport {
+                        drivers,
+                        ..RunReport::default()
+                    },
+                    Some(error),
+                )
+            }
+        };
+        drop(networks);
+        let stats = std::mem::take(&mut *lock(&shared.stats));
+        let stages = stats
+            .into_iter()
+            .zip(plans)
+            .map(|(stats, plan)| StageReport {
+                name: plan.name,
+                records_in: stats.records_in,
+                backpressured_ns: stats.backpressured_ns,
+                async_metrics: stats.async_metrics,
+            })
+            .collect();
+        Ok((JobResult { run, stages }, failure))
+    }
+}
+
+/// Runs an executor's ready futures around the I/O of the handler it wraps.
+struct ExecutorIo {
+    executor: Rc<RefCell<LocalExecutor>>,
+    inner: Option<Box<dyn IoHandler>>,
+}
+
+impl IoHandler for ExecutorIo {
+    fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
+        self.executor.borrow_mut().run_ready();
+        if let Some(inner) = self.inner.as_mut() {
+            inner.flush(driver, now_ns);
+        }
+    }
+
+    fn on_event(&mut self, event: &DriverEvent<'_>) -> bool {
+        let mine = self.inner.as_mut().is_some_and(|io| io.on_event(event));
+        if mine {
+            // Resume the futures the event woke now, on this thread.
+            self.executor.borrow_mut().run_ready();
+        }
+        mine
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.inner.as_ref().and_then(|io| io.next_deadline())
+    }
+}
+
+impl<'g, T: 'static> Stream<'g, T> {
+    fn with_stage<R>(&self, f: impl FnOnce(&mut StageDef) -> R) -> R {
+        f(&mut self.graph.inner.borrow_mut().stages[self.stage])
+    }
+
+    fn chain<U: 'static>(
+        self,
+        what: &str,
+        link: impl Fn(&mut Wiring, Box<dyn Link<U>>) -> Result<Box<dyn Link<T>>, TaskError>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Stream<'g, U> {
+        self.with_stage(|s| {
+            s.name.push_str(" → ");
+            s.name.push_str(what);
+        });
+        let open = self.open;
+        Stream {
+            graph: self.graph,
+            stage: self.stage,
+            open: Arc::new(move |wiring: &mut Wiring, next| {
+                let link = link(wiring, next)?;
+                open(wiring, link)
+            }),
+        }
+    }
+
+    /// Names the stage (in errors and reports).
+    pub fn name(self, name: &str) -> Self {
+        self.with_stage(|s| s.name = name.to_string());
+        self
+    }
+
+    /// The parallelism of this stage: every operator chained in it, as Flink chains
+    /// only operators of equal parallelism (put an exchange between operators that
+    /// need different ones).
+    pub fn parallelism(self, parallelism: usize) -> Self {
+        self.with_stage(|s| s.parallelism = Some(parallelism));
+        self
+    }
+
+    /// The stage's max parallelism: its number of key groups, when it is keyed
+    /// (default: Flink's, 1.5 × parallelism rounded up to a power of two, ≥ 128).
+    pub fn max_parallelism(self, max_parallelism: usize) -> Self {
+        self.with_stage(|s| s.max_parallelism = Some(max_parallelism));
+        self
+    }
+
+    /// Runs subtask `i` of this stage on `workers[i]`.
+    pub fn place(self, workers: Vec<usize>) -> Self {
+        self.with_stage(|s| s.placement = Some(workers));
+        self
+    }
+
+    /// `f` of each record (Flink's `map`); each subtask calls its own clone.
+    pub fn map<U: 'static, F>(self, f: F) -> Stream<'g, U>
+    where
+        F: FnMut(T) -> U + Clone + Send + Sync + 'static,
+    {
+        self.chain("map", move |_, next| {
+            Ok(Box::new(MapLink { f: f.clone(), next }))
+        })
+    }
+
+    /// The records for which `f` holds.
+    pub fn filter<F>(self, f: F) -> Stream<'g, T>
+    where
+        F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
+    {
+        self.chain("filter", move |_, next| {
+            Ok(Box::new(FilterLink { f: f.clone(), next }))
+        })
+    }
+
+    /// Every item of `f` of each record, with the record's timestamp.
+    pub fn flat_map<U: 'static, I, F>(self, f: F) -> Stream<'g, U>
+    where
+        I: IntoIterator<Item = U>,
+        F: FnMut(T) -> I + Clone + Send + Sync + 'static,
+    {
+        self.chain("flat_map", move |_, next| {
+            Ok(Box::new(FlatMapLink { f: f.clone(), next }))
+        })
+    }
+
+    /// Flink's `AsyncDataStream`: each record calls `make(subtask)`'s function, with
+    /// up to `config`'s capacity in flight, results emitted as its mode says.
+    pub fn async_wait<F, M>(self, make: M, config: AsyncConfig<F::Out>) -> Stream<'g, F::Out>
+    where
+        F: AsyncFunction<In = T>,
+        M: Fn(&SubtaskInfo) -> F + Send + Sync + 'static,
+        AsyncConfig<F::Out>: Send + Sync,
+    {
+        self.async_wait_io(move |info| (make(info), None), config)
+    }
+
+    /// [`async_wait`](Self::async_wait) for a function that does its own I/O on the
+    /// worker's driver: `make` also returns the [`IoHandler`] the task drives.
+    pub fn async_wait_io<F, M>(self, make: M, config: AsyncConfig<F::Out>) -> Stream<'g, F::Out>
+    where
+        F: AsyncFunction<In = T>,
+        M: Fn(&SubtaskInfo) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+        AsyncConfig<F::Out>: Send + Sync,
+    {
+        self.chain("async_wait", move |wiring, next| {
+            let (function, io) = make(&wiring.info);
+            let operator =
+                AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
+            Ok(Box::new(AsyncLink {
+                operator,
+                io,
+                input: VecDeque::new(),
+                output: VecDeque::new(),
+                next,
+                finished: false,
+                in_flight_reported: 0,
+                shared: Arc::clone(&wiring.shared),
+                stage: wiring.stage,
+            }))
+        })
+    }
+
+    /// [`async_wait`](Self::async_wait) with the call written as an `async` block:
+    /// `make` returns subtask `i`'s call (a closure returning a future of the results)
+    /// and the [`IoHandler`] of whatever the futures wait on; the futures run on a
+    /// per-subtask executor on the worker's thread.
+    pub fn async_wait_futures<U, C, Fut, M>(self, make: M, config: AsyncConfig<U>) -> Stream<'g, U>
+    where
+        U: Send + 'static,
+        C: FnMut(&T) -> Fut + 'static,
+        Fut: Future<Output = Result<Vec<U>, AsyncError>> + 'static,
+        M: Fn(&SubtaskInfo) -> (C, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+        AsyncConfig<U>: Send + Sync,
+    {
+        let futures = config.capacity().saturating_mul(2).saturating_add(16);
+        self.chain("async_wait", move |wiring, next| {
+            let (call, io) = make(&wiring.info);
+            let executor = Rc::new(RefCell::new(LocalExecutor::new(
+                futures,
+                Some(wiring.info.unparker.clone()),
+            )?));
+            let function = FutureFunction::<T, U, C>::new(Rc::clone(&executor), call);
+            let io: Box<dyn IoHandler> = Box::new(ExecutorIo {
+                executor,
+                inner: io,
+            });
+            let operator =
+                AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
+            Ok(Box::new(AsyncLink {
+                operator,
+                io: Some(io),
+                input: VecDeque::new(),
+                output: VecDeque::new(),
+                next,
+                finished: false,
+                in_flight_reported: 0,
+                shared: Arc::clone(&wiring.shared),
+                stage: wiring.stage,
+            }))
+        })
+    }
+
+    /// Ends the stream in a user sink: `make` builds subtask `i`'s.
+    pub fn sink<S, M>(self, make: M)
+    where
+        S: Sink<T>,
+        M: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    {
+        let open = self.open;
+        let build: Build = Arc::new(move |wiring: &mut Wiring| {
+            let sink = make(&wiring.info);
+            open(
+                wiring,
+                Box::new(SinkLink {
+                    sink,
+                    finished: false,
+                }),
+            )
+        });
+        self.graph.inner.borrow_mut().stages[self.stage].build = Some(build);
+    }
+
+    /// Ends the stream in collecting sinks (for tests): every element, per subtask.
+    pub fn collect(self) -> Collected<T>
+    where
+        T: Send,
+    {
+        let collected = Collected::default();
+        let handle = collected.clone();
+        self.sink(move |info| handle.sink(info.index, info.parallelism));
+        collected
+    }
+
+    /// Ends the stream in counting sinks that discard the records.
+    pub fn count(self) -> Counted {
+        self.count_inner(None)
+    }
+
+    /// Ends the stream in counting sinks that also record each record's latency from
+    /// `created_ns(record)`, its creation time by the run's clock (the `now_ns` sources
+    /// and sinks are given), in an HDR histogram.
+    pub fn count_with_latency<F>(self, created_ns: F) -> Counted
+    where
+        F: Fn(&T) -> u64 + Send + Sync + 'static,
+    {
+        self.count_inner(Some(Arc::new(created_ns)))
+    }
+
+    fn count_inner(self, created: Option<sink::CreatedFn<T>>) -> Counted {
+        let counted = Counted::default();
+        let handle = counted.clone();
+        let live = self.graph.live();
+        self.sink(move |_| {
+            sink::CountSink::new(handle.clone(), created.clone(), Arc::clone(&live))
+        });
+        counted
+    }
+}
+
+impl<'g, T: Codec + 'static> Stream<'g, T> {
+    fn exchange(self, route: Route<T>) -> Stream<'g, T> {
+        let graph = self.graph;
+        let partitioning = route.partitioning();
+        let (edge, stage) = {
+            let mut inner = graph.inner.borrow_mut();
+            let edge = inner.edges.len();
+            let to = inner.stages.len();
+            inner.edges.push(EdgeDef {
+                from: self.stage,
+                to,
+                partitioning,
+            });
+            inner.stages[self.stage].output = Some(edge);
+            (edge, to)
+        };
+        let opened = graph.open_stage(format!("{} exchange", partitioning.name()), Some(edge));
+        debug_assert_eq!(opened, stage);
+        let open = self.open;
+        let build: Build = Arc::new(move |wiring: &mut Wiring| {
+            let partition = wiring
+                .partition
+                .take()
+                .ok_or_else(|| missing("partition"))?;
+            let channels = partition.subpartitions();
+            let selector = Selector::new(
+                route.clone(),
+                wiring.downstream_max_parallelism,
+                channels,
+                random_seed(wiring.info.index),
+            );
+            let writer = RecordWriter::new(partition, selector, wiring.writer)?;
+            let link = Box::new(WriterLink {
+                writer,
+                overflow: VecDeque::new(),
+                finished: false,
+                stage: wiring.info.stage.clone(),
+            });
+            open(wiring, link)
+        });
+        graph.inner.borrow_mut().stages[self.stage].build = Some(build);
+        Stream {
+            graph,
+            stage,
+            open: Arc::new(move |wiring: &mut Wiring, chain| {
+                let channels = wiring.channels.take().ok_or_else(|| missing("input"))?;
+                let gate = InputGate::<Stamped<T>>::new(channels)?;
+                Ok(Box::new(StageTask::new(
+                    StageInput::Gate(Box::new(gate)),
+                    chain,
+                    Arc::clone(&wiring.shared),
+                    wiring.stage,
+                )) as Box<dyn Task>)
+            }),
+        }
+    }
+
+    /// Subtask `i` to subtask `i` of the next stage (equal parallelism), as a new
+    /// stage: Flink's `forward()` (use it to break a chain).
+    pub fn forward(self) -> Stream<'g, T> {
+        self.exchange(Route::Plain(Partitioning::Forward))
+    }
+
+    /// Round robin over every subtask of the next stage, each upstream subtask
+    /// starting at a random one: Flink's `rebalance()`.
+    pub fn rebalance(self) -> Stream<'g, T> {
+        self.exchange(Route::Plain(Partitioning::Rebalance))
+    }
+
+    /// Round robin over a pointwise subset of the next stage's subtasks: Flink's
+    /// `rescale()`.
+    pub fn rescale(self) -> Stream<'g, T> {
+        self.exchange(Route::Plain(Partitioning::Rescale))
+    }
+
+    /// By key, through key groups as Flink's `keyBy`: equal keys reach the same
+    /// subtask, and the key → subtask mapping equals Flink's for the same key hash
+    /// codes, max parallelism and parallelism (see [`keys`]).
+    pub fn key_by<K, F>(self, key: F) -> Stream<'g, T>
+    where
+        K: KeyHashCode,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        self.exchange(Route::KeyGroups(Arc::new(move |v: &T| key(v).hash_code())))
+    }
+
+    /// Every record to every subtask of the next stage: Flink's `broadcast()`.
+    pub fn broadcast(self) -> Stream<'g, T> {
+        self.exchange(Route::Plain(Partitioning::Broadcast))
+    }
+
+    /// Every record to subtask 0 of the next stage: Flink's `global()`.
+    pub fn global(self) -> Stream<'g, T> {
+        self.exchange(Route::Plain(Partitioning::Global))
+    }
+
+    /// By `partitioner` of `key(record)`: Flink's `partitionCustom`.
+    pub fn partition_custom<K, P, F>(self, partitioner: P, key: F) -> Stream<'g, T>
+    where
+        P: Partitioner<K>,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        self.exchange(Route::Custom(Arc::new(move |v: &T, n| {
+            partitioner.partition(&key(v), n)
+        })))
+    }
+}

@@ -1,0 +1,139 @@
+//! Sources: where a graph's records come from.
+//!
+//! A [`Source`] is polled by its subtask's task, one event at a time, while the chain
+//! after it accepts input: a record (with an optional event timestamp), a watermark,
+//! "nothing now" (with the time to poll again, for a rate-limited source), or its end.
+//! A bounded source ends; an unbounded one never does. As in Flink, the end of a source
+//! emits the final watermark (`i64::MAX`) downstream.
+
+/// What a source has next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceEvent<T> {
+    /// A record and its event timestamp, if the stream has event time.
+    Record(T, Option<i64>),
+    /// No record with a timestamp at or below this one follows.
+    Watermark(i64),
+    /// Nothing now: poll again at `until_ns` by the run's clock (`None`: when woken,
+    /// e.g. by a thread the source feeds from through an
+    /// [`Unparker`](crate::park::Unparker)).
+    Idle {
+        /// When to poll again.
+        until_ns: Option<u64>,
+    },
+    /// The source is done.
+    End,
+}
+
+/// A user source: one instance per subtask, built on its worker's thread.
+pub trait Source<T>: 'static {
+    /// The next event; `now_ns` is the run's clock (nanoseconds since it started,
+    /// shared by all workers).
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<T>;
+}
+
+/// A source over an iterator: its items, without timestamps, then the end.
+pub struct IterSource<I> {
+    iter: I,
+}
+
+impl<I> IterSource<I> {
+    /// The items of `iter`.
+    pub fn new(iter: I) -> Self {
+        IterSource { iter }
+    }
+}
+
+impl<I: Iterator + 'static> Source<I::Item> for IterSource<I> {
+    #[inline]
+    fn poll_next(&mut self, _now_ns: u64) -> SourceEvent<I::Item> {
+        match self.iter.next() {
+            Some(item) => SourceEvent::Record(item, None),
+            None => SourceEvent::End,
+        }
+    }
+}
+
+/// A generated sequence: record `n` is `make(n)` for `n` in `0..count`, spread over
+/// the subtasks (subtask `i` of `p` makes `i, i + p, i + 2p, …`), as fast as the
+/// chain accepts or at a fixed rate over all subtasks.
+pub struct Generator<F> {
+    make: F,
+    next: u64,
+    step: u64,
+    count: u64,
+    interval_ns: Option<u64>,
+    start_ns: Option<u64>,
+    made: u64,
+}
+
+impl<F> Generator<F> {
+    /// Subtask `index` of `parallelism`'s share of `0..count`; `rate`: records per
+    /// second over all subtasks (`None`: as fast as accepted).
+    pub fn new(make: F, count: u64, index: usize, parallelism: usize, rate: Option<f64>) -> Self {
+        let step = parallelism.max(1) as u64;
+        Generator {
+            make,
+            next: index as u64,
+            step,
+            count,
+            interval_ns: rate
+                .filter(|r| *r > 0.0)
+                .map(|r| (1e9 * step as f64 / r).max(1.0) as u64),
+            start_ns: None,
+            made: 0,
+        }
+    }
+}
+
+impl<T, F: FnMut(u64) -> T + 'static> Source<T> for Generator<F> {
+    #[inline]
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<T> {
+        if self.next >= self.count {
+            return SourceEvent::End;
+        }
+        if let Some(interval) = self.interval_ns {
+            let start = *self.start_ns.get_or_insert(now_ns);
+            let at = start.saturating_add(self.made.saturating_mul(interval));
+            if at > now_ns {
+                return SourceEvent::Idle { until_ns: Some(at) };
+            }
+        }
+        let n = self.next;
+        self.next += self.step;
+        self.made += 1;
+        SourceEvent::Record((self.make)(n), None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generator_splits_the_sequence_over_subtasks() {
+        let mut all = Vec::new();
+        for index in 0..3 {
+            let mut source = Generator::new(|n| n * 10, 8, index, 3, None);
+            while let SourceEvent::Record(value, None) = source.poll_next(0) {
+                all.push(value);
+            }
+            assert_eq!(source.poll_next(0), SourceEvent::End);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..8).map(|n| n * 10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_rate_limited_generator_waits_for_its_time() {
+        // 1000 records/s over 2 subtasks: one every 2 ms per subtask.
+        let mut source = Generator::new(|n| n, 10, 0, 2, Some(1000.0));
+        assert_eq!(source.poll_next(5), SourceEvent::Record(0, None));
+        assert_eq!(
+            source.poll_next(6),
+            SourceEvent::Idle {
+                until_ns: Some(2_000_005)
+            }
+        );
+        assert_eq!(source.poll_next(2_000_005), SourceEvent::Record(2, None));
+    }
+}
