@@ -385,6 +385,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             "--lookup-addr and --store both say where the lookups go; give one of them".into(),
         ));
     }
+    // Read again when the job starts; checked here so that a bad value stops the run
+    // before anything starts.
+    job::spin_from_env().map_err(RunError::Setting)?;
     job::check_memory(plan.workers(), args.records, args.capacity as usize)?;
     let mut json = match &args.json {
         Some(path) => Some(open_json(path)?),
