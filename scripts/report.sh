@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates results/REPORT.md and results/plots/ end to end: every comparison suite
-# (Weir and its peers, interleaved), Apache Flink on the async and exchange suites
-# (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each written
-# as JSON to results/report/ first.
+# (Weir and its peers, interleaved), Redis against redis-rs and fred when a redis-server
+# can be started (scripts/redis.sh install), Apache Flink on the async and exchange
+# suites (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each
+# written as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 6 minutes on 2 cores)
+#   scripts/report.sh           full run (about 9 minutes on 2 cores, 3 of them Redis)
 #   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
@@ -29,6 +30,15 @@ for suite in ring pool async exchange lookup; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done
+echo "== redis" >&2
+# It starts its own redis-server, pinned to the second core; without one the report
+# says the suite was not measured.
+if scripts/redis.sh install >/dev/null 2>&1 && command -v redis-benchmark >/dev/null; then
+  "$weir" compare redis --rounds "$rounds" --scale "$scale" --json "$data/redis.json" > "$data/redis.md" 2>/dev/null ||
+    echo "the redis suite failed; the report leaves it out" >&2
+else
+  echo "no redis-server here (scripts/redis.sh install failed); the redis suite is skipped" >&2
+fi
 echo "== Apache Flink (async and exchange)" >&2
 # Its own step: installs Java 17 and Flink if missing, and writes flink-*.json even when
 # it cannot run, so the report says why; a failed Flink job does not stop the report.

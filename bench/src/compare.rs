@@ -22,6 +22,7 @@ use weir_engine::async_io::OutputMode;
 use crate::async_peers::{self, Measurement};
 use crate::exchange_peers::{self, Routing};
 use crate::lookup_peers;
+use crate::redis_peers;
 use crate::{pool_peers, ring_peers};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
@@ -534,6 +535,109 @@ pub const TOKIO_LOOP_LOOKUP: &str = "tokio pipelined loop (one task, no per-call
 /// The ceiling of the lookup experiments.
 pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 
+/// The Redis experiments: GETs of 100-byte values at C in flight from one worker,
+/// Weir (io_uring and epoll, plain pipelining and MGET batching, each polling for
+/// `redis_peers::SPIN` before parking, and once parking at once) against redis-rs and
+/// fred, and the server's own ceiling (`redis-benchmark -P 64`). One `redis-server`,
+/// pinned to the second core, serves every turn; it stops when the cases are dropped.
+/// Fails where `redis-server` cannot be started.
+pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
+    use redis_peers::{ceiling, fred, redis_rs, weir, SPIN};
+    let server = Arc::new(redis_peers::server()?);
+    let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
+    let mut drivers = vec![(DriverKind::Epoll, "weir epoll", "weir epoll, MGET batching")];
+    if uring {
+        drivers.insert(
+            0,
+            (
+                DriverKind::Uring,
+                "weir io_uring",
+                "weir io_uring, MGET batching",
+            ),
+        );
+    }
+    let with_server = |run: RedisWorkload| -> Workload {
+        let server = Arc::clone(&server);
+        Arc::new(move |n| run(&server.url(), n))
+    };
+    let mut cases = Vec::new();
+    let sweeps: [(&'static str, usize, f64); 4] = [
+        (REDIS_C1, 1, 20_000.0),
+        ("redis GET 100 B, 16 in flight", 16, 200_000.0),
+        (REDIS_C256, 256, 600_000.0),
+        ("redis GET 100 B, 1024 in flight", 1024, 600_000.0),
+    ];
+    for (experiment, c, ops) in sweeps {
+        let ops = ops * scale;
+        for &(driver, plain, batched) in &drivers {
+            for (name, mget) in [(plain, false), (batched, true)] {
+                cases.push(workload(
+                    experiment,
+                    name,
+                    ops,
+                    with_server(Arc::new(move |url, n| weir(driver, url, c, mget, SPIN, n))),
+                    None,
+                ));
+            }
+        }
+        let (driver, name) = if uring {
+            (DriverKind::Uring, WEIR_REDIS_NO_SPIN_URING)
+        } else {
+            (DriverKind::Epoll, WEIR_REDIS_NO_SPIN_EPOLL)
+        };
+        cases.push(workload(
+            experiment,
+            name,
+            ops,
+            with_server(Arc::new(move |url, n| {
+                weir(driver, url, c, false, Duration::ZERO, n)
+            })),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            REDIS_RS,
+            ops,
+            with_server(Arc::new(move |url, n| redis_rs(url, c, n))),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            FRED,
+            ops,
+            with_server(Arc::new(move |url, n| fred(url, c, n))),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            REDIS_CEILING,
+            1_000_000.0 * scale,
+            with_server(Arc::new(ceiling)),
+            None,
+        ));
+    }
+    Ok(cases)
+}
+
+/// A Redis workload: runs `n` operations against the server at a URL.
+type RedisWorkload = Arc<dyn Fn(&weir_net::redis::RedisUrl, u64) -> Measurement + Send + Sync>;
+
+/// Weir's plain pipelining on io_uring with a worker that parks as soon as it is idle.
+pub const WEIR_REDIS_NO_SPIN_URING: &str = "weir io_uring, no spin (parks when idle)";
+/// The same on epoll, where io_uring is unavailable.
+pub const WEIR_REDIS_NO_SPIN_EPOLL: &str = "weir epoll, no spin (parks when idle)";
+
+/// The Redis experiment at one lookup in flight.
+pub const REDIS_C1: &str = "redis GET 100 B, 1 in flight";
+/// The Redis experiment the targets are set at.
+pub const REDIS_C256: &str = "redis GET 100 B, 256 in flight";
+/// The redis-rs peer.
+pub const REDIS_RS: &str = "redis-rs multiplexed connection (tokio current-thread)";
+/// The fred peer.
+pub const FRED: &str = "fred client, auto-pipelined (tokio current-thread)";
+/// The server's ceiling.
+pub const REDIS_CEILING: &str = "redis-benchmark -P 64 -r 100000 ceiling (50 connections)";
+
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
 pub fn ring_cases(scale: f64) -> Vec<Case> {
     use ring_peers::*;
@@ -876,5 +980,10 @@ mod tests {
                 case.implementation
             );
         }
+        // The redis suite needs a server to build its cases; its names by themselves.
+        assert_eq!(Role::of(REDIS_RS), Role::Peer);
+        assert_eq!(Role::of(FRED), Role::Peer);
+        assert_eq!(Role::of(REDIS_CEILING), Role::Ceiling);
+        assert_eq!(Role::of("weir io_uring, MGET batching"), Role::Weir);
     }
 }

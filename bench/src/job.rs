@@ -1,6 +1,8 @@
 //! The main job: embedded lookup service, `generator → async lookup → key-by
 //! exchange → checking sink` over the workers, built with the job-graph API
-//! ([`weir_engine::graph`]), with its record types, source, sink and report.
+//! ([`weir_engine::graph`]), with its record types, source, sink and report. The
+//! lookups go to the lookup service or, with a [`RedisStore`], to Redis
+//! (`GET weir:<key>`); the graph is the same either way.
 //!
 //! The source stamps each record with its creation time by the run's clock (an
 //! open-loop source stamps its *intended* time, so a late source is charged:
@@ -27,6 +29,10 @@ use weir_engine::graph::{
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
+};
+use weir_net::redis::{
+    Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisError, RedisFunction,
+    RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
 };
 use weir_net::{DriverKind, NetError};
 
@@ -105,6 +111,9 @@ pub enum RunError {
     /// The lookup client refused its settings.
     #[error("invalid lookup client settings: {0}")]
     Client(#[source] NetError),
+    /// The Redis client refused its settings, or the server's address did not resolve.
+    #[error("--store: {0}")]
+    Store(#[source] RedisError),
     /// The runtime or the job failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -333,6 +342,63 @@ impl LookupRequest for Lookup {
             created_ns: self.0.created_ns,
             value: value.to_vec(),
         }
+    }
+}
+
+/// The job's keys in Redis: `weir:<key>`, as `weir load-redis` writes them.
+pub const REDIS_KEY_PREFIX: &str = "weir:";
+
+impl RedisRequest for Lookup {
+    type Out = Enriched;
+    fn lookup(&self, args: &mut Args) -> RedisGet {
+        args.push_fmt(format_args!("{REDIS_KEY_PREFIX}{}", self.0.key));
+        RedisGet::Get
+    }
+    /// A missing key is a value: the record goes on with an empty one (counted as a
+    /// miss in [`RedisStore::stats`]).
+    fn complete(self, reply: Reply<'_>) -> Enriched {
+        Enriched {
+            id: self.0.id,
+            key: self.0.key,
+            created_ns: self.0.created_ns,
+            value: reply.value().map(<[u8]>::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// Redis as the store of the main job's lookups (`weir run --store`).
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    /// The server.
+    pub url: RedisUrl,
+    /// `MGET` batching of each turn's lookups, or plain pipelining.
+    pub batching: Batching,
+    /// The clients' counters, summed over the workers.
+    pub stats: Arc<SharedStats>,
+}
+
+impl RedisStore {
+    /// The client settings for `settings`: its connections per subtask, room for its
+    /// capacity, and (as for the lookup service) a request timeout short enough for
+    /// the retries to run within the operator's timeout.
+    pub fn client_config(&self, settings: &JobSettings) -> RedisConfig {
+        let mut config = RedisConfig::new(self.url.clone());
+        config.connections = settings.connections;
+        config.capacity = settings.capacity * 4 + 64;
+        config.batching = self.batching;
+        config.request_timeout = settings.attempt_timeout().max(Duration::from_millis(1));
+        config.connect_timeout = config.connect_timeout.min(config.request_timeout);
+        config
+    }
+}
+
+/// How long idle workers poll before they park: `WEIR_SPIN` (e.g. `100us`; see
+/// `RuntimeBuilder::spin`), by default not at all.
+pub fn spin_from_env() -> Result<Duration, String> {
+    match std::env::var("WEIR_SPIN") {
+        Ok(text) => weir_net::lookup::parse_duration(&text)
+            .map_err(|e| format!("WEIR_SPIN={text:?}: {e}; write e.g. 100us")),
+        Err(_) => Ok(Duration::ZERO),
     }
 }
 
@@ -723,7 +789,20 @@ pub fn run(
     settings: &JobSettings,
     progress: Arc<JobProgress>,
 ) -> Result<(JobReport, Duration), RunError> {
-    let finished = run_to_end(settings, progress)?;
+    finished_ok(run_to_end(settings, progress)?)
+}
+
+/// [`run`] with the lookups going to Redis instead of the lookup service
+/// (`settings.service` and `settings.futures` are not used).
+pub fn run_redis(
+    settings: &JobSettings,
+    store: &RedisStore,
+    progress: Arc<JobProgress>,
+) -> Result<(JobReport, Duration), RunError> {
+    finished_ok(run_redis_to_end(settings, store, progress)?)
+}
+
+fn finished_ok(finished: Finished) -> Result<(JobReport, Duration), RunError> {
     match finished.failure {
         None => Ok((finished.report, finished.elapsed)),
         Some(error) => Err(error.into()),
@@ -745,10 +824,43 @@ pub fn run_to_end(
     };
     // Checked here, once, so that making each subtask's client cannot fail.
     LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;
+    execute(settings, progress, Store::Service(client_config))
+}
+
+/// [`run_to_end`] with the lookups going to Redis.
+pub fn run_redis_to_end(
+    settings: &JobSettings,
+    store: &RedisStore,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
+    let config = store.client_config(settings);
+    // Checked (and the address resolved) here, once, so that making each subtask's
+    // client cannot fail.
+    let addr = config.check().map_err(RunError::Store)?;
+    let stats = Arc::clone(&store.stats);
+    execute(settings, progress, Store::Redis(config, addr, stats))
+}
+
+/// Where the job's lookups go, with its checked client settings.
+enum Store {
+    /// The lookup service.
+    Service(ClientConfig),
+    /// Redis at the resolved address, its clients adding to the shared counters.
+    Redis(RedisConfig, SocketAddr, Arc<SharedStats>),
+}
+
+/// Builds the job's graph with its lookups going to `store`, and runs it to its end.
+fn execute(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+    store: Store,
+) -> Result<Finished, RunError> {
+    let spin = spin_from_env().map_err(RunError::Setting)?;
     let driver_kind = settings.driver;
     let runtime = Runtime::builder()
         .cores(settings.cores.clone())
         .pin(settings.pin)
+        .spin(spin)
         .driver(Arc::new(move || {
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
@@ -780,8 +892,19 @@ pub fn run_to_end(
     let source = graph
         .from_source(move |info| MainSource::new(&source_settings, info))
         .name("generator");
-    let enriched = if settings.futures {
-        source.async_wait_futures(
+    let enriched = match store {
+        Store::Redis(config, addr, stats) => source.async_wait_io(
+            move |_| {
+                let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
+                    .expect("client settings checked up front")
+                    .with_shared_stats(Arc::clone(&stats));
+                let client = Rc::new(RefCell::new(client));
+                let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
+                (RedisFunction::new(client), Some(io))
+            },
+            async_config,
+        ),
+        Store::Service(client_config) if settings.futures => source.async_wait_futures(
             move |_| {
                 let client = Rc::new(RefCell::new(
                     LookupClient::<Lookup>::new(client_config.clone())
@@ -793,16 +916,15 @@ pub fn run_to_end(
                     let input = *input;
                     async move {
                         let value = get.await?;
-                        Ok(vec![input.complete(&value)])
+                        Ok(vec![LookupRequest::complete(input, &value)])
                     }
                 };
                 let io: Box<dyn IoHandler> = Box::new(ClientIo(client));
                 (call, Some(io))
             },
             async_config,
-        )
-    } else {
-        source.async_wait_io(
+        ),
+        Store::Service(client_config) => source.async_wait_io(
             move |_| {
                 let client = Rc::new(RefCell::new(
                     LookupClient::<Lookup>::new(client_config.clone())
@@ -812,7 +934,7 @@ pub fn run_to_end(
                 (LookupFunction::new(client), Some(io))
             },
             async_config,
-        )
+        ),
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
     let records = settings.records;

@@ -20,5 +20,6 @@ pub mod flink;
 pub mod job;
 pub mod lookup_peers;
 pub mod pool_peers;
+pub mod redis_peers;
 pub mod report;
 pub mod ring_peers;

@@ -14,6 +14,7 @@ use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
+use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
 
 #[derive(Parser)]
@@ -33,6 +34,9 @@ enum Command {
     Run(RunArgs),
     /// The lookup service alone, until interrupted.
     ServeLookup(ServeArgs),
+    /// Loads the main job's keys (`weir:0` ...) into Redis for `weir run --store`,
+    /// pipelined.
+    LoadRedis(LoadRedisArgs),
     /// Weir against its peers in interleaved turns; prints medians and ratios.
     Compare {
         /// Which structures to compare.
@@ -144,6 +148,14 @@ struct RunArgs {
     /// Use a running service at this address instead of the embedded one.
     #[arg(long)]
     lookup_addr: Option<SocketAddr>,
+    /// Look the keys up in Redis instead (redis://[user:password@]host:port[/db]); load
+    /// them first with `weir load-redis`.
+    #[arg(long, value_parser = parse_boxed_redis_url)]
+    store: Option<Box<RedisUrl>>,
+    /// With --store: batch each driver turn's lookups into MGETs of up to this many
+    /// keys; 0 sends each GET on its own (plain pipelining).
+    #[arg(long, default_value_t = 0)]
+    mget: usize,
     /// Injected error-response rate at the embedded service.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
@@ -191,6 +203,29 @@ enum Mode {
     Keyed,
 }
 
+fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
+    text.parse()
+        .map_err(|e: weir_net::redis::UrlError| e.to_string())
+}
+
+/// Boxed, to keep `RunArgs` small beside the other commands.
+fn parse_boxed_redis_url(text: &str) -> Result<Box<RedisUrl>, String> {
+    parse_redis_url(text).map(Box::new)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct LoadRedisArgs {
+    /// The server.
+    #[arg(long, default_value = "redis://127.0.0.1:6379", value_parser = parse_redis_url)]
+    store: RedisUrl,
+    /// Keys to write (`weir:0` .. `weir:<N-1>`; match `weir run --keys`).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 32)]
+    value_size: usize,
+}
+
 fn parse_latency(text: &str) -> Result<Latency, String> {
     text.parse()
 }
@@ -214,6 +249,7 @@ enum Suite {
     Async,
     Exchange,
     Lookup,
+    Redis,
 }
 
 /// `weir` with no subcommand: `weir run` on its defaults.
@@ -231,6 +267,7 @@ fn main() {
     match command {
         Command::Run(args) => std::process::exit(run_job(args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
+        Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::Report { data, out, commit } => {
             if let Err(error) = weir_bench::report::generate(&data, &out, &commit) {
                 eprintln!("error: {error}");
@@ -257,6 +294,13 @@ fn main() {
                 Suite::Async => compare::async_cases(scale),
                 Suite::Exchange => compare::exchange_cases(scale),
                 Suite::Lookup => compare::lookup_cases(scale),
+                Suite::Redis => match compare::redis_cases(scale) {
+                    Ok(cases) => cases,
+                    Err(error) => {
+                        eprintln!("error: the redis suite needs a redis-server: {error}");
+                        std::process::exit(1);
+                    }
+                },
             };
             if let Some(only) = &only {
                 cases.retain(|c| c.experiment.contains(only.as_str()));
@@ -326,17 +370,43 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     if !(0.0..=1.0).contains(&args.skew) {
         return Err(RunError::Setting("--skew must be in 0..=1".into()));
     }
+    if args.store.is_none() && args.mget > 0 {
+        return Err(RunError::Setting(
+            "--mget batches Redis lookups; use it with --store".into(),
+        ));
+    }
+    if args.store.is_some() && args.futures {
+        return Err(RunError::Setting(
+            "--futures applies to the lookup service; drop it with --store".into(),
+        ));
+    }
+    if args.store.is_some() && args.lookup_addr.is_some() {
+        return Err(RunError::Setting(
+            "--lookup-addr and --store both say where the lookups go; give one of them".into(),
+        ));
+    }
+    // Read again when the job starts; checked here so that a bad value stops the run
+    // before anything starts.
+    job::spin_from_env().map_err(RunError::Setting)?;
     job::check_memory(plan.workers(), args.records, args.capacity as usize)?;
     let mut json = match &args.json {
         Some(path) => Some(open_json(path)?),
         None => None,
     };
+    let redis = args.store.as_ref().map(|url| job::RedisStore {
+        url: (**url).clone(),
+        batching: match args.mget {
+            0 => Batching::Off,
+            max_keys => Batching::Mget { max_keys },
+        },
+        stats: Arc::default(),
+    });
     // The embedded service gets a core of its own when the workers leave one free.
     let service_core = match (args.lookup_addr, args.no_pin) {
         (None, false) => plan.free_core(),
         _ => None,
     };
-    let server = match args.lookup_addr {
+    let server = match args.lookup_addr.or(redis.as_ref().map(|_| UNUSED_SERVICE)) {
         Some(_) => None,
         None => {
             let config = ServerConfig {
@@ -355,7 +425,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let service = match (&server, args.lookup_addr) {
         (Some(server), _) => server.addr(),
         (None, Some(addr)) => addr,
-        (None, None) => unreachable!("an embedded service starts when no address is given"),
+        (None, None) => UNUSED_SERVICE,
     };
     let keys = if args.skew > 0.0 {
         KeyDistribution::Skewed {
@@ -399,33 +469,55 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
     };
     eprintln!(
-        "weir run: {} records, {} mode, capacity {}, latency {}, timeout {}",
+        "weir run: {} records, {} mode, capacity {}, {}timeout {}",
         settings.records,
         job::mode_name(settings.mode),
         settings.capacity,
-        args.latency,
+        match &redis {
+            Some(_) => String::new(),
+            None => format!("latency {}, ", args.latency),
+        },
         settings.timeout_text(),
     );
+    let lookups = match &redis {
+        Some(store) => format!(
+            "lookups in Redis at {} ({}), keys {}<key>",
+            store.url,
+            match store.batching {
+                Batching::Off => "GETs, plain pipelining".to_string(),
+                Batching::Mget { max_keys } =>
+                    format!("GETs batched into MGETs of up to {max_keys}"),
+            },
+            job::REDIS_KEY_PREFIX
+        ),
+        None => format!(
+            "lookup service {service} ({})",
+            match server.as_ref().map(|s| s.core()) {
+                None => "external".to_string(),
+                Some(Some(core)) => format!("embedded, on its own core {core}"),
+                Some(None) => "embedded, sharing the workers' cores".to_string(),
+            }
+        ),
+    };
     eprintln!(
-        "weir run: {} {}, lookup service {service} ({})",
+        "weir run: {} {}, {lookups}",
         job::workers_text(plan.workers()),
         match (args.no_pin, plan.workers()) {
             (true, _) => "unpinned".to_string(),
             (false, 1) => format!("on core {}", job::cores_text(&plan.placement)),
             (false, _) => format!("on cores {}", job::cores_text(&plan.placement)),
         },
-        match server.as_ref().map(|s| s.core()) {
-            None => "external".to_string(),
-            Some(Some(core)) => format!("embedded, on its own core {core}"),
-            Some(None) => "embedded, sharing the workers' cores".to_string(),
-        }
     );
     let progress = Arc::new(JobProgress::default());
     let cpu_start = process_cpu();
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
-        std::thread::spawn(move || job::run_to_end(&settings, progress))
+        let redis = redis.clone();
+        std::thread::spawn(move || match &redis {
+            Some(store) => job::run_redis_to_end(&settings, store, progress),
+            None => job::run_to_end(&settings, progress),
+        })
     };
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
@@ -467,13 +559,32 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         }
         Err(_) => return Err(RunError::Panicked),
     };
-    println!("{}", job::render(&settings, &finished, args.latency.mean()));
-    match stats {
-        Some(stats) => println!(
+    let mean_latency = match &redis {
+        // Little's limit needs the service's latency, which Redis does not announce.
+        Some(_) => Duration::ZERO,
+        None => args.latency.mean(),
+    };
+    println!("{}", job::render(&settings, &finished, mean_latency));
+    match (&redis, stats) {
+        (Some(store), _) => {
+            let stats = store.stats.snapshot();
+            println!(
+                "  {:<28} {} hits, {} misses, {} error replies, {} failed, {} commands ({} MGETs), {} connections",
+                "redis",
+                stats.hits,
+                stats.misses,
+                stats.errors,
+                stats.failed,
+                stats.commands,
+                stats.batches,
+                stats.connects
+            );
+        }
+        (None, Some(stats)) => println!(
             "  {:<28} {service_place}, {} requests, {} errors injected",
             "lookup service", stats.requests, stats.errors
         ),
-        None => println!("  {:<28} external at {service}", "lookup service"),
+        (None, None) => println!("  {:<28} external at {service}", "lookup service"),
     }
     let records = finished.report.received.max(1);
     let cpu_per_record_ns = cpu.as_nanos() as f64 / records as f64;
@@ -494,15 +605,38 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         let mut value = job::to_json(&settings, &finished);
         value["workers"] = Value::from(plan.workers());
         value["worker_cores"] = Value::from(plan.placement.clone());
-        value["lookup_service"] = serde_json::json!({
-            "address": service.to_string(),
-            "embedded": stats.is_some(),
-            "placement": service_place,
-            "core": service_core,
-            "requests": stats.map(|s| s.requests),
-            "errors_injected": stats.map(|s| s.errors),
-            "cpu_s": stats.map(|s| s.cpu_ns as f64 / 1e9),
-        });
+        value["lookup_service"] = match &redis {
+            Some(_) => Value::Null,
+            None => serde_json::json!({
+                "address": service.to_string(),
+                "embedded": stats.is_some(),
+                "placement": service_place,
+                "core": service_core,
+                "requests": stats.map(|s| s.requests),
+                "errors_injected": stats.map(|s| s.errors),
+                "cpu_s": stats.map(|s| s.cpu_ns as f64 / 1e9),
+            }),
+        };
+        value["redis"] = match &redis {
+            Some(store) => {
+                let stats = store.stats.snapshot();
+                serde_json::json!({
+                    "url": store.url.to_string(),
+                    "mget_max_keys": match store.batching {
+                        Batching::Off => None,
+                        Batching::Mget { max_keys } => Some(max_keys),
+                    },
+                    "hits": stats.hits,
+                    "misses": stats.misses,
+                    "error_replies": stats.errors,
+                    "failed": stats.failed,
+                    "commands": stats.commands,
+                    "mgets": stats.batches,
+                    "connections": stats.connects,
+                })
+            }
+            None => Value::Null,
+        };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
         value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
         value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
@@ -554,6 +688,45 @@ fn write_json(
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// The lookup service address when Redis is the store (never connected to).
+const UNUSED_SERVICE: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
+
+fn load_redis(args: LoadRedisArgs) -> i32 {
+    eprintln!(
+        "weir load-redis: {} keys of {} bytes into {}",
+        args.keys, args.value_size, args.store
+    );
+    let bar = indicatif::ProgressBar::new(args.keys);
+    let started = std::time::Instant::now();
+    let loaded = weir_net::redis::load_keys(
+        &args.store,
+        args.keys,
+        args.value_size,
+        job::REDIS_KEY_PREFIX,
+        |done| bar.set_position(done),
+    );
+    bar.finish_and_clear();
+    match loaded {
+        Ok(loaded) => {
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "loaded {} keys ({} MB of values) in {seconds:.2} s: {:.0} keys/s",
+                loaded.keys,
+                loaded.bytes / 1_000_000,
+                loaded.keys as f64 / seconds.max(1e-9)
+            );
+            0
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
+        }
+    }
 }
 
 fn serve(args: ServeArgs) -> i32 {

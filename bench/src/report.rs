@@ -370,6 +370,13 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         }
         table(&mut md, &rows);
     }
+    // Redis, when scripts/report.sh could start a server for it.
+    match read(data, "redis.json") {
+        Some(value) => redis_section(&mut md, &plots, &value)?,
+        None => {
+            let _ = writeln!(md, "\n## Redis lookups\n\nNot measured in this run (no redis-server could be started).\n");
+        }
+    }
     // The main job and its open-loop sweep.
     let _ = writeln!(md, "\n## The main job (`weir run`)\n");
     if let Some(job) = read(data, "job.json") {
@@ -502,4 +509,109 @@ fn chrono_free_date() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The Redis section: the targets at a glance, plain pipelining against `MGET`
+/// batching per C, a plot and the tables.
+fn redis_section(md: &mut String, plots: &Path, value: &Value) -> Result<(), String> {
+    let rows = rows(value);
+    let _ = writeln!(
+        md,
+        "\n## Redis lookups\n\nCommand: `{}`\n\nOne worker, one connection, `GET`s of 100-byte values from 100,000 keys on a `redis-server` pinned to the other core. Weir's worker polls for 100 µs before it parks (`RuntimeBuilder::spin`, `WEIR_SPIN`); the \"no spin\" row parks as soon as it is idle. redis-rs (multiplexed connection) and fred run on a tokio current-thread runtime. The ceiling is `redis-benchmark -P 64 -r 100000` (50 connections) reading the same keys.",
+        value["command"].as_str().unwrap_or("?")
+    );
+    let in_flight = |r: &Row| number_after(&r.experiment, "100 B,");
+    let ops = |r: &Row| 1e9 / r.median_ns;
+    let best = |c: f64, keep: &dyn Fn(&Row) -> bool| -> Option<&Row> {
+        rows.iter()
+            .filter(|r| in_flight(r) == Some(c) && keep(r))
+            .min_by(|a, b| a.median_ns.total_cmp(&b.median_ns))
+    };
+    let plain = |r: &Row| r.is_weir && !r.implementation.contains("MGET");
+    let batched = |r: &Row| r.is_weir && r.implementation.contains("MGET");
+    let redis_rs = |r: &Row| r.implementation.starts_with("redis-rs");
+    let ceiling = |r: &Row| r.implementation.contains("ceiling");
+    let p99 = |r: &Row| r.latency.map_or(f64::NAN, |l| l[2]);
+    let verdict = |met: bool| if met { "met" } else { "not met" };
+    let _ = writeln!(md, "\n### Targets (256 in flight)\n");
+    let _ = writeln!(md, "| target | figure | |\n|---|---|---|");
+    if let (Some(p), Some(b), Some(r), Some(c)) = (
+        best(256.0, &plain),
+        best(256.0, &batched),
+        best(256.0, &redis_rs),
+        best(256.0, &ceiling),
+    ) {
+        let _ = writeln!(
+            md,
+            "| plain pipelining ≥ 90% of the server ceiling | {}: {:.0} GET/s = {:.0}% of {:.0} | {} |",
+            p.implementation,
+            ops(p),
+            ops(p) / ops(c) * 100.0,
+            ops(c),
+            verdict(ops(p) >= 0.9 * ops(c))
+        );
+        let _ = writeln!(
+            md,
+            "| MGET batching above the ceiling | {}: {:.0} GET/s = {:.0}% of the ceiling | {} |",
+            b.implementation,
+            ops(b),
+            ops(b) / ops(c) * 100.0,
+            verdict(ops(b) > ops(c))
+        );
+        let _ = writeln!(
+            md,
+            "| ≥ 1.5× redis-rs | plain {:.2}×, batched {:.2}× ({:.0} GET/s) | {} |",
+            ops(p) / ops(r),
+            ops(b) / ops(r),
+            ops(r),
+            verdict(ops(p) >= 1.5 * ops(r))
+        );
+    } else {
+        let _ = writeln!(md, "| — | the 256-in-flight rows are missing | |");
+    }
+    let mut levels: Vec<f64> = rows.iter().filter_map(in_flight).collect();
+    levels.sort_by(f64::total_cmp);
+    levels.dedup();
+    let mut all_below = true;
+    let mut figures = Vec::new();
+    for &c in &levels {
+        let lowest = rows
+            .iter()
+            .filter(|r| in_flight(r) == Some(c) && r.is_weir)
+            .min_by(|a, b| p99(a).total_cmp(&p99(b)));
+        if let (Some(w), Some(r)) = (lowest, best(c, &redis_rs)) {
+            all_below &= p99(w) < p99(r);
+            figures.push(format!("C = {c:.0}: {:.0} vs {:.0} µs", p99(w), p99(r)));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| p99 below redis-rs's at every C (lowest Weir p99 vs redis-rs) | {} | {} |",
+        figures.join("; "),
+        verdict(all_below && !figures.is_empty())
+    );
+    let _ = writeln!(md, "\n### Plain pipelining or MGET batching\n");
+    let _ = writeln!(md, "| in flight | best plain GET/s | best batched GET/s | batched ÷ plain |\n|---:|---:|---:|---:|");
+    for &c in &levels {
+        if let (Some(p), Some(b)) = (best(c, &plain), best(c, &batched)) {
+            let _ = writeln!(
+                md,
+                "| {c:.0} | {:.0} | {:.0} | {:.2}× |",
+                ops(p),
+                ops(b),
+                ops(b) / ops(p)
+            );
+        }
+    }
+    let series = series_by(&rows, in_flight);
+    line_chart(
+        &plots.join("redis.svg"),
+        "Redis GET of 100 B values: GETs per second vs in flight",
+        "GETs in flight",
+        "GETs per second",
+        &series,
+    )?;
+    let _ = writeln!(md, "\n![redis GETs vs in flight](plots/redis.svg)");
+    table(md, &rows);
+    Ok(())
 }

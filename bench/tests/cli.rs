@@ -207,3 +207,27 @@ fn the_run_says_what_it_runs_in_user_facing_names() {
         assert!(service.contains("shared with workers"), "{service}");
     }
 }
+
+#[test]
+fn redis_store_flags_that_cannot_work_are_one_line_errors() {
+    let store = "redis://127.0.0.1:6399";
+    let stderr = assert_one_line_error(&weir(&["run", "--mget", "8"]));
+    assert!(stderr.contains("use it with --store"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--store", store, "--futures"]));
+    assert!(stderr.contains("--futures"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--store",
+        store,
+        "--lookup-addr",
+        "127.0.0.1:9",
+    ]));
+    assert!(stderr.contains("give one of them"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "--records", "10"])
+        .env("WEIR_SPIN", "soon")
+        .output()
+        .expect("weir runs");
+    let stderr = assert_one_line_error(&output);
+    assert!(stderr.contains("WEIR_SPIN"), "{stderr}");
+}

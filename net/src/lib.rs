@@ -5,7 +5,8 @@
 //! - [`driver`]: the driver interface and the io_uring/epoll choice;
 //! - `uring`, `epoll`: the two drivers;
 //! - [`lookup`]: the service (binary protocol, latency distributions, fault injection)
-//!   and the pipelined client that is an `AsyncFunction`.
+//!   and the pipelined client that is an `AsyncFunction`;
+//! - [`redis`]: Redis as an external system, a pipelined client on the same drivers.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -18,6 +19,7 @@ pub mod driver;
 pub mod epoll;
 pub mod error;
 pub mod lookup;
+pub mod redis;
 pub mod uring;
 
 pub use driver::{build as build_driver, factory as driver_factory, DriverKind, Wake};

@@ -256,13 +256,14 @@ impl<F: AsyncFunction> Link<F::In> for AsyncLink<F> {
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        match (
+        [
             self.operator.next_timer_deadline(),
+            self.io.as_ref().and_then(|io| io.next_deadline()),
             self.next.next_deadline(),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {

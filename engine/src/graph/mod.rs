@@ -88,6 +88,11 @@ pub trait IoHandler {
     fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64);
     /// Takes an event if it is for one of this handler's connections.
     fn on_event(&mut self, event: &DriverEvent<'_>) -> bool;
+    /// When the handler next needs a flush even without I/O (a reconnection attempt, a
+    /// timeout), by the run's clock.
+    fn next_deadline(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Which subtask a user function, source or sink is built for (on its worker's
@@ -830,6 +835,10 @@ impl IoHandler for ExecutorIo {
             self.executor.borrow_mut().run_ready();
         }
         mine
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.inner.as_ref().and_then(|io| io.next_deadline())
     }
 }
 

@@ -1,0 +1,338 @@
+//! Redis lookup workloads: `GET` of 100-byte values from a `redis-server` pinned to the
+//! second bench core, C lookups in flight, each implementation on the first core:
+//!
+//! - Weir's async operator over its Redis client on one worker, with the io_uring and
+//!   the epoll driver, each with plain pipelining and with the `GET`s of a driver turn
+//!   batched into `MGET`s; the worker polls for [`SPIN`] before it parks, as a runtime
+//!   worker built with `RuntimeBuilder::spin(SPIN)` does (`WEIR_SPIN=100us weir run`),
+//!   and once without that spin, parking as soon as it is idle;
+//! - `redis` (redis-rs) as its documentation advises for concurrent use: one
+//!   multiplexed async connection (which pipelines the commands of concurrent callers
+//!   on its one socket) shared by clones, on a tokio current-thread runtime, the calls
+//!   `buffer_unordered(C)`;
+//! - `fred`, likewise: one client (auto-pipelining on, its default) on a tokio
+//!   current-thread runtime, the calls `buffer_unordered(C)`;
+//! - the server's own ceiling: `redis-benchmark -P 64 -t get -r 100000` (its 50
+//!   connections, 64 commands pipelined on each), pinned to the first core.
+//!
+//! Every implementation reads the same 100,000 keys of 100-byte values, named as
+//! `redis-benchmark -r` names them (`key:000000000000` ...): the ceiling too, since a
+//! server looking up one hot key (`redis-benchmark` without `-r`) runs about 3× faster
+//! than one looking up keys spread over its memory, and would bound nothing. Weir and
+//! the peers read the keys in turn and check each value's length; the latency is from
+//! call to answer, of one call in `LATENCY_SAMPLE_EVERY` (as the operator samples it).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use weir_engine::async_io::{AsyncConfig, AsyncWaitOperator, OutputMode};
+use weir_engine::element::{Collector, StreamElement};
+use weir_engine::limits::LATENCY_SAMPLE_EVERY;
+use weir_engine::park::Parker;
+use weir_net::redis::{
+    load_keys_with, Args, Batching, Lookup, RedisClient, RedisConfig, RedisFunction, RedisRequest,
+    RedisServer, RedisUrl, Reply, ServerOptions,
+};
+use weir_net::DriverKind;
+
+use crate::affinity::{bench_cores, pin};
+use crate::async_peers::{histogram, Measurement};
+
+/// Keys loaded and read in turn.
+pub const KEYS: u64 = 100_000;
+/// Bytes per value.
+pub const VALUE_SIZE: usize = 100;
+/// Writes key `n`'s name as `redis-benchmark -r` does.
+pub fn key(out: &mut Vec<u8>, n: u64) {
+    use std::io::Write as _;
+    let _ = write!(out, "key:{n:012}");
+}
+/// Keys per `MGET` when batching.
+pub const MGET_MAX_KEYS: usize = 512;
+/// How long Weir's worker polls before it parks in these workloads: longer than a
+/// loopback round trip, so a worker waiting for one reply takes it without the
+/// wake-up of a parked thread.
+pub const SPIN: Duration = Duration::from_micros(100);
+
+/// A `redis-server` on the second bench core with the bench keys loaded.
+pub fn server() -> Result<RedisServer, String> {
+    let (_, core_b) = bench_cores();
+    let server = RedisServer::start(ServerOptions {
+        core: core_b.map(|c| c.id),
+        ..ServerOptions::default()
+    })
+    .map_err(|e| e.to_string())?;
+    load_keys_with(&server.url(), KEYS, VALUE_SIZE, key, |_| {}).map_err(|e| e.to_string())?;
+    Ok(server)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Get(u64);
+
+impl RedisRequest for Get {
+    type Out = usize;
+    fn lookup(&self, args: &mut Args) -> Lookup {
+        args.push_fmt(format_args!("key:{:012}", self.0 % KEYS));
+        Lookup::Get
+    }
+    fn complete(self, reply: Reply<'_>) -> usize {
+        reply.value().map_or(0, <[u8]>::len)
+    }
+}
+
+/// Counts the values and checks their length.
+struct Count(u64);
+
+impl Collector<usize> for Count {
+    fn collect(&mut self, element: StreamElement<usize>) {
+        if let Some(record) = element.as_record() {
+            assert_eq!(record.value, VALUE_SIZE, "every key holds its value");
+            self.0 += 1;
+        }
+    }
+}
+
+/// `n` GETs through Weir's unordered operator (capacity `c`) over its Redis client on
+/// this thread with `driver`, batched into `MGET`s or not, polling for `spin` before
+/// blocking in the driver (the runtime worker's loop, on this thread).
+pub fn weir(
+    driver: DriverKind,
+    url: &RedisUrl,
+    c: usize,
+    mget: bool,
+    spin: Duration,
+    n: u64,
+) -> Measurement {
+    let (core_a, _) = bench_cores();
+    pin(core_a);
+    let mut driver = weir_net::build_driver(driver).expect("driver");
+    let mut config = RedisConfig::new(url.clone());
+    config.capacity = c * 2 + 16;
+
+    config.request_timeout = Duration::from_secs(30);
+    config.batching = if mget {
+        Batching::Mget {
+            max_keys: MGET_MAX_KEYS,
+        }
+    } else {
+        Batching::Off
+    };
+    let client = Rc::new(RefCell::new(
+        RedisClient::<Get>::new(config).expect("client"),
+    ));
+    let parker = Parker::current();
+    let mut operator = AsyncWaitOperator::new(
+        RedisFunction::new(Rc::clone(&client)),
+        AsyncConfig::new(OutputMode::Unordered, c),
+        parker.unparker(),
+    )
+    .expect("operator");
+    let epoch = Instant::now();
+    let spin_ns = spin.as_nanos() as u64;
+    let mut progress_ns = 0;
+    let mut out = Count(0);
+    let mut next = 0;
+    while out.0 < n {
+        let now = epoch.elapsed().as_nanos() as u64;
+        let submitted = next;
+        while next < n && !operator.is_full() {
+            operator
+                .process_record(Get(next), None, now, &mut out)
+                .expect("no failure");
+            next += 1;
+        }
+        if next > submitted {
+            progress_ns = now;
+        }
+        client.borrow_mut().flush(driver.as_mut(), now);
+        let wait = if operator.has_completions() || now.saturating_sub(progress_ns) < spin_ns {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(50)
+        };
+        let mut events = 0;
+        driver
+            .turn(Some(wait), &mut |event| {
+                events += 1;
+                client.borrow_mut().on_event(&event);
+            })
+            .expect("driver turn");
+        if events > 0 {
+            progress_ns = now;
+        }
+        operator
+            .drain(epoch.elapsed().as_nanos() as u64, &mut out)
+            .expect("no failure");
+    }
+    let elapsed = epoch.elapsed();
+    Measurement {
+        elapsed,
+        latency_ns: Some(operator.metrics().latency_ns.clone()),
+    }
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// `n` GETs with redis-rs: one multiplexed connection on a tokio current-thread
+/// runtime, its clones called `buffer_unordered(c)`.
+pub fn redis_rs(url: &RedisUrl, c: usize, n: u64) -> Measurement {
+    use redis::AsyncCommands;
+    let (core_a, _) = bench_cores();
+    pin(core_a);
+    let client = redis::Client::open(url.to_string()).expect("redis-rs client");
+    current_thread().block_on(async move {
+        let connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis-rs connects");
+        let start = Instant::now();
+        let mut latency = histogram();
+        let calls = futures::stream::iter(0..n).map(|i| {
+            let mut connection = connection.clone();
+            async move {
+                let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
+                let key = format!("key:{:012}", i % KEYS);
+                let value: Option<Vec<u8>> = connection.get(key).await.expect("GET");
+                (value.map_or(0, |v| v.len()), invoked.map(|at| at.elapsed()))
+            }
+        });
+        let mut results = calls.buffer_unordered(c);
+        let mut count = 0u64;
+        while let Some((len, took)) = results.next().await {
+            assert_eq!(len, VALUE_SIZE, "every key holds its value");
+            if let Some(took) = took {
+                latency.saturating_record(took.as_nanos().max(1) as u64);
+            }
+            count += 1;
+        }
+        assert_eq!(count, n);
+        Measurement {
+            elapsed: start.elapsed(),
+            latency_ns: Some(latency),
+        }
+    })
+}
+
+/// `n` GETs with fred: one client (auto-pipelining) on a tokio current-thread
+/// runtime, called `buffer_unordered(c)`.
+pub fn fred(url: &RedisUrl, c: usize, n: u64) -> Measurement {
+    use fred::prelude::{ClientLike, KeysInterface};
+    let (core_a, _) = bench_cores();
+    pin(core_a);
+    let config = fred::prelude::Config::from_url(&url.to_string()).expect("fred config");
+    current_thread().block_on(async move {
+        let client = fred::prelude::Builder::from_config(config)
+            .build()
+            .expect("fred client");
+        client.init().await.expect("fred connects");
+        let start = Instant::now();
+        let mut latency = histogram();
+        let client = &client;
+        let calls = futures::stream::iter(0..n).map(|i| async move {
+            let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
+            let key = format!("key:{:012}", i % KEYS);
+            let value: Option<Vec<u8>> = client.get(key).await.expect("GET");
+            (value.map_or(0, |v| v.len()), invoked.map(|at| at.elapsed()))
+        });
+        let mut results = calls.buffer_unordered(c);
+        let mut count = 0u64;
+        while let Some((len, took)) = results.next().await {
+            assert_eq!(len, VALUE_SIZE, "every key holds its value");
+            if let Some(took) = took {
+                latency.saturating_record(took.as_nanos().max(1) as u64);
+            }
+            count += 1;
+        }
+        assert_eq!(count, n);
+        let elapsed = start.elapsed();
+        let _ = client.quit().await;
+        Measurement {
+            elapsed,
+            latency_ns: Some(latency),
+        }
+    })
+}
+
+/// The server's ceiling: `redis-benchmark -P 64 -t get -r 100000 -n n` (50
+/// connections), pinned to the first core. The time is `n` over the rate it reports.
+pub fn ceiling(url: &RedisUrl, n: u64) -> Measurement {
+    let (core_a, _) = bench_cores();
+    // Pinned like the other implementations (taskset, from util-linux).
+    let mut command = match core_a {
+        Some(core) => {
+            let mut taskset = std::process::Command::new("taskset");
+            taskset.args(["-c", &core.id.to_string(), "redis-benchmark"]);
+            taskset
+        }
+        None => std::process::Command::new("redis-benchmark"),
+    };
+    let output = command
+        .args(["-h", &url.host, "-p", &url.port.to_string()])
+        .args(["-P", "64", "-t", "get", "-r", &KEYS.to_string()])
+        .args(["-n", &n.to_string(), "--csv"])
+        .output()
+        .expect("redis-benchmark runs (Debian package redis-tools)");
+    assert!(
+        output.status.success(),
+        "redis-benchmark failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let rps = parse_csv_rate(&text, "GET")
+        .unwrap_or_else(|| panic!("no GET rate in redis-benchmark's output: {text}"));
+    Duration::from_secs_f64(n as f64 / rps).into()
+}
+
+/// The requests per second of `test` in `redis-benchmark --csv` output
+/// (`"GET","476190.47",...`).
+pub fn parse_csv_rate(text: &str, test: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let mut fields = line.split(',').map(|f| f.trim().trim_matches('"'));
+        if fields.next()? != test {
+            return None;
+        }
+        fields.next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_benchmark_csv_rates_parse() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\"\n\"GET\",\"476190.47\",\"5.1\"\n";
+        assert_eq!(parse_csv_rate(text, "GET"), Some(476190.47));
+        assert_eq!(parse_csv_rate(text, "SET"), None);
+        assert_eq!(parse_csv_rate("garbage", "GET"), None);
+    }
+
+    /// Every implementation reads every value (when Redis is installed).
+    #[test]
+    fn every_implementation_gets_every_value() {
+        if std::env::var(weir_net::redis::TEST_URL_VAR).is_err() {
+            eprintln!("note: skipped: WEIR_REDIS_URL is unset (scripts/redis.sh start)");
+            return;
+        }
+        let server = server().expect("redis-server");
+        let url = server.url();
+        for (c, n) in [(1, 20), (16, 2_000), (256, 3_000)] {
+            for (mget, spin) in [(false, SPIN), (true, SPIN), (false, Duration::ZERO)] {
+                weir(DriverKind::Epoll, &url, c, mget, spin, n);
+                if weir_net::build_driver(DriverKind::Uring).is_ok() {
+                    weir(DriverKind::Uring, &url, c, mget, spin, n);
+                }
+            }
+            assert!(!redis_rs(&url, c, n).latency_ns.expect("sampled").is_empty());
+            assert!(!fred(&url, c, n).latency_ns.expect("sampled").is_empty());
+        }
+        assert!(ceiling(&url, 10_000).elapsed > Duration::ZERO);
+    }
+}

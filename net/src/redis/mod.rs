@@ -1,0 +1,30 @@
+//! Redis as an external system: a pipelined client on each worker's own driver.
+//!
+//! - [`client`]: the [`RedisClient`], its [`RedisFunction`] (an `AsyncFunction` for
+//!   `GET`, `HGET` and `HMGET` lookups, with optional `MGET` batching) and [`RedisIo`]
+//!   (its hook into the worker's driver);
+//! - [`url`]: `redis://[user:password@]host:port/db` URLs;
+//! - `resp`: RESP2/RESP3 framing (replies parsed in place by `redis-protocol`);
+//! - [`blocking`]: a blocking connection for set-up work and the pipelined bulk loader;
+//! - [`process`]: a `redis-server` child process for tests, benchmarks and examples.
+
+pub mod blocking;
+pub mod client;
+pub mod error;
+pub mod process;
+mod resp;
+pub mod url;
+
+pub use blocking::{key_name, load_keys, load_keys_with, value_of, BlockingConnection, Loaded};
+pub use client::{
+    Args, Backoff, Batching, Fields, Lookup, RedisClient, RedisConfig, RedisFunction, RedisIo,
+    RedisRequest, RedisStats, Reply, SharedStats,
+};
+pub use error::{RedisError, UrlError};
+pub use process::{RedisServer, ServerOptions};
+pub use resp::encode_command;
+pub use url::{Protocol, RedisUrl};
+
+/// The environment variable naming the Redis server the integration tests use
+/// (`redis://127.0.0.1:PORT`); `scripts/redis.sh start` prints it.
+pub const TEST_URL_VAR: &str = "WEIR_REDIS_URL";

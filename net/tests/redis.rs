@@ -1,0 +1,609 @@
+//! The Redis client on both drivers against a real server: hits and misses, hashes,
+//! a reply bigger than a receive buffer, credentials and databases, a server killed and
+//! restarted mid-run with the operator retrying; and against a misbehaving peer.
+//!
+//! The tests that need Redis find it through `WEIR_REDIS_URL` (`scripts/test.sh` and CI
+//! set it after `scripts/redis.sh start`); without it they print a note and pass. The
+//! ones that start servers of their own (credentials, restart) use the `redis-server`
+//! binary next to it.
+
+use std::cell::RefCell;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use weir_engine::async_io::{
+    AsyncConfig, AsyncError, AsyncWaitOperator, OperatorError, OutputMode, RetryStrategy,
+};
+use weir_engine::element::StreamElement;
+use weir_engine::park::Parker;
+use weir_net::redis::{
+    value_of, Args, Batching, BlockingConnection, Lookup, RedisClient, RedisConfig, RedisError,
+    RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions,
+};
+use weir_net::DriverKind;
+
+/// The server of `WEIR_REDIS_URL`, or `None` (with a note) when it is unset.
+fn redis(test: &str) -> Option<RedisUrl> {
+    match std::env::var(weir_net::redis::TEST_URL_VAR) {
+        Ok(url) => Some(url.parse().expect("WEIR_REDIS_URL is a redis:// URL")),
+        Err(_) => {
+            eprintln!(
+                "note: {test} skipped: WEIR_REDIS_URL is unset (scripts/test.sh starts Redis with scripts/redis.sh)"
+            );
+            None
+        }
+    }
+}
+
+/// A server of this test's own (when Redis is installed, as `WEIR_REDIS_URL` says).
+fn own_server(test: &str, args: &[&str]) -> Option<RedisServer> {
+    redis(test)?;
+    let options = ServerOptions {
+        args: args.iter().map(|a| a.to_string()).collect(),
+        ..ServerOptions::default()
+    };
+    Some(RedisServer::start(options).expect("redis-server starts"))
+}
+
+fn drivers() -> Vec<DriverKind> {
+    let mut kinds = vec![DriverKind::Epoll];
+    if weir_net::build_driver(DriverKind::Uring).is_ok() {
+        kinds.push(DriverKind::Uring);
+    } else {
+        eprintln!("note: io_uring unavailable here; the epoll driver only");
+    }
+    kinds
+}
+
+/// A lookup of the tests.
+#[derive(Debug, Clone)]
+enum Req {
+    Get(String, u64),
+    HGet(String, String),
+    HMGet(String, Vec<String>),
+}
+
+type Out = (Req, Vec<Option<Vec<u8>>>);
+
+impl RedisRequest for Req {
+    type Out = Out;
+    fn lookup(&self, args: &mut Args) -> Lookup {
+        match self {
+            Req::Get(prefix, n) => {
+                args.push_fmt(format_args!("{prefix}{n}"));
+                Lookup::Get
+            }
+            Req::HGet(key, field) => {
+                args.push(key.as_bytes());
+                args.push(field.as_bytes());
+                Lookup::HGet
+            }
+            Req::HMGet(key, fields) => {
+                args.push(key.as_bytes());
+                for field in fields {
+                    args.push(field.as_bytes());
+                }
+                Lookup::HMGet
+            }
+        }
+    }
+    fn complete(self, reply: Reply<'_>) -> Out {
+        let values = match reply {
+            Reply::Value(value) => vec![value.map(<[u8]>::to_vec)],
+            Reply::Fields(fields) => fields.iter().map(|v| v.map(<[u8]>::to_vec)).collect(),
+        };
+        (self, values)
+    }
+}
+
+type Client = Rc<RefCell<RedisClient<Req>>>;
+
+fn client(url: &RedisUrl, batching: Batching) -> Client {
+    let mut config = RedisConfig::new(url.clone());
+    config.batching = batching;
+    config.request_timeout = Duration::from_secs(2);
+    Rc::new(RefCell::new(RedisClient::new(config).expect("client")))
+}
+
+/// Runs `requests` through an unordered operator of `capacity` over `client` on a
+/// `driver`, until all are emitted or the operator fails. `hook` is called each turn
+/// with the count emitted so far (to disturb the server mid-run).
+fn run(
+    driver: DriverKind,
+    client: &Client,
+    requests: Vec<Req>,
+    config: AsyncConfig<Out>,
+    mut hook: impl FnMut(usize),
+) -> Result<Vec<Out>, OperatorError> {
+    let mut driver = weir_net::build_driver(driver).expect("driver");
+    let parker = Parker::current();
+    let mut operator = AsyncWaitOperator::new(
+        RedisFunction::new(Rc::clone(client)),
+        config,
+        parker.unparker(),
+    )
+    .expect("operator");
+    let epoch = Instant::now();
+    let total = requests.len();
+    let mut requests = requests.into_iter();
+    let mut out: Vec<StreamElement<Out>> = Vec::new();
+    let mut emitted = 0;
+    while emitted < total {
+        assert!(
+            epoch.elapsed() < Duration::from_secs(60),
+            "stalled at {emitted} of {total}"
+        );
+        let now = epoch.elapsed().as_nanos() as u64;
+        while !operator.is_full() {
+            let Some(request) = requests.next() else {
+                break;
+            };
+            operator.process_record(request, None, now, &mut out)?;
+        }
+        while operator.fire_due_timer(now, &mut out)?.is_some() {}
+        client.borrow_mut().flush(driver.as_mut(), now);
+        let wait = if operator.has_completions() {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(2)
+        };
+        driver
+            .turn(Some(wait), &mut |event| {
+                client.borrow_mut().on_event(&event);
+            })
+            .expect("driver turn");
+        operator.drain(epoch.elapsed().as_nanos() as u64, &mut out)?;
+        emitted = out.iter().filter(|e| e.as_record().is_some()).count();
+        hook(emitted);
+    }
+    Ok(out
+        .into_iter()
+        .filter_map(|e| match e {
+            StreamElement::Record(record) => Some(record.value),
+            StreamElement::Watermark(_) => None,
+        })
+        .collect())
+}
+
+fn unordered(capacity: usize) -> AsyncConfig<Out> {
+    AsyncConfig::new(OutputMode::Unordered, capacity)
+}
+
+/// The `RedisError` a failed run ended with.
+fn redis_error(error: OperatorError) -> RedisError {
+    match error {
+        OperatorError::Async(AsyncError::Call(inner)) => match inner.downcast::<RedisError>() {
+            Ok(redis) => *redis,
+            Err(other) => panic!("not a RedisError: {other}"),
+        },
+        other => panic!("not a call error: {other}"),
+    }
+}
+
+fn admin(url: &RedisUrl) -> BlockingConnection {
+    BlockingConnection::connect(url, Duration::from_secs(5)).expect("admin connection")
+}
+
+fn prefix(test: &str) -> String {
+    format!("weir-test:{}:{test}:", std::process::id())
+}
+
+/// Checks that every request came out once, with its key's value or `None` beyond
+/// `loaded` keys.
+fn check_gets(outputs: &[Out], requests: u64, loaded: u64, value_size: usize) {
+    let mut seen = vec![0u32; requests as usize];
+    let mut expected = Vec::new();
+    for (request, values) in outputs {
+        let Req::Get(_, n) = request else {
+            panic!("a GET")
+        };
+        seen[*n as usize] += 1;
+        if *n < loaded {
+            expected.clear();
+            value_of(&mut expected, *n, value_size);
+            assert_eq!(values[0].as_deref(), Some(&expected[..]), "key {n}");
+        } else {
+            assert_eq!(values[0], None, "key {n} is missing: None");
+        }
+    }
+    assert!(
+        seen.iter().all(|&count| count == 1),
+        "each key exactly once"
+    );
+}
+
+#[test]
+fn gets_hit_and_miss_on_both_drivers_pipelined_and_batched() {
+    let Some(url) = redis("gets_hit_and_miss") else {
+        return;
+    };
+    let prefix = prefix("gets");
+    let loaded = 3_000;
+    weir_net::redis::load_keys(&url, loaded, 100, &prefix, |_| {}).expect("load");
+    for driver in drivers() {
+        for batching in [Batching::Off, Batching::Mget { max_keys: 64 }] {
+            for protocol in ["resp2", "resp3"] {
+                let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
+                let client = client(&url, batching);
+                let requests: Vec<Req> = (0..2 * loaded)
+                    .map(|n| Req::Get(prefix.clone(), n))
+                    .collect();
+                let outputs =
+                    run(driver, &client, requests, unordered(256), |_| {}).expect("no failure");
+                check_gets(&outputs, 2 * loaded, loaded, 100);
+                let stats = client.borrow().stats();
+                assert_eq!((stats.hits, stats.misses), (loaded, loaded));
+                assert_eq!(stats.connects, 1);
+                if batching == Batching::Off {
+                    assert_eq!(stats.commands, 2 * loaded);
+                } else {
+                    assert!(
+                        stats.batches > 0 && stats.commands < 2 * loaded,
+                        "{stats:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hash_lookups_and_error_replies() {
+    let Some(url) = redis("hash_lookups") else {
+        return;
+    };
+    let key = format!("{}user", prefix("hash"));
+    let mut admin = admin(&url);
+    admin
+        .command(&[b"HSET", key.as_bytes(), b"name", b"ada", b"lang", b"rust"])
+        .expect("HSET");
+    let string_key = format!("{}plain", prefix("hash"));
+    admin
+        .command(&[b"SET", string_key.as_bytes(), b"x"])
+        .expect("SET");
+    for driver in drivers() {
+        let client = client(&url, Batching::Mget { max_keys: 16 });
+        let fields = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let requests = vec![
+            Req::HGet(key.clone(), "name".into()),
+            Req::HGet(key.clone(), "age".into()),
+            Req::HGet("no-such-hash".into(), "name".into()),
+            Req::HMGet(key.clone(), fields(&["lang", "age", "name"])),
+            Req::HMGet("no-such-hash".into(), fields(&["a", "b"])),
+        ];
+        let config = AsyncConfig::new(OutputMode::Ordered, 8);
+        let outputs = run(driver, &client, requests, config, |_| {}).expect("no failure");
+        let values: Vec<Vec<Option<Vec<u8>>>> = outputs.into_iter().map(|(_, v)| v).collect();
+        let some = |s: &str| Some(s.as_bytes().to_vec());
+        assert_eq!(
+            values,
+            vec![
+                vec![some("ada")],
+                vec![None],
+                vec![None],
+                vec![some("rust"), None, some("ada")],
+                vec![None, None],
+            ]
+        );
+        // An error reply fails the call with the server's message. (A client stays on
+        // the driver it started on: a fresh one for the fresh driver.)
+        let client = self::client(&url, Batching::Off);
+        let requests = vec![Req::HGet(string_key.clone(), "f".into())];
+        let error = run(driver, &client, requests, unordered(4), |_| {}).expect_err("WRONGTYPE");
+        let error = redis_error(error);
+        assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+        assert!(!error.is_transient());
+    }
+}
+
+/// A 1 MiB value spans several receives of either driver (and 32 such exchange
+/// segments); it arrives whole.
+#[test]
+fn a_reply_bigger_than_a_receive_buffer_arrives_whole() {
+    let Some(url) = redis("big_reply") else {
+        return;
+    };
+    let prefix = prefix("big");
+    let size = (1 << 20) + 3;
+    weir_net::redis::load_keys(&url, 3, size, &prefix, |_| {}).expect("load");
+    for driver in drivers() {
+        for batching in [Batching::Off, Batching::Mget { max_keys: 8 }] {
+            let client = client(&url, batching);
+            let requests: Vec<Req> = (0..6).map(|n| Req::Get(prefix.clone(), n)).collect();
+            let outputs = run(driver, &client, requests, unordered(6), |_| {}).expect("no failure");
+            check_gets(&outputs, 6, 3, size);
+        }
+    }
+}
+
+#[test]
+fn credentials_and_databases_are_checked_at_set_up() {
+    let Some(server) = own_server("credentials", &["--requirepass", "s3cret"]) else {
+        return;
+    };
+    let port = server.port();
+    let base: RedisUrl = format!("redis://:s3cret@127.0.0.1:{port}").parse().unwrap();
+    let mut admin = admin(&base);
+    admin
+        .command(&[
+            b"ACL",
+            b"SETUSER",
+            b"app",
+            b"on",
+            b">app-pass",
+            b"~*",
+            b"+@all",
+        ])
+        .expect("ACL SETUSER");
+    let in_db3: RedisUrl = format!("redis://:s3cret@127.0.0.1:{port}/3")
+        .parse()
+        .unwrap();
+    let mut db3 = BlockingConnection::connect(&in_db3, Duration::from_secs(5)).expect("db 3");
+    db3.command(&[b"SET", b"k0", b"in-db-3"]).expect("SET");
+    for driver in drivers() {
+        for protocol in ["resp2", "resp3"] {
+            let get = || vec![Req::Get("k".into(), 0)];
+            // Right credentials: the default user and an ACL user, database 3.
+            for credentials in [":s3cret", "app:app-pass"] {
+                let url: RedisUrl =
+                    format!("redis://{credentials}@127.0.0.1:{port}/3?protocol={protocol}")
+                        .parse()
+                        .unwrap();
+                let outputs = run(
+                    driver,
+                    &client(&url, Batching::Off),
+                    get(),
+                    unordered(1),
+                    |_| {},
+                )
+                .expect("authenticated");
+                assert_eq!(outputs[0].1, vec![Some(b"in-db-3".to_vec())]);
+            }
+            // Wrong or missing credentials, a database the server lacks.
+            for (url, wanted) in [
+                (
+                    format!("redis://:wrong@127.0.0.1:{port}"),
+                    "refused the credentials",
+                ),
+                (
+                    format!("redis://app:nope@127.0.0.1:{port}"),
+                    "refused the credentials",
+                ),
+                (format!("redis://127.0.0.1:{port}"), "NOAUTH"),
+                (
+                    format!("redis://:s3cret@127.0.0.1:{port}/99"),
+                    "refused SELECT 99",
+                ),
+            ] {
+                let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
+                let client = client(&url, Batching::Off);
+                let error =
+                    run(driver, &client, get(), unordered(1), |_| {}).expect_err(&url.to_string());
+                let error = redis_error(error);
+                let message = error.to_string();
+                assert!(message.contains(wanted), "{url}: {message}");
+                assert!(
+                    matches!(error, RedisError::Auth { .. } | RedisError::Select { .. })
+                        || (protocol == "resp2" && message.contains("NOAUTH")),
+                    "{url}: {error:?}"
+                );
+                assert!(!message.contains("s3cret"), "no password in messages");
+            }
+        }
+    }
+}
+
+/// The server is killed mid-run (commands in flight fail, reconnection is refused for
+/// a while) and restarted from a snapshot; the operator retries, and every lookup
+/// comes out exactly once with its value.
+#[test]
+fn a_server_restart_mid_run_loses_and_duplicates_nothing() {
+    let Some(mut server) = own_server("restart", &[]) else {
+        return;
+    };
+    let url = server.url();
+    let loaded = 2_000;
+    let prefix = prefix("restart");
+    weir_net::redis::load_keys(&url, loaded, 100, &prefix, |_| {}).expect("load");
+    admin(&url).command(&[b"SAVE"]).expect("SAVE");
+    let total = 60_000u64;
+    for driver in drivers() {
+        for batching in [Batching::Off, Batching::Mget { max_keys: 64 }] {
+            let client = client(&url, batching);
+            let requests: Vec<Req> = (0..total)
+                .map(|n| Req::Get(prefix.clone(), n % loaded))
+                .collect();
+            let config = unordered(128)
+                .with_timeout(Duration::from_secs(30))
+                .with_retry(
+                    RetryStrategy::fixed_delay(1000, Duration::from_millis(5)).retry_on_error(
+                        |error: &AsyncError| match error {
+                            AsyncError::Call(inner) => inner
+                                .downcast_ref::<RedisError>()
+                                .is_some_and(RedisError::is_transient),
+                            _ => false,
+                        },
+                    ),
+                );
+            let mut phase = 0;
+            let mut killed_at = Instant::now();
+            let outputs = run(driver, &client, requests, config, |emitted| match phase {
+                0 if emitted as u64 >= total / 3 => {
+                    server.kill();
+                    killed_at = Instant::now();
+                    phase = 1;
+                }
+                1 if killed_at.elapsed() > Duration::from_millis(150) => {
+                    server.restart().expect("restart");
+                    phase = 2;
+                }
+                _ => {}
+            })
+            .expect("no failure");
+            assert_eq!(phase, 2, "the server was restarted mid-run");
+            let mut seen = vec![0u32; total as usize];
+            let mut expected = Vec::new();
+            for (request, values) in &outputs {
+                let Req::Get(_, n) = request else {
+                    panic!("a GET")
+                };
+                expected.clear();
+                value_of(&mut expected, *n, 100);
+                assert_eq!(values[0].as_deref(), Some(&expected[..]));
+                seen[*n as usize] += 1;
+            }
+            // Each key was asked total / loaded times and answered as often.
+            assert!(seen[..loaded as usize]
+                .iter()
+                .all(|&c| c == (total / loaded) as u32));
+            let stats = client.borrow().stats();
+            assert!(stats.failed > 0, "calls failed with the server: {stats:?}");
+            assert!(stats.connects >= 2, "the client reconnected: {stats:?}");
+        }
+    }
+}
+
+/// Nothing listens: the call fails with a connect error naming the address.
+#[test]
+fn a_refused_connection_is_a_typed_error() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let url: RedisUrl = format!("redis://127.0.0.1:{port}").parse().unwrap();
+    for driver in drivers() {
+        for protocol in ["resp2", "auto"] {
+            let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
+            let client = client(&url, Batching::Off);
+            let requests = vec![Req::Get("k".into(), 0)];
+            let error = redis_error(
+                run(driver, &client, requests, unordered(1), |_| {}).expect_err("refused"),
+            );
+            assert!(
+                matches!(error, RedisError::Connect { .. }),
+                "{driver:?} {protocol}: {error:?}"
+            );
+            assert!(error.to_string().contains(&port.to_string()), "{error}");
+            assert!(error.is_transient());
+        }
+    }
+}
+
+/// A peer that answers garbage, or closes with commands outstanding: typed errors, and
+/// the connection is closed.
+#[test]
+fn a_misbehaving_peer_fails_the_calls_with_typed_errors() {
+    for (answer, close) in [(&b"!x\r\n"[..], false), (b"$5\r\nab", true)] {
+        for driver in drivers() {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let peer = std::thread::spawn(move || {
+                let (mut stream, _) = listener.accept().expect("accept");
+                let mut buffer = [0u8; 1024];
+                let _ = stream.read(&mut buffer);
+                let _ = stream.write_all(answer);
+                if !close {
+                    // Wait for the client to hang up.
+                    let _ = stream.read(&mut buffer);
+                }
+            });
+            let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol=resp2")
+                .parse()
+                .unwrap();
+            let client = client(&url, Batching::Off);
+            let requests = vec![Req::Get("k".into(), 0)];
+            let error = redis_error(
+                run(driver, &client, requests, unordered(1), |_| {}).expect_err("fails"),
+            );
+            if close {
+                assert!(
+                    matches!(error, RedisError::Closed { pending: 1, .. }),
+                    "{error:?}"
+                );
+            } else {
+                assert!(matches!(error, RedisError::Malformed { .. }), "{error:?}");
+                assert_eq!(client.borrow().stats().malformed, 1);
+            }
+            peer.join().expect("peer");
+        }
+    }
+}
+
+/// A listener whose accept queue is full drops new SYNs: a connection to it stays in
+/// `SYN_SENT`. Returns its port and the connections that filled the queue.
+fn unanswering_listener() -> (u16, std::os::fd::OwnedFd, Vec<std::net::TcpStream>) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a fresh descriptor we own (wrapped in an OwnedFd at
+    // once) and on a zeroed, correctly sized sockaddr_in; every result is checked.
+    let (fd, port) = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert_eq!(libc::listen(fd, 0), 0);
+        let mut bound: libc::sockaddr_in = std::mem::zeroed();
+        let mut bound_len = len;
+        assert_eq!(
+            libc::getsockname(
+                fd,
+                (&mut bound as *mut libc::sockaddr_in).cast(),
+                &mut bound_len
+            ),
+            0
+        );
+        (owned, u16::from_be(bound.sin_port))
+    };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let fillers = (0..4)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok()
+        })
+        .collect();
+    (port, fd, fillers)
+}
+
+/// A server that never completes the handshake: the set-up times out with a typed
+/// error, and the driver lets go of the half-open socket at once.
+#[test]
+fn a_connect_that_never_completes_times_out() {
+    let (port, _listener, _fillers) = unanswering_listener();
+    for driver in drivers() {
+        for protocol in ["resp2", "auto"] {
+            let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol={protocol}")
+                .parse()
+                .unwrap();
+            let mut config = RedisConfig::new(url);
+            config.connect_timeout = Duration::from_millis(200);
+            config.request_timeout = Duration::from_millis(300);
+            let client = Rc::new(RefCell::new(RedisClient::new(config).expect("client")));
+            let started = Instant::now();
+            let requests = vec![Req::Get("k".into(), 0)];
+            let error = redis_error(
+                run(driver, &client, requests, unordered(1), |_| {}).expect_err("times out"),
+            );
+            assert!(
+                matches!(
+                    error,
+                    RedisError::ConnectTimeout { .. } | RedisError::Timeout { .. }
+                ),
+                "{driver:?} {protocol}: {error:?}"
+            );
+            assert!(error.is_transient());
+            // The driver was dropped inside `run`: nothing kept it waiting.
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{driver:?} {protocol}: took {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}
