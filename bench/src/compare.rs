@@ -39,14 +39,20 @@ pub enum Role {
     Peer,
     /// A bound on the work with no framework (named "... ceiling ...").
     Ceiling,
+    /// A figure of another kind shown for scale, neither a peer nor a bound (named
+    /// "... reference ..."): e.g. a server's rate under its own load tool, at a
+    /// concurrency of its own.
+    Reference,
 }
 
 impl Role {
     /// The role of an implementation by its name: "weir ..." is Weir's, a name with
-    /// "ceiling" in it a ceiling, anything else a peer.
+    /// "reference" in it a reference, with "ceiling" a ceiling, anything else a peer.
     pub fn of(implementation: &str) -> Role {
         if implementation.starts_with("weir") {
             Role::Weir
+        } else if implementation.contains("reference") {
+            Role::Reference
         } else if implementation.contains("ceiling") {
             Role::Ceiling
         } else {
@@ -60,6 +66,7 @@ impl Role {
             Role::Weir => "weir",
             Role::Peer => "peer",
             Role::Ceiling => "ceiling",
+            Role::Reference => "reference",
         }
     }
 }
@@ -159,7 +166,7 @@ fn ratios<'a>(summaries: &'a [Summary], s: &Summary) -> Ratios<'a> {
             best_peer: best(summaries, s.experiment, Role::Peer)
                 .map(|p| (p.implementation, p.median_ns() / median)),
         },
-        Role::Peer | Role::Ceiling => Ratios {
+        Role::Peer | Role::Ceiling | Role::Reference => Ratios {
             over_weir: best(summaries, s.experiment, Role::Weir).map(|w| median / w.median_ns()),
             best_peer: None,
         },
@@ -636,7 +643,8 @@ pub const REDIS_RS: &str = "redis-rs multiplexed connection (tokio current-threa
 /// The fred peer.
 pub const FRED: &str = "fred client, auto-pipelined (tokio current-thread)";
 /// The server's ceiling.
-pub const REDIS_CEILING: &str = "redis-benchmark -P 64 -r 100000 ceiling (50 connections)";
+pub const REDIS_CEILING: &str =
+    "redis-benchmark -P 64 -r 100000, 50 connections (reference: the server under its own load tool)";
 
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
 pub fn ring_cases(scale: f64) -> Vec<Case> {
@@ -983,7 +991,7 @@ mod tests {
         // The redis suite needs a server to build its cases; its names by themselves.
         assert_eq!(Role::of(REDIS_RS), Role::Peer);
         assert_eq!(Role::of(FRED), Role::Peer);
-        assert_eq!(Role::of(REDIS_CEILING), Role::Ceiling);
+        assert_eq!(Role::of(REDIS_CEILING), Role::Reference);
         assert_eq!(Role::of("weir io_uring, MGET batching"), Role::Weir);
     }
 }

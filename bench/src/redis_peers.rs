@@ -12,13 +12,16 @@
 //!   `buffer_unordered(C)`;
 //! - `fred`, likewise: one client (auto-pipelining on, its default) on a tokio
 //!   current-thread runtime, the calls `buffer_unordered(C)`;
-//! - the server's own ceiling: `redis-benchmark -P 64 -t get -r 100000` (its 50
-//!   connections, 64 commands pipelined on each), pinned to the first core.
+//! - a reference for scale: `redis-benchmark -P 64 -t get -r 100000` (its 50
+//!   connections, 64 commands pipelined on each), pinned to the first core: the
+//!   server's rate under its own single-threaded load tool. It is not a ceiling: one
+//!   Weir worker passes it from a few hundred requests in flight, so it bounds the
+//!   tool, not the work.
 //!
 //! Every implementation reads the same 100,000 keys of 100-byte values, named as
-//! `redis-benchmark -r` names them (`key:000000000000` ...): the ceiling too, since a
+//! `redis-benchmark -r` names them (`key:000000000000` ...): the reference too, since a
 //! server looking up one hot key (`redis-benchmark` without `-r`) runs about 3× faster
-//! than one looking up keys spread over its memory, and would bound nothing. Weir and
+//! than one looking up keys spread over its memory, which is other work. Weir and
 //! the peers read the keys in turn and check each value's length; the latency is from
 //! call to answer, of one call in `LATENCY_SAMPLE_EVERY` (as the operator samples it).
 
@@ -260,8 +263,8 @@ pub fn fred(url: &RedisUrl, c: usize, n: u64) -> Measurement {
     })
 }
 
-/// The server's ceiling: `redis-benchmark -P 64 -t get -r 100000 -n n` (50
-/// connections), pinned to the first core. The time is `n` over the rate it reports.
+/// The reference: `redis-benchmark -P 64 -t get -r 100000 -n n` (50 connections),
+/// pinned to the first core. The time is `n` over the rate it reports.
 pub fn ceiling(url: &RedisUrl, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     // Pinned like the other implementations (taskset, from util-linux).
