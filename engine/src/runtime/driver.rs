@@ -8,7 +8,7 @@
 //! through [`Driver::wake_handle`].
 
 use std::io;
-use std::net::TcpStream;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,8 +40,9 @@ pub enum DriverEvent<'a> {
 pub trait Driver: Send {
     /// A short name for reports: `"uring"`, `"epoll"`.
     fn name(&self) -> &'static str;
-    /// Takes ownership of a connected stream.
-    fn register(&mut self, stream: TcpStream) -> io::Result<ConnId>;
+    /// Takes ownership of a stream socket, connected or with a non-blocking connect in
+    /// progress (the engine names no socket type: sockets are the driver's business).
+    fn register(&mut self, socket: OwnedFd) -> io::Result<ConnId>;
     /// Queues `bytes` (drained from the vector) to be sent on `conn` at the next turn.
     fn send(&mut self, conn: ConnId, bytes: &mut Vec<u8>);
     /// Closes `conn`; a `Closed` event follows once the kernel let go of its buffers.
@@ -82,7 +83,7 @@ impl Driver for NoIo {
     fn name(&self) -> &'static str {
         "none"
     }
-    fn register(&mut self, _stream: TcpStream) -> io::Result<ConnId> {
+    fn register(&mut self, _socket: OwnedFd) -> io::Result<ConnId> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "this worker has no I/O driver",

@@ -83,7 +83,8 @@ impl Driver for EpollDriver {
         "epoll"
     }
 
-    fn register(&mut self, stream: TcpStream) -> io::Result<ConnId> {
+    fn register(&mut self, socket: std::os::fd::OwnedFd) -> io::Result<ConnId> {
+        let stream = TcpStream::from(socket);
         stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
         let mut stream = mio::net::TcpStream::from_std(stream);

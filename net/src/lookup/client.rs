@@ -281,7 +281,7 @@ impl<R: LookupRequest> LookupClient<R> {
                     .map_err(|e| NetError::io("connecting to the lookup service", e))
                 {
                     Ok(stream) => match driver
-                        .register(stream)
+                        .register(stream.into())
                         .map_err(|e| NetError::io("registering a connection", e))
                     {
                         Ok(id) => {

@@ -720,7 +720,7 @@ impl<R: RedisRequest> RedisClient<R> {
     /// set-up commands queued behind it (the kernel sends them once connected).
     fn connect(&mut self, index: usize, driver: &mut dyn Driver) {
         let registered = mio::net::TcpStream::connect(self.addr)
-            .and_then(|stream| driver.register(std::net::TcpStream::from(stream)));
+            .and_then(|stream| driver.register(std::os::fd::OwnedFd::from(stream)));
         let id = match registered {
             Ok(id) => id,
             Err(source) => {

@@ -287,7 +287,8 @@ impl Driver for UringDriver {
         "uring"
     }
 
-    fn register(&mut self, stream: TcpStream) -> io::Result<ConnId> {
+    fn register(&mut self, socket: std::os::fd::OwnedFd) -> io::Result<ConnId> {
+        let stream = TcpStream::from(socket);
         let _ = stream.set_nodelay(true);
         let id = self.next_id;
         self.next_id += 1;
@@ -455,7 +456,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (server, _) = listener.accept().expect("accept");
-        let id = driver.register(client).expect("register");
+        let id = driver.register(client.into()).expect("register");
         Some((driver, id, server))
     }
 
