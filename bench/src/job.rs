@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
+use smallvec::SmallVec;
 use weir_engine::async_io::AsyncMetrics;
 use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
@@ -340,7 +341,7 @@ impl LookupRequest for Lookup {
             id: self.0.id,
             key: self.0.key,
             created_ns: self.0.created_ns,
-            value: value.to_vec(),
+            value: LookupValue::from(value),
         }
     }
 }
@@ -361,7 +362,7 @@ impl RedisRequest for Lookup {
             id: self.0.id,
             key: self.0.key,
             created_ns: self.0.created_ns,
-            value: reply.value().map(<[u8]>::to_vec).unwrap_or_default(),
+            value: reply.value().map(LookupValue::from).unwrap_or_default(),
         }
     }
 }
@@ -412,7 +413,56 @@ pub struct Enriched {
     /// Creation time at the source.
     pub created_ns: u64,
     /// The value from the lookup service.
-    pub value: Vec<u8>,
+    pub value: LookupValue,
+}
+
+/// A looked-up value: bytes kept inline up to [`VALUE_INLINE`] (the main job's default value size), on
+/// the heap beyond: the main path makes no allocation per record for its values (a
+/// `Vec` per record was a malloc at the lookup and a calloc at the sink, and their
+/// frees, about a tenth of the job's CPU).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LookupValue(SmallVec<[u8; VALUE_INLINE]>);
+
+/// Bytes a [`LookupValue`] holds without allocating.
+pub const VALUE_INLINE: usize = 32;
+
+impl From<&[u8]> for LookupValue {
+    fn from(bytes: &[u8]) -> Self {
+        LookupValue(SmallVec::from_slice(bytes))
+    }
+}
+
+impl std::ops::Deref for LookupValue {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl PartialEq<Vec<u8>> for LookupValue {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        self.0.as_slice() == other.as_slice()
+    }
+}
+
+impl Codec for LookupValue {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        (self.0.len() as u32).encode(out);
+        out.write(&self.0);
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        let len = u32::decode(input)? as usize;
+        if len > input.remaining() {
+            // Checked before sizing the value, so a corrupt length asks for nothing.
+            return Err(DecodeError::Truncated {
+                needed: len,
+                remaining: input.remaining(),
+            });
+        }
+        let mut bytes = SmallVec::from_elem(0, len);
+        input.read(&mut bytes)?;
+        Ok(LookupValue(bytes))
+    }
 }
 
 impl Codec for Enriched {
@@ -427,7 +477,7 @@ impl Codec for Enriched {
             id: u64::decode(input)?,
             key: u64::decode(input)?,
             created_ns: u64::decode(input)?,
-            value: Vec::decode(input)?,
+            value: LookupValue::decode(input)?,
         })
     }
 }
