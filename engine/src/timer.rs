@@ -73,7 +73,8 @@ struct Node<E> {
 
 /// A timer wheel of events `E`, times in nanoseconds of the owner's clock.
 pub struct TimerWheel<E> {
-    tick_ns: u64,
+    /// log2 of the tick (a power of two, so a tick is a shift, not a division).
+    tick_shift: u32,
     mask: u64,
     slots: Box<[List]>,
     occupied: Box<[u64]>,
@@ -88,7 +89,7 @@ pub struct TimerWheel<E> {
 
 impl<E> TimerWheel<E> {
     /// A wheel of `slots` slots (rounded up to a power of two, at least 64) of `tick_ns`
-    /// each.
+    /// each (rounded up to a power of two: finding a timer's tick is then a shift).
     ///
     /// # Panics
     /// If `tick_ns` or `slots` is zero (fixed by the engine's limits, not user input).
@@ -97,7 +98,7 @@ impl<E> TimerWheel<E> {
         assert!(slots > 0, "timer wheel needs a slot");
         let slots = slots.next_power_of_two().max(64);
         TimerWheel {
-            tick_ns,
+            tick_shift: tick_ns.next_power_of_two().trailing_zeros(),
             mask: slots as u64 - 1,
             slots: vec![List::EMPTY; slots].into_boxed_slice(),
             occupied: vec![0; slots / 64].into_boxed_slice(),
@@ -206,7 +207,7 @@ impl<E> TimerWheel<E> {
     }
 
     fn place_of(&self, deadline_ns: u64) -> Place {
-        let tick = (deadline_ns / self.tick_ns).max(self.base_tick);
+        let tick = (deadline_ns >> self.tick_shift).max(self.base_tick);
         if tick - self.base_tick < self.slot_count() {
             Place::Slot((tick & self.mask) as u32)
         } else {
@@ -337,7 +338,7 @@ impl<E> TimerWheel<E> {
     /// Slides the window towards `now_ns` (never past a non-empty slot) and moves the
     /// overflow timers it now covers into their slots.
     fn advance(&mut self, now_ns: u64) {
-        let now_tick = now_ns / self.tick_ns;
+        let now_tick = now_ns >> self.tick_shift;
         if now_tick <= self.base_tick {
             return;
         }
@@ -352,7 +353,7 @@ impl<E> TimerWheel<E> {
         let end = self.base_tick.saturating_add(self.slot_count());
         while self.overflow.head != NIL {
             let head = self.overflow.head;
-            if self.nodes[head as usize].deadline_ns / self.tick_ns >= end {
+            if self.nodes[head as usize].deadline_ns >> self.tick_shift >= end {
                 break;
             }
             self.unlink(head);
@@ -365,7 +366,7 @@ impl<E> TimerWheel<E> {
 impl<E> core::fmt::Debug for TimerWheel<E> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("TimerWheel")
-            .field("tick_ns", &self.tick_ns)
+            .field("tick_ns", &(1u64 << self.tick_shift))
             .field("len", &self.len)
             .field("len_peak", &self.len_peak)
             .finish()
