@@ -10,9 +10,12 @@
 //! with a logged [`NetError::Malformed`] and fails its outstanding requests; a closed
 //! or reset connection fails its outstanding requests; a request unanswered for
 //! `request_timeout` is failed (the operator's timeout normally fires first, making
-//! this completion stale). Expiry timers sit in a timing wheel and are cancelled when
-//! the answer arrives, so the wheel holds one timer per outstanding request, never one
-//! per request sent within the timeout. Failures are [`AsyncError::Call`], so the operator's retries
+//! this completion stale). Expiry keeps no queue and no timer per request: each
+//! outstanding request carries its deadline, and a sweep over the outstanding ones runs
+//! every eighth of the timeout, so a request fails at most that much after its deadline
+//! and the memory is the fixed slab of outstanding requests, however many were sent
+//! within the timeout. (A timer per request cost a wheel node and its linking on the
+//! hottest path, for a safety net behind the operator's own timeout.) Failures are [`AsyncError::Call`], so the operator's retries
 //! apply. A connection that went away is re-established on the next request.
 
 use std::cell::RefCell;
@@ -21,9 +24,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
-use weir_engine::limits::{TIMER_SLOTS, TIMER_TICK_NS};
 use weir_engine::slab::{Key, Slab};
-use weir_engine::timer::{TimerKey, TimerWheel};
 
 use super::protocol::{decode_response, encode_request, STATUS_OK};
 use crate::error::NetError;
@@ -101,8 +102,8 @@ struct Pending<R: LookupRequest> {
     connection: usize,
     key: u64,
     sink: Sink<R>,
-    /// The expiry timer, cancelled when the request leaves by any other way.
-    expiry: Option<TimerKey>,
+    /// When it expires.
+    deadline_ns: u64,
 }
 
 /// The shared slot between a pending lookup and its [`Get`] future.
@@ -165,8 +166,11 @@ pub struct LookupClient<R: LookupRequest> {
     connections: Vec<Connection>,
     next: usize,
     pending: Slab<Pending<R>>,
-    expiry: TimerWheel<Key>,
     now_ns: u64,
+    /// When expiry next sweeps the outstanding requests.
+    sweep_at_ns: u64,
+    /// Expired requests found by a sweep (kept for its capacity).
+    expired: Vec<Key>,
     stats: ClientStats,
 }
 
@@ -192,8 +196,9 @@ impl<R: LookupRequest> LookupClient<R> {
             connections,
             next: 0,
             pending,
-            expiry: TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS),
             now_ns: 0,
+            sweep_at_ns: 0,
+            expired: Vec::new(),
             stats: ClientStats::default(),
         })
     }
@@ -206,11 +211,6 @@ impl<R: LookupRequest> LookupClient<R> {
     /// Requests waiting for an answer.
     pub fn outstanding(&self) -> usize {
         self.pending.len()
-    }
-
-    /// Expiry timers pending: one per outstanding request.
-    pub fn pending_expiries(&self) -> usize {
-        self.expiry.len()
     }
 
     /// Sets the clock used for request expiry.
@@ -235,12 +235,18 @@ impl<R: LookupRequest> LookupClient<R> {
 
     fn start(&mut self, key: u64, sink: Sink<R>) {
         let connection = self.next;
-        self.next = (self.next + 1) % self.connections.len();
+        self.next = if connection + 1 == self.connections.len() {
+            0
+        } else {
+            connection + 1
+        };
         let slot = match self.pending.try_insert(Pending {
             connection,
             key,
             sink,
-            expiry: None,
+            deadline_ns: self
+                .now_ns
+                .saturating_add(self.config.request_timeout.as_nanos() as u64),
         }) {
             Ok(slot) => slot,
             Err(refused) => {
@@ -253,13 +259,6 @@ impl<R: LookupRequest> LookupClient<R> {
             }
         };
         encode_request(&mut self.connections[connection].outbox, slot.to_u64(), key);
-        let deadline = self
-            .now_ns
-            .saturating_add(self.config.request_timeout.as_nanos() as u64);
-        let timer = self.expiry.schedule(deadline, slot);
-        if let Some(pending) = self.pending.get_mut(slot) {
-            pending.expiry = Some(timer);
-        }
         self.stats.requests += 1;
     }
 
@@ -335,7 +334,20 @@ impl<R: LookupRequest> LookupClient<R> {
     /// Fails requests unanswered past `request_timeout` at `now_ns`.
     pub fn expire(&mut self, now_ns: u64) {
         self.now_ns = now_ns;
-        while let Some((_, slot)) = self.expiry.pop_due(now_ns) {
+        if now_ns < self.sweep_at_ns || self.pending.is_empty() {
+            return;
+        }
+        let period_ns = (self.config.request_timeout.as_nanos() as u64 / 8).max(100_000);
+        self.sweep_at_ns = now_ns.saturating_add(period_ns);
+        let mut expired = std::mem::take(&mut self.expired);
+        expired.clear();
+        expired.extend(
+            self.pending
+                .iter()
+                .filter(|(_, p)| p.deadline_ns <= now_ns)
+                .map(|(slot, _)| slot),
+        );
+        for &slot in &expired {
             if let Some(pending) = self.pending.remove(slot) {
                 self.stats.failed += 1;
                 let message = format!(
@@ -345,15 +357,12 @@ impl<R: LookupRequest> LookupClient<R> {
                 pending.fail(message);
             }
         }
+        self.expired = expired;
     }
 
-    /// Removes an outstanding request that is answered or failed, cancelling its expiry.
+    /// Removes an outstanding request that is answered or failed.
     fn take(&mut self, slot: Key) -> Option<Pending<R>> {
-        let pending = self.pending.remove(slot)?;
-        if let Some(timer) = pending.expiry {
-            self.expiry.cancel(timer);
-        }
-        Some(pending)
+        self.pending.remove(slot)
     }
 
     fn count_on(&self, index: usize) -> usize {
@@ -510,20 +519,21 @@ mod tests {
         }
     }
 
-    /// Answered requests cancel their expiry: the wheel holds one timer per outstanding
-    /// request however many were answered within the timeout.
+    /// Expiry keeps nothing per answered request and fails an unanswered one within an
+    /// eighth of the timeout after its deadline, once.
     #[test]
-    fn answered_requests_cancel_their_expiry() {
+    fn unanswered_requests_expire_and_answered_ones_never_do() {
+        let timeout_ns = 10_000_000_000;
         let mut client = LookupClient::<Key64>::new(ClientConfig {
             addr: "127.0.0.1:9".parse().expect("address"),
             connections: 1,
             capacity: 64,
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_nanos(timeout_ns),
         })
         .expect("client");
         let mut responses = Vec::new();
         for round in 0..1_000u64 {
-            client.set_now(round * 1_000);
+            client.expire(round * 1_000);
             let gets: Vec<Get> = (0..8).map(|i| client.get(round * 8 + i)).collect();
             let outbox = std::mem::take(&mut client.connections[0].outbox);
             responses.clear();
@@ -534,15 +544,25 @@ mod tests {
             }
             client.receive(0, &responses);
             assert_eq!(client.outstanding(), 0);
-            assert_eq!(client.pending_expiries(), 0);
             drop(gets);
         }
         assert_eq!(client.stats().values, 8_000);
-        // An unanswered one expires on time and fails.
+        assert!(
+            client.expired.capacity() <= 64,
+            "nothing grows with requests sent"
+        );
+        // One left unanswered at 1 ms: not failed before its deadline, failed within an
+        // eighth of the timeout after it, once.
+        client.expire(1_000_000);
         let _get = client.get(1);
-        assert_eq!(client.pending_expiries(), 1);
-        client.expire(999_000 + 10_000_000_000);
+        client.expire(1_000_000 + timeout_ns - 1);
+        assert_eq!(client.outstanding(), 1);
+        for step in 0..=8 {
+            client.expire(1_000_000 + timeout_ns + step * timeout_ns / 64);
+        }
         assert_eq!(client.outstanding(), 0);
+        assert_eq!(client.stats().failed, 1);
+        client.expire(1_000_000 + 3 * timeout_ns);
         assert_eq!(client.stats().failed, 1);
     }
 }
