@@ -392,15 +392,16 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
                 job["cause"].as_str().unwrap_or("no cause recorded")
             );
         }
-        let _ = writeln!(md, "| records | throughput records/s | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
-        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(md, "| records | throughput records/s | CPU µs/record (service share) | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
+        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         let l = &job["latency_ns"];
         let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
             job["records_out"],
             job["throughput_records_per_s"].as_f64().unwrap_or(0.0),
+            cpu_text(&job),
             job["lost"],
             job["duplicated"],
             us("p50"),
@@ -435,21 +436,23 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         );
         let _ = writeln!(
             md,
-            "| offered records/s | achieved records/s | p50 µs | p99 µs | p99.9 µs | max µs |"
+            "| offered records/s | achieved records/s | CPU µs/record (service share) | p50 µs | p99 µs | p99.9 µs | max µs |"
         );
-        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
         let mut series: Vec<Series> = vec![
             ("p50".into(), vec![]),
             ("p99".into(), vec![]),
             ("p99.9".into(), vec![]),
         ];
+        let mut cpu: Vec<Series> = vec![("CPU per record".into(), vec![])];
         for (rate, job) in &loads {
             let l = &job["latency_ns"];
             let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
             let _ = writeln!(
                 md,
-                "| {rate:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                "| {rate:.0} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
                 job["throughput_records_per_s"].as_f64().unwrap_or(0.0),
+                cpu_text(job),
                 us("p50"),
                 us("p99"),
                 us("p99.9"),
@@ -458,6 +461,23 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             series[0].1.push((*rate, us("p50")));
             series[1].1.push((*rate, us("p99")));
             series[2].1.push((*rate, us("p99.9")));
+            if let Some(ns) = job["cpu_per_record_ns"].as_f64() {
+                cpu[0].1.push((*rate, ns / 1e3));
+            }
+        }
+        if !cpu[0].1.is_empty() {
+            line_chart(
+                &plots.join("cpu_load.svg"),
+                "Main job: CPU per record (all threads) vs offered load",
+                "offered load (records/s)",
+                "CPU per record (µs)",
+                &cpu,
+            )?;
+            let _ = writeln!(
+                md,
+                "
+![CPU per record vs load](plots/cpu_load.svg)"
+            );
         }
         line_chart(
             &plots.join("latency_load.svg"),
@@ -614,4 +634,16 @@ fn redis_section(md: &mut String, plots: &Path, value: &Value) -> Result<(), Str
     let _ = writeln!(md, "\n![redis GETs vs in flight](plots/redis.svg)");
     table(md, &rows);
     Ok(())
+}
+
+/// "0.447 (29%)": the run's CPU per record in µs (user + system time of every thread,
+/// the embedded service's included) and the service's share of it; "—" without them.
+fn cpu_text(job: &Value) -> String {
+    match job["cpu_per_record_ns"].as_f64() {
+        Some(ns) => match job["service_cpu_share"].as_f64() {
+            Some(share) => format!("{:.3} ({:.0}%)", ns / 1e3, share * 100.0),
+            None => format!("{:.3}", ns / 1e3),
+        },
+        None => "—".to_string(),
+    }
 }
