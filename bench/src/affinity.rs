@@ -1,6 +1,7 @@
 //! Pinning benchmark threads to cores, degrading gracefully where pinning is refused
 //! or the machine has a single core.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,30 +47,67 @@ impl Backoff {
     }
 }
 
-/// Runs `producer` and `consumer` on the two bench cores, timing from a shared start
-/// barrier until the consumer returns.
+/// The start of a timed run, shared by the run's threads: each waits at the line, then
+/// notes when it left; the run starts at the earliest of those instants. The spawning
+/// thread does not take the start itself: with two pinned, spinning threads on two
+/// cores it is often descheduled right after the barrier, and a start read then would
+/// come late and understate the time (a turn could even read as zero).
+#[derive(Debug)]
+pub struct StartLine {
+    barrier: Barrier,
+    epoch: Instant,
+    first_ns: AtomicU64,
+}
+
+impl StartLine {
+    /// A line for `threads` threads.
+    pub fn new(threads: usize) -> Arc<StartLine> {
+        Arc::new(StartLine {
+            barrier: Barrier::new(threads),
+            epoch: Instant::now(),
+            first_ns: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Waits for every thread, then notes this thread's start.
+    pub fn wait(&self) {
+        self.barrier.wait();
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        // Relaxed: read after the threads are joined, which orders it.
+        self.first_ns.fetch_min(ns, Ordering::Relaxed);
+    }
+
+    /// The earliest start noted (call after joining the threads).
+    pub fn start(&self) -> Instant {
+        match self.first_ns.load(Ordering::Relaxed) {
+            u64::MAX => Instant::now(),
+            ns => self.epoch + Duration::from_nanos(ns),
+        }
+    }
+}
+
+/// Runs `producer` and `consumer` on the two bench cores, timing from their start line
+/// until the consumer returns.
 pub fn run_pair(
     producer: impl FnOnce() + Send + 'static,
     consumer: impl FnOnce() + Send + 'static,
 ) -> Duration {
     let (core_a, core_b) = bench_cores();
-    let barrier = Arc::new(Barrier::new(3));
-    let start_gate = Arc::clone(&barrier);
+    let line = StartLine::new(2);
+    let start_line = Arc::clone(&line);
     let receiver = thread::spawn(move || {
         pin(core_b);
-        start_gate.wait();
+        start_line.wait();
         consumer();
         Instant::now()
     });
-    let start_gate = Arc::clone(&barrier);
+    let start_line = Arc::clone(&line);
     let sender = thread::spawn(move || {
         pin(core_a);
-        start_gate.wait();
+        start_line.wait();
         producer();
     });
-    barrier.wait();
-    let start = Instant::now();
     sender.join().expect("producer thread panicked");
     let end = receiver.join().expect("consumer thread panicked");
-    end.saturating_duration_since(start)
+    end.saturating_duration_since(line.start())
 }

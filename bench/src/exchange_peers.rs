@@ -31,7 +31,7 @@ use weir_engine::exchange::{
 };
 use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
 
-use crate::affinity::{bench_cores, pin, Backoff};
+use crate::affinity::{bench_cores, pin, Backoff, StartLine};
 use crate::async_peers::{histogram, Measurement};
 
 /// How records are routed.
@@ -122,7 +122,7 @@ pub fn weir_exchange<const N: usize>(
     let per_producer = n / producers as u64;
     let total = per_producer * producers as u64;
     let (core_a, core_b) = bench_cores();
-    let start_gate = Arc::new(std::sync::Barrier::new(producers + consumers + 1));
+    let start_gate = StartLine::new(producers + consumers);
     let mut consumer_threads = Vec::new();
     for (index, channels) in inputs.into_iter().enumerate() {
         let start_gate = Arc::clone(&start_gate);
@@ -186,23 +186,22 @@ pub fn weir_exchange<const N: usize>(
             finish(&mut writer, &mut clock);
         }));
     }
-    start_gate.wait();
-    let start = Instant::now();
     for producer in producer_threads {
         producer.join().expect("producer");
     }
     let mut latency = histogram();
     let mut received = 0;
-    let mut end = start;
+    let mut end: Option<Instant> = None;
     for consumer in consumer_threads {
         let (count, histogram, finished) = consumer.join().expect("consumer");
         received += count;
         latency.add(&histogram).expect("same bounds");
-        end = end.max(finished);
+        end = Some(end.map_or(finished, |e| e.max(finished)));
     }
     assert_eq!(received, total, "records lost or duplicated");
+    let start = start_gate.start();
     Measurement {
-        elapsed: end - start,
+        elapsed: end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start)),
         latency_ns: Some(latency),
     }
 }
@@ -268,7 +267,7 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
     let (tx, rx) = crossbeam_channel::bounded::<FixedBytes<N>>(1024);
     let epoch = Instant::now();
     let (core_a, core_b) = bench_cores();
-    let start_gate = Arc::new(std::sync::Barrier::new(3));
+    let start_gate = StartLine::new(2);
     let gate = Arc::clone(&start_gate);
     let consumer = std::thread::spawn(move || {
         pin(core_b);
@@ -295,13 +294,11 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
             tx.send(value).expect("consumer alive");
         }
     });
-    start_gate.wait();
-    let start = Instant::now();
     producer.join().expect("producer");
     let (count, latency, end) = consumer.join().expect("consumer");
     assert_eq!(count, n);
     Measurement {
-        elapsed: end - start,
+        elapsed: end.saturating_duration_since(start_gate.start()),
         latency_ns: Some(latency),
     }
 }
@@ -323,7 +320,7 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
     let (recycle_tx, recycle_rx) = crossbeam_channel::bounded::<Vec<FixedBytes<N>>>(POOL_SEGMENTS);
     let epoch = Instant::now();
     let (core_a, core_b) = bench_cores();
-    let start_gate = Arc::new(std::sync::Barrier::new(3));
+    let start_gate = StartLine::new(2);
     let gate = Arc::clone(&start_gate);
     let consumer = std::thread::spawn(move || {
         pin(core_b);
@@ -364,13 +361,11 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
             tx.send(batch).expect("consumer alive");
         }
     });
-    start_gate.wait();
-    let start = Instant::now();
     producer.join().expect("producer");
     let (count, latency, end) = consumer.join().expect("consumer");
     assert_eq!(count, n);
     Measurement {
-        elapsed: end - start,
+        elapsed: end.saturating_duration_since(start_gate.start()),
         latency_ns: Some(latency),
     }
 }
