@@ -195,31 +195,14 @@ pub fn redis_rs(url: &RedisUrl, c: usize, n: u64) -> Measurement {
             .get_multiplexed_async_connection()
             .await
             .expect("redis-rs connects");
-        let start = Instant::now();
-        let mut latency = histogram();
-        let calls = futures::stream::iter(0..n).map(|i| {
+        gets_buffer_unordered(n, c, |key| {
             let mut connection = connection.clone();
             async move {
-                let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
-                let key = format!("key:{:012}", i % KEYS);
                 let value: Option<Vec<u8>> = connection.get(key).await.expect("GET");
-                (value.map_or(0, |v| v.len()), invoked.map(|at| at.elapsed()))
+                value
             }
-        });
-        let mut results = calls.buffer_unordered(c);
-        let mut count = 0u64;
-        while let Some((len, took)) = results.next().await {
-            assert_eq!(len, VALUE_SIZE, "every key holds its value");
-            if let Some(took) = took {
-                latency.saturating_record(took.as_nanos().max(1) as u64);
-            }
-            count += 1;
-        }
-        assert_eq!(count, n);
-        Measurement {
-            elapsed: start.elapsed(),
-            latency_ns: Some(latency),
-        }
+        })
+        .await
     })
 }
 
@@ -235,32 +218,47 @@ pub fn fred(url: &RedisUrl, c: usize, n: u64) -> Measurement {
             .build()
             .expect("fred client");
         client.init().await.expect("fred connects");
-        let start = Instant::now();
-        let mut latency = histogram();
         let client = &client;
-        let calls = futures::stream::iter(0..n).map(|i| async move {
-            let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
-            let key = format!("key:{:012}", i % KEYS);
+        let measured = gets_buffer_unordered(n, c, |key| async move {
             let value: Option<Vec<u8>> = client.get(key).await.expect("GET");
-            (value.map_or(0, |v| v.len()), invoked.map(|at| at.elapsed()))
-        });
-        let mut results = calls.buffer_unordered(c);
-        let mut count = 0u64;
-        while let Some((len, took)) = results.next().await {
-            assert_eq!(len, VALUE_SIZE, "every key holds its value");
-            if let Some(took) = took {
-                latency.saturating_record(took.as_nanos().max(1) as u64);
-            }
-            count += 1;
-        }
-        assert_eq!(count, n);
-        let elapsed = start.elapsed();
+            value
+        })
+        .await;
         let _ = client.quit().await;
-        Measurement {
-            elapsed,
-            latency_ns: Some(latency),
-        }
+        measured
     })
+}
+
+/// `n` GETs of the benchmark's keys through `get`, `c` at a time
+/// (`buffer_unordered`), as the peers' users drive them: checks every value's length
+/// and samples the latency of one call in `LATENCY_SAMPLE_EVERY`, as the operator does.
+async fn gets_buffer_unordered<G, Fut>(n: u64, c: usize, get: G) -> Measurement
+where
+    G: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Option<Vec<u8>>>,
+{
+    let start = Instant::now();
+    let mut latency = histogram();
+    let get = &get;
+    let calls = futures::stream::iter(0..n).map(|i| async move {
+        let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
+        let value = get(format!("key:{:012}", i % KEYS)).await;
+        (value.map_or(0, |v| v.len()), invoked.map(|at| at.elapsed()))
+    });
+    let mut results = calls.buffer_unordered(c);
+    let mut count = 0u64;
+    while let Some((len, took)) = results.next().await {
+        assert_eq!(len, VALUE_SIZE, "every key holds its value");
+        if let Some(took) = took {
+            latency.saturating_record(took.as_nanos().max(1) as u64);
+        }
+        count += 1;
+    }
+    assert_eq!(count, n);
+    Measurement {
+        elapsed: start.elapsed(),
+        latency_ns: Some(latency),
+    }
 }
 
 /// The reference: `redis-benchmark -P 64 -t get -r 100000 -n n` (50 connections),

@@ -155,6 +155,27 @@ pub(crate) struct AsyncLink<F: AsyncFunction> {
 }
 
 impl<F: AsyncFunction> AsyncLink<F> {
+    /// The link running `operator` (with its I/O, if any) for `stage`, ahead of `next`.
+    pub(crate) fn new(
+        operator: AsyncWaitOperator<F>,
+        io: Option<Box<dyn IoHandler>>,
+        next: Box<dyn Link<F::Out>>,
+        shared: Arc<Shared>,
+        stage: usize,
+    ) -> Self {
+        AsyncLink {
+            operator,
+            io,
+            input: VecDeque::new(),
+            output: VecDeque::new(),
+            next,
+            finished: false,
+            in_flight_reported: 0,
+            shared,
+            stage,
+        }
+    }
+
     fn feed(&mut self, element: StreamElement<F::In>, now: u64) -> Result<(), TaskError> {
         match element {
             StreamElement::Record(r) => {

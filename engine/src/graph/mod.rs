@@ -951,17 +951,13 @@ impl<'g, T: 'static> Stream<'g, T> {
             let (function, io) = make(&wiring.info);
             let operator =
                 AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
-            Ok(Box::new(AsyncLink {
+            Ok(Box::new(AsyncLink::new(
                 operator,
                 io,
-                input: VecDeque::new(),
-                output: VecDeque::new(),
                 next,
-                finished: false,
-                in_flight_reported: 0,
-                shared: Arc::clone(&wiring.shared),
-                stage: wiring.stage,
-            }))
+                Arc::clone(&wiring.shared),
+                wiring.stage,
+            )))
         })
     }
 
@@ -991,17 +987,13 @@ impl<'g, T: 'static> Stream<'g, T> {
             });
             let operator =
                 AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
-            Ok(Box::new(AsyncLink {
+            Ok(Box::new(AsyncLink::new(
                 operator,
-                io: Some(io),
-                input: VecDeque::new(),
-                output: VecDeque::new(),
+                Some(io),
                 next,
-                finished: false,
-                in_flight_reported: 0,
-                shared: Arc::clone(&wiring.shared),
-                stage: wiring.stage,
-            }))
+                Arc::clone(&wiring.shared),
+                wiring.stage,
+            )))
         })
     }
 
