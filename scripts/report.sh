@@ -26,7 +26,7 @@ weir=target/release/weir
 data=results/report
 mkdir -p "$data"
 rm -f "$data"/*.json "$data"/*.md
-for suite in ring pool async exchange lookup; do
+for suite in ring pool async exchange lookup remote; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done

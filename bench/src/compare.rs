@@ -518,8 +518,18 @@ pub fn remote_cases(scale: f64) -> Vec<Case> {
         }),
         Some(rate as f64),
     ));
+    cases.push(workload(
+        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
+        TCP_LATENCY_CEILING,
+        ops,
+        Arc::new(move |n| remote_peers::tcp_open_loop_ceiling::<100>(rate, n)),
+        Some(rate as f64),
+    ));
     cases
 }
+
+/// One blocking write per record on a plain TCP stream, a reader blocked in `read`.
+pub const TCP_LATENCY_CEILING: &str = "raw TCP ceiling (a write per record, blocking reader)";
 
 /// The local exchange beside the remote one: the same records with no TCP.
 pub const LOCAL_EXCHANGE_REFERENCE: &str = "local exchange reference (Weir's, no TCP)";

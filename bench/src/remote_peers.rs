@@ -320,6 +320,58 @@ pub fn weir_remote_open_loop<const N: usize>(rate: u64, spin: Duration, n: u64) 
     }
 }
 
+/// The latency ceiling of raw TCP: the same open loop (`n` records of `N` bytes at
+/// `rate` per second) as one blocking write of each length-prefixed record on a
+/// `TCP_NODELAY` stream, and a reader blocked in `read_exact`: one system call each way
+/// and one wake-up per record, nothing else.
+pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
+    assert!(N >= 16, "open-loop records carry their intended send time");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut writer = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (mut reader, _) = listener.accept().expect("accept");
+    writer.set_nodelay(true).expect("nodelay");
+    let interval_ns = 1_000_000_000 / rate.max(1);
+    let epoch = Instant::now();
+    let (core_a, core_b) = bench_cores();
+    let ready = Arc::new(std::sync::Barrier::new(2));
+    let consumer_ready = Arc::clone(&ready);
+    let consumer = std::thread::spawn(move || {
+        pin(core_b);
+        consumer_ready.wait();
+        let mut latency = histogram();
+        let mut frame = vec![0u8; 4 + N];
+        for _ in 0..n {
+            reader.read_exact(&mut frame).expect("read");
+            let intended = u64::from_le_bytes(frame[12..20].try_into().expect("8 bytes"));
+            let now = epoch.elapsed().as_nanos() as u64;
+            latency
+                .record_correct(now.saturating_sub(intended).max(1), interval_ns)
+                .expect("in bounds");
+        }
+        latency
+    });
+    pin(core_a);
+    let mut frame = vec![7u8; 4 + N];
+    frame[..4].copy_from_slice(&(N as u32).to_le_bytes());
+    ready.wait();
+    let start = Instant::now();
+    let first = epoch.elapsed().as_nanos() as u64;
+    for seq in 0..n {
+        let intended = first + seq * interval_ns;
+        while (epoch.elapsed().as_nanos() as u64) < intended {
+            std::thread::yield_now();
+        }
+        frame[4..12].copy_from_slice(&seq.to_le_bytes());
+        frame[12..20].copy_from_slice(&intended.to_le_bytes());
+        writer.write_all(&frame).expect("write");
+    }
+    let latency = consumer.join().expect("consumer");
+    Measurement {
+        elapsed: start.elapsed(),
+        latency_ns: Some(latency),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +381,7 @@ mod tests {
         weir_remote::<100>(1, 1, Some(Duration::from_millis(1)), 20_000);
         weir_remote::<8>(2, 2, None, 20_000);
         tcp_ceiling::<100>(2, 20_000);
+        tcp_open_loop_ceiling::<100>(20_000, 200);
         let measured = weir_remote_open_loop::<100>(20_000, Duration::ZERO, 200);
         assert!(measured.latency_ns.is_some());
     }

@@ -285,6 +285,10 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         ("async", "Async I/O operator"),
         ("exchange", "Local data exchange"),
         ("lookup", "Lookups through the driver"),
+        (
+            "remote",
+            "Remote data exchange (transport over loopback TCP)",
+        ),
     ];
     for (suite, title) in suites {
         let Some(mut value) = read(data, &format!("{suite}.json")) else {
@@ -514,9 +518,11 @@ fn has_measurements(data: &Path) -> bool {
     };
     entries.filter_map(|e| e.ok()).any(|e| {
         let name = e.file_name().to_string_lossy().to_string();
-        let suite = ["ring", "pool", "async", "exchange", "lookup", "job"]
-            .iter()
-            .any(|s| name == format!("{s}.json"));
+        let suite = [
+            "ring", "pool", "async", "exchange", "lookup", "remote", "job",
+        ]
+        .iter()
+        .any(|s| name == format!("{s}.json"));
         suite || (name.starts_with("load-") && name.ends_with(".json"))
     })
 }

@@ -96,7 +96,7 @@ use weir_engine::park::{Notify, UnboundParker, Unparker};
 
 pub use channel::RemoteInputChannel;
 pub use error::{FrameError, TransportError};
-pub use frame::{Frame, FrameKind, Header};
+pub use frame::{Frame, FrameKind, Header, HEADER_SIZE};
 
 use network::{Command, Control, Gate, RecvChannel};
 
