@@ -171,6 +171,19 @@ impl Header {
             }
             _ => {}
         }
+        // Fields a type does not use must be zero: they may carry meaning in a later
+        // version, and a frame must re-encode to the bytes it came from.
+        let (arg0_used, arg1_used) = match kind {
+            FrameKind::Handshake | FrameKind::Buffer => (true, true),
+            FrameKind::PartitionRequest | FrameKind::AddCredit => (true, false),
+            FrameKind::EndOfPartition | FrameKind::Cancel | FrameKind::Error => (false, false),
+        };
+        if (!arg0_used && header.arg0 != 0) || (!arg1_used && header.arg1 != 0) {
+            return Err(FrameError::Malformed {
+                kind: kind.name(),
+                reason: "a field this frame type does not use (bytes 12..20) is not zero",
+            });
+        }
         match kind {
             FrameKind::Handshake => {
                 if header.arg0 != MAGIC {
@@ -487,6 +500,12 @@ mod tests {
         let zero_credit = Header::control(FrameKind::AddCredit, 1, 0).encode();
         assert!(matches!(
             Header::decode(&zero_credit, MAX),
+            Err(FrameError::Malformed { .. })
+        ));
+        let mut unused = Header::control(FrameKind::Error, 1, 0).encode();
+        unused[19] = 0x2d;
+        assert!(matches!(
+            Header::decode(&unused, MAX),
             Err(FrameError::Malformed { .. })
         ));
         let mut reserved = Header::control(FrameKind::Cancel, 1, 0).encode();
