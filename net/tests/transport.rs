@@ -18,12 +18,44 @@ use weir_engine::ExchangeError;
 use weir_net::transport::{
     Frame, FrameError, Header, Peer, RemoteInputChannel, Transport, TransportConfig, TransportError,
 };
+use weir_net::DriverKind;
 
 const GUARD: Duration = Duration::from_secs(60);
 const SEGMENT: usize = 4096;
 
+thread_local! {
+    static DRIVER: std::cell::Cell<DriverKind> = const { std::cell::Cell::new(DriverKind::Epoll) };
+}
+
+/// The drivers to run each test on: epoll, and io_uring where the kernel allows it.
+fn drivers() -> Vec<DriverKind> {
+    let mut config = TransportConfig::new(0);
+    config.driver = DriverKind::Uring;
+    match Transport::start(config) {
+        Ok(_) => vec![DriverKind::Epoll, DriverKind::Uring],
+        Err(error) => {
+            eprintln!("io_uring unavailable here, epoll only: {error}");
+            vec![DriverKind::Epoll]
+        }
+    }
+}
+
+fn config(process: u32) -> TransportConfig {
+    let mut config = TransportConfig::new(process);
+    config.driver = DRIVER.with(|d| d.get());
+    config
+}
+
 fn transport(process: u32) -> Transport {
-    Transport::start(TransportConfig::new(process)).expect("transport starts")
+    let transport = Transport::start(config(process)).expect("transport starts");
+    assert_eq!(
+        transport.driver_name(),
+        match DRIVER.with(|d| d.get()) {
+            DriverKind::Uring => "uring",
+            _ => "epoll",
+        }
+    );
+    transport
 }
 
 /// Writes `count` u64 records (`first..first + count`) into a one-subpartition
@@ -99,6 +131,13 @@ fn boxed(channels: Vec<RemoteInputChannel>) -> Vec<Box<dyn InputChannel>> {
 /// in the same gate.
 #[test]
 fn records_cross_exactly_once_beside_a_local_channel() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        records_cross_exactly_once_beside_a_local_channel_on();
+    }
+}
+
+fn records_cross_exactly_once_beside_a_local_channel_on() {
     let producer = transport(1);
     let consumer = transport(2);
     let count = 20_000;
@@ -148,6 +187,13 @@ fn records_cross_exactly_once_beside_a_local_channel() {
 /// the slow one is read, complete.
 #[test]
 fn a_slow_channel_back_pressures_only_itself() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_slow_channel_back_pressures_only_itself_on();
+    }
+}
+
+fn a_slow_channel_back_pressures_only_itself_on() {
     let producer = transport(1);
     let consumer = transport(2);
     let count = 50_000;
@@ -184,6 +230,13 @@ fn a_slow_channel_back_pressures_only_itself() {
 /// same gate is unaffected and still delivers everything.
 #[test]
 fn a_killed_peer_fails_its_channels_and_no_other() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_killed_peer_fails_its_channels_and_no_other_on();
+    }
+}
+
+fn a_killed_peer_fails_its_channels_and_no_other_on() {
     let doomed = transport(1);
     let healthy = transport(3);
     let consumer = transport(2);
@@ -320,6 +373,13 @@ fn failure_of(channel: &RemoteInputChannel) -> Arc<TransportError> {
 /// backlog without anyone reading, and a buffer beyond the credit fails the connection.
 #[test]
 fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on();
+    }
+}
+
+fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on() {
     let fake = FakePeer::new();
     let consumer = transport(2);
     let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
@@ -398,6 +458,13 @@ fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused() {
 /// frame error, before anything is read into memory.
 #[test]
 fn malformed_and_oversized_frames_fail_the_connection() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        malformed_and_oversized_frames_fail_the_connection_on();
+    }
+}
+
+fn malformed_and_oversized_frames_fail_the_connection_on() {
     for (case, header) in [
         ("unknown type", {
             let mut bytes = [0u8; 20];
@@ -462,8 +529,15 @@ fn malformed_and_oversized_frames_fail_the_connection() {
 /// handshake timeout.
 #[test]
 fn a_silent_peer_times_out_in_the_handshake() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_silent_peer_times_out_in_the_handshake_on();
+    }
+}
+
+fn a_silent_peer_times_out_in_the_handshake_on() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let mut config = TransportConfig::new(2);
+    let mut config = config(2);
     config.handshake_timeout = Duration::from_millis(200);
     let consumer = Transport::start(config).expect("transport");
     let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
@@ -491,6 +565,13 @@ fn a_silent_peer_times_out_in_the_handshake() {
 /// consumer gone.
 #[test]
 fn dropping_a_remote_channel_cancels_it() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        dropping_a_remote_channel_cancels_it_on();
+    }
+}
+
+fn dropping_a_remote_channel_cancels_it_on() {
     let producer = transport(1);
     let consumer = transport(2);
     let pool_network = NetworkBufferPool::new(16, SEGMENT).expect("pool");

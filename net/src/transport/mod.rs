@@ -85,6 +85,7 @@ mod channel;
 mod error;
 pub mod frame;
 mod network;
+mod uring;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
@@ -98,6 +99,7 @@ pub use channel::RemoteInputChannel;
 pub use error::{FrameError, TransportError};
 pub use frame::{Frame, FrameKind, Header, HEADER_SIZE};
 
+use crate::driver::DriverKind;
 use network::{Command, Control, Gate, RecvChannel};
 
 /// Settings of a [`Transport`].
@@ -114,6 +116,9 @@ pub struct TransportConfig {
     /// Segments each [`consume`](Transport::consume) call's gate lends by backlog
     /// (Flink's default: 8).
     pub floating_buffers: usize,
+    /// The network thread's I/O: io_uring (`Auto` falls back to epoll where the kernel
+    /// refuses it, and says so on stderr) or epoll.
+    pub driver: DriverKind,
     /// How long the network thread keeps polling with nothing to do before it parks
     /// (0: it parks at once). Latency for idle CPU, as a worker's spin.
     pub spin: Duration,
@@ -128,6 +133,7 @@ impl TransportConfig {
             handshake_timeout: Duration::from_secs(10),
             exclusive_buffers: 2,
             floating_buffers: 8,
+            driver: DriverKind::Auto,
             spin: Duration::ZERO,
         }
     }
@@ -146,6 +152,7 @@ pub struct Peer {
 /// module docs.
 pub struct Transport {
     config: TransportConfig,
+    driver: &'static str,
     addr: SocketAddr,
     control: Arc<Control>,
     unparker: Unparker,
@@ -188,18 +195,25 @@ impl Transport {
         let unparker = parker.unparker();
         let control = Arc::new(Control::default());
         let mut net = network::Net::new(config.clone(), listener, wake, Arc::clone(&control))
-            .map_err(|e| io("setting up the network thread's poll", e))?;
+            .map_err(|e| io("setting up the network thread's I/O", e))?;
+        let driver = net.driver_name();
         let thread = std::thread::Builder::new()
             .name(format!("weir-net-{}", config.process))
             .spawn(move || net.run(parker.into_parker()))
             .map_err(|e| io("spawning the network thread", e))?;
         Ok(Transport {
             config,
+            driver,
             addr,
             control,
             unparker,
             thread: Some(thread),
         })
+    }
+
+    /// The network thread's I/O: `"uring"` or `"epoll"`.
+    pub fn driver_name(&self) -> &'static str {
+        self.driver
     }
 
     /// The address peers connect to.

@@ -12,11 +12,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use io_uring::{opcode, types};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
@@ -27,8 +29,9 @@ use weir_engine::ring::Producer;
 use super::channel::FailureSlot;
 use super::error::{FrameError, TransportError};
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX, HEADER_SIZE};
+use super::uring::{self, Uring, UringOps, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
 use super::{Commands, Peer, TransportConfig};
-use crate::driver::Wake;
+use crate::driver::{DriverKind, Wake};
 
 const WAKE: Token = Token(usize::MAX);
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -275,18 +278,31 @@ enum Reading {
     },
 }
 
+/// Bytes a connection reads at a time of a payload it drops (of a cancelled channel).
+const DISCARD_SIZE: usize = 4096;
+
 struct Conn {
-    stream: mio::net::TcpStream,
+    stream: TcpStream,
     addr: SocketAddr,
     /// The peer's process id, once its handshake arrived.
     process: Option<u32>,
     connecting: bool,
     handshake_deadline: Option<Instant>,
+    /// Frames being written: not touched while an io_uring write of them is in flight.
     out: VecDeque<Out>,
     /// Bytes of the front frame already written.
     out_offset: usize,
-    header: [u8; HEADER_SIZE],
+    /// Frames queued since the last write started.
+    staged: VecDeque<Out>,
+    /// Boxed: the kernel writes into it during an io_uring read, while the
+    /// connection itself may move.
+    header: Box<[u8; HEADER_SIZE]>,
     header_len: usize,
+    discard: Box<[u8]>,
+    /// The io_uring operations' state (unused on epoll).
+    ops: UringOps,
+    /// Failed and shut down; kept only until its io_uring operations complete.
+    dead: bool,
     reading: Reading,
     /// Channels consumed over this connection: id → (gate, index in the gate).
     incoming: HashMap<u32, (usize, usize)>,
@@ -294,7 +310,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(stream: mio::net::TcpStream, addr: SocketAddr, connecting: bool, process: u32) -> Self {
+    fn new(stream: TcpStream, addr: SocketAddr, connecting: bool, process: u32) -> Self {
         let mut conn = Conn {
             stream,
             addr,
@@ -303,8 +319,12 @@ impl Conn {
             handshake_deadline: None,
             out: VecDeque::new(),
             out_offset: 0,
-            header: [0; HEADER_SIZE],
+            staged: VecDeque::new(),
+            header: Box::new([0; HEADER_SIZE]),
             header_len: 0,
+            discard: vec![0; DISCARD_SIZE].into_boxed_slice(),
+            ops: UringOps::new(2 * FRAMES_PER_WRITE_MAX),
+            dead: false,
             reading: Reading::Header,
             incoming: HashMap::new(),
             outgoing: Vec::new(),
@@ -321,7 +341,7 @@ impl Conn {
     }
 
     fn queue(&mut self, header: Header, payload: Option<Payload>) {
-        self.out.push_back(Out {
+        self.staged.push_back(Out {
             header: header.encode(),
             payload: payload.unwrap_or(Payload::None),
         });
@@ -330,8 +350,10 @@ impl Conn {
     /// Writes queued frames until the socket would block; `Ok(true)` if it wrote any.
     fn flush(&mut self) -> io::Result<bool> {
         let mut wrote = false;
+        self.out.append(&mut self.staged);
         while !self.out.is_empty() {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * FRAMES_PER_WRITE_MAX);
+            let mut slices = [IoSlice::new(&[]); 2 * FRAMES_PER_WRITE_MAX];
+            let mut count = 0;
             let mut skip = self.out_offset;
             for out in self.out.iter().take(FRAMES_PER_WRITE_MAX) {
                 for part in [&out.header[..], out.payload.as_slice()] {
@@ -339,11 +361,12 @@ impl Conn {
                         skip -= part.len();
                         continue;
                     }
-                    slices.push(IoSlice::new(&part[skip..]));
+                    slices[count] = IoSlice::new(&part[skip..]);
+                    count += 1;
                     skip = 0;
                 }
             }
-            let written = match self.stream.write_vectored(&slices) {
+            let written = match (&self.stream).write_vectored(&slices[..count]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -351,19 +374,24 @@ impl Conn {
                 Err(e) => return Err(e),
             };
             wrote = true;
-            let mut done = self.out_offset + written;
-            while let Some(front) = self.out.front() {
-                let size = HEADER_SIZE + front.payload.as_slice().len();
-                if done < size {
-                    break;
-                }
-                done -= size;
-                // Sent: a producer's segment is recycled here.
-                self.out.pop_front();
-            }
-            self.out_offset = done;
+            self.written(written);
         }
         Ok(wrote)
+    }
+
+    /// Drops the frames that `written` more bytes completed.
+    fn written(&mut self, written: usize) {
+        let mut done = self.out_offset + written;
+        while let Some(front) = self.out.front() {
+            let size = HEADER_SIZE + front.payload.as_slice().len();
+            if done < size {
+                break;
+            }
+            done -= size;
+            // Sent: a producer's segment is recycled here.
+            self.out.pop_front();
+        }
+        self.out_offset = done;
     }
 }
 
@@ -378,11 +406,22 @@ enum Ending {
 }
 
 /// The network thread's state.
+/// How the network thread waits and does its I/O.
+enum Backend {
+    /// Readiness (epoll through mio); reads and writes are system calls in the turn.
+    Epoll { poll: Poll, events: Events },
+    /// Completions: reads and writes are operations submitted once per turn.
+    Uring(Box<Uring>),
+    /// After a shutdown that had to leak the ring.
+    Stopped,
+}
+
 pub(crate) struct Net {
     config: TransportConfig,
-    poll: Poll,
-    events: Events,
-    listener: mio::net::TcpListener,
+    backend: Backend,
+    /// Whether the last wait reaped completions (work for the next turn).
+    completed: bool,
+    listener: TcpListener,
     wake: Arc<Wake>,
     control: Arc<Control>,
     conns: Vec<Option<Conn>>,
@@ -390,7 +429,6 @@ pub(crate) struct Net {
     served: HashMap<u32, Box<dyn InputChannel>>,
     /// Requests for channels not served yet: (connection, channel, credit).
     waiting: Vec<(usize, u32, u32)>,
-    scratch: Box<[u8]>,
 }
 
 impl Net {
@@ -400,16 +438,38 @@ impl Net {
         wake: Arc<Wake>,
         control: Arc<Control>,
     ) -> io::Result<Self> {
-        let poll = Poll::new()?;
-        let mut listener = mio::net::TcpListener::from_std(listener);
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        poll.registry()
-            .register(&mut SourceFd(&wake.raw()), WAKE, Interest::READABLE)?;
+        let uring = match config.driver {
+            DriverKind::Epoll => None,
+            DriverKind::Uring => Some(Uring::new()?),
+            DriverKind::Auto => match Uring::new() {
+                Ok(uring) => Some(uring),
+                Err(error) => {
+                    eprintln!("weir transport: io_uring unavailable ({error}); using epoll");
+                    None
+                }
+            },
+        };
+        let backend = match uring {
+            Some(uring) => Backend::Uring(Box::new(uring)),
+            None => {
+                let poll = Poll::new()?;
+                poll.registry().register(
+                    &mut SourceFd(&listener.as_raw_fd()),
+                    LISTENER,
+                    Interest::READABLE,
+                )?;
+                poll.registry()
+                    .register(&mut SourceFd(&wake.raw()), WAKE, Interest::READABLE)?;
+                Backend::Epoll {
+                    poll,
+                    events: Events::with_capacity(256),
+                }
+            }
+        };
         Ok(Net {
             config,
-            poll,
-            events: Events::with_capacity(256),
+            backend,
+            completed: false,
             listener,
             wake,
             control,
@@ -417,15 +477,23 @@ impl Net {
             gates: Vec::new(),
             served: HashMap::new(),
             waiting: Vec::new(),
-            scratch: vec![0; 64 * 1024].into_boxed_slice(),
         })
+    }
+
+    /// The I/O backend's name: "uring" or "epoll".
+    pub(crate) fn driver_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Epoll { .. } => "epoll",
+            Backend::Uring(_) => "uring",
+            Backend::Stopped => "stopped",
+        }
     }
 
     pub(crate) fn run(&mut self, parker: Parker) {
         let spin = self.config.spin;
         let mut progress_at = Instant::now();
         while !self.control.stop.load(Ordering::Acquire) {
-            let busy = self.turn();
+            let busy = self.turn() | std::mem::take(&mut self.completed);
             let now = Instant::now();
             let timeout = if busy {
                 progress_at = now;
@@ -437,29 +505,139 @@ impl Net {
                     .map_or(IDLE_PARK_MAX, |d| d.saturating_duration_since(now))
                     .min(IDLE_PARK_MAX)
             };
-            let poll = &mut self.poll;
-            let events = &mut self.events;
-            if timeout.is_zero() {
-                let _ = poll.poll(events, Some(Duration::ZERO));
-            } else {
-                parker.park_with(
-                    Some(timeout),
-                    || false,
-                    |timeout| {
-                        let _ = poll.poll(events, timeout);
-                    },
-                );
+            match &mut self.backend {
+                Backend::Epoll { poll, events } => {
+                    if timeout.is_zero() {
+                        let _ = poll.poll(events, Some(Duration::ZERO));
+                    } else {
+                        parker.park_with(
+                            Some(timeout),
+                            || false,
+                            |timeout| {
+                                let _ = poll.poll(events, timeout);
+                            },
+                        );
+                    }
+                    let mut accept = false;
+                    for event in events.iter() {
+                        match event.token() {
+                            WAKE => self.wake.drain(),
+                            LISTENER => accept = true,
+                            _ => {}
+                        }
+                    }
+                    if accept {
+                        self.accept();
+                    }
+                }
+                Backend::Uring(ring) => {
+                    let mut failure = ring.arm(self.wake.raw(), self.listener.as_raw_fd()).err();
+                    if timeout.is_zero() {
+                        failure = failure.or(ring.wait(Duration::ZERO).err());
+                    } else {
+                        parker.park_with(
+                            Some(timeout),
+                            || false,
+                            |timeout| failure = ring.wait(timeout.unwrap_or(IDLE_PARK_MAX)).err(),
+                        );
+                    }
+                    if let Some(error) = failure {
+                        // The ring itself failed: nothing can be sent or received any more.
+                        self.fail_all(error);
+                        return;
+                    }
+                    self.complete();
+                }
+                Backend::Stopped => return,
             }
-            let mut accept = false;
-            for event in self.events.iter() {
-                match event.token() {
-                    WAKE => self.wake.drain(),
-                    LISTENER => accept = true,
-                    _ => {}
+        }
+        self.shutdown();
+    }
+
+    /// Applies the io_uring completions of the last wait.
+    fn complete(&mut self) {
+        let Backend::Uring(ring) = &mut self.backend else {
+            return;
+        };
+        let completions = std::mem::take(&mut ring.completions);
+        self.completed = !completions.is_empty();
+        for &(user_data, result) in &completions {
+            let (slot, op) = uring::parse(user_data);
+            match op {
+                OP_WAKE => {
+                    if let Backend::Uring(ring) = &mut self.backend {
+                        ring.wake_in_flight = false;
+                    }
+                }
+                OP_LISTEN => {
+                    if let Backend::Uring(ring) = &mut self.backend {
+                        ring.listen_in_flight = false;
+                    }
+                    self.accept();
+                }
+                _ => {
+                    let Some(mut conn) = self.conns.get_mut(slot).and_then(Option::take) else {
+                        continue;
+                    };
+                    let outcome = match op {
+                        OP_RECV => {
+                            conn.ops.read = false;
+                            match result {
+                                _ if conn.dead => Ok(()),
+                                0 => Err(Ending::Closed),
+                                count if count > 0 => {
+                                    self.consumed(slot, &mut conn, count as usize)
+                                }
+                                error => os_error(&conn, error),
+                            }
+                        }
+                        OP_SEND => {
+                            conn.ops.write = false;
+                            match result {
+                                _ if conn.dead => Ok(()),
+                                count if count >= 0 => {
+                                    conn.written(count as usize);
+                                    Ok(())
+                                }
+                                error => os_error(&conn, error),
+                            }
+                        }
+                        OP_POLL => {
+                            conn.ops.poll = false;
+                            Ok(())
+                        }
+                        _ => Ok(()),
+                    };
+                    match outcome {
+                        _ if conn.dead => {
+                            if conn.ops.in_flight() {
+                                self.conns[slot] = Some(conn);
+                            }
+                            // Otherwise the kernel is done with it: dropped here.
+                        }
+                        Ok(()) => self.conns[slot] = Some(conn),
+                        Err(ending) => self.end(slot, conn, ending),
+                    }
                 }
             }
-            if accept {
-                self.accept();
+        }
+        if let Backend::Uring(ring) = &mut self.backend {
+            ring.completions = completions;
+        }
+    }
+
+    /// The ring failed: every connection fails (the thread stops).
+    fn fail_all(&mut self, error: io::Error) {
+        let reason = format!("the network thread's io_uring failed: {error}");
+        for slot in 0..self.conns.len() {
+            if let Some(conn) = self.conns[slot].take() {
+                if !conn.dead {
+                    let ending = Ending::Failed(TransportError::ConnectionLost {
+                        peer: conn.name(),
+                        reason: reason.clone(),
+                    });
+                    self.end(slot, conn, ending);
+                }
             }
         }
         self.shutdown();
@@ -481,6 +659,10 @@ impl Net {
             let Some(mut conn) = self.conns[slot].take() else {
                 continue;
             };
+            if conn.dead {
+                self.conns[slot] = Some(conn);
+                continue;
+            }
             match self.drive(slot, &mut conn, now) {
                 Ok(did) => {
                     busy |= did;
@@ -536,19 +718,19 @@ impl Net {
         let peer = gate.peer;
         let found = self.conns.iter().position(|c| {
             c.as_ref().is_some_and(|c| {
-                c.process == Some(peer.process) || (c.process.is_none() && c.addr == peer.addr)
+                !c.dead
+                    && (c.process == Some(peer.process)
+                        || (c.process.is_none() && c.addr == peer.addr))
             })
         });
         let slot = match found {
             Some(slot) => slot,
+            // A non-blocking connect: the thread never waits for a peer.
             None => match mio::net::TcpStream::connect(peer.addr) {
-                Ok(mut stream) => {
+                Ok(stream) => {
+                    let stream = TcpStream::from(OwnedFd::from(stream));
                     let slot = self.free_slot();
-                    if let Err(error) = self.poll.registry().register(
-                        &mut stream,
-                        Token(slot),
-                        Interest::READABLE | Interest::WRITABLE,
-                    ) {
+                    if let Err(error) = self.register(&stream, slot) {
                         self.fail_gate(gate, peer, "registering a connection", error);
                         return;
                     }
@@ -621,22 +803,28 @@ impl Net {
         }
     }
 
+    /// Registers a connection's socket with epoll (io_uring needs nothing).
+    fn register(&self, stream: &TcpStream, slot: usize) -> io::Result<()> {
+        match &self.backend {
+            Backend::Epoll { poll, .. } => poll.registry().register(
+                &mut SourceFd(&stream.as_raw_fd()),
+                Token(slot),
+                Interest::READABLE | Interest::WRITABLE,
+            ),
+            Backend::Uring(_) | Backend::Stopped => Ok(()),
+        }
+    }
+
     fn accept(&mut self) {
         loop {
             match self.listener.accept() {
-                Ok((mut stream, addr)) => {
+                Ok((stream, addr)) => {
                     let _ = stream.set_nodelay(true);
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
                     let slot = self.free_slot();
-                    if self
-                        .poll
-                        .registry()
-                        .register(
-                            &mut stream,
-                            Token(slot),
-                            Interest::READABLE | Interest::WRITABLE,
-                        )
-                        .is_err()
-                    {
+                    if self.register(&stream, slot).is_err() {
                         continue;
                     }
                     let mut conn = Conn::new(stream, addr, false, self.config.process);
@@ -687,10 +875,15 @@ impl Net {
                 }));
             }
         }
+        let uring = matches!(self.backend, Backend::Uring(_));
         if conn.connecting {
+            if uring {
+                self.submit_poll(slot, conn)
+                    .map_err(|e| io_ending(conn, e))?;
+            }
             return Ok(false);
         }
-        let mut busy = self.read(slot, conn)?;
+        let mut busy = if uring { false } else { self.read(slot, conn)? };
         if conn.process.is_some() {
             busy |= self.send(conn);
             for gate in self.gates.iter_mut().flatten() {
@@ -703,13 +896,143 @@ impl Net {
             .iter_mut()
             .filter(|g| g.as_ref().is_some_and(|g| g.conn == slot && g.is_closed()))
             .for_each(|g| *g = None);
-        busy |= conn.flush().map_err(|error| {
-            Ending::Failed(TransportError::ConnectionLost {
-                peer: conn.name(),
-                reason: error.to_string(),
-            })
-        })?;
+        if uring {
+            self.submit_write(slot, conn)
+                .map_err(|e| io_ending(conn, e))?;
+            self.submit_read(slot, conn)
+                .map_err(|e| io_ending(conn, e))?;
+        } else {
+            busy |= conn.flush().map_err(|e| io_ending(conn, e))?;
+        }
         Ok(busy)
+    }
+
+    /// io_uring: a poll for the end of a connect, unless one is in flight.
+    fn submit_poll(&mut self, slot: usize, conn: &mut Conn) -> io::Result<()> {
+        let Backend::Uring(ring) = &mut self.backend else {
+            return Ok(());
+        };
+        if conn.ops.poll {
+            return Ok(());
+        }
+        let entry = opcode::PollAdd::new(types::Fd(conn.stream.as_raw_fd()), libc::POLLOUT as u32)
+            .build()
+            .user_data(uring::user_data(slot, OP_POLL));
+        // SAFETY: a poll points to no memory.
+        unsafe { ring.push(&entry)? };
+        conn.ops.poll = true;
+        Ok(())
+    }
+
+    /// io_uring: a write of every queued frame (up to a limit), unless one is in flight.
+    fn submit_write(&mut self, slot: usize, conn: &mut Conn) -> io::Result<()> {
+        let Backend::Uring(ring) = &mut self.backend else {
+            return Ok(());
+        };
+        if conn.ops.write {
+            return Ok(());
+        }
+        conn.out.append(&mut conn.staged);
+        if conn.out.is_empty() {
+            return Ok(());
+        }
+        let iov = &mut conn.ops.write_iov;
+        iov.clear();
+        let mut skip = conn.out_offset;
+        for out in conn.out.iter().take(FRAMES_PER_WRITE_MAX) {
+            for part in [&out.header[..], out.payload.as_slice()] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                debug_assert!(iov.len() < iov.capacity(), "sized for FRAMES_PER_WRITE_MAX");
+                iov.push(libc::iovec {
+                    iov_base: part[skip..].as_ptr() as *mut libc::c_void,
+                    iov_len: part.len() - skip,
+                });
+                skip = 0;
+            }
+        }
+        let entry = opcode::Writev::new(
+            types::Fd(conn.stream.as_raw_fd()),
+            iov.as_ptr(),
+            iov.len() as u32,
+        )
+        .build()
+        .user_data(uring::user_data(slot, OP_SEND));
+        // SAFETY: the iovecs and the frames they point to (headers inside `out`'s
+        // elements, payloads in segments or vectors they own) stay untouched until the
+        // completion: `out` is neither pushed to nor popped while `ops.write` is set
+        // (new frames go to `staged`), and the connection is kept until then (module
+        // docs of `uring`).
+        unsafe { ring.push(&entry)? };
+        conn.ops.write = true;
+        Ok(())
+    }
+
+    /// io_uring: a read into what the connection expects next, unless one is in flight:
+    /// a payload's rest straight into its segment and the next header into the header
+    /// slot.
+    fn submit_read(&mut self, slot: usize, conn: &mut Conn) -> io::Result<()> {
+        let Backend::Uring(ring) = &mut self.backend else {
+            return Ok(());
+        };
+        if conn.ops.read {
+            return Ok(());
+        }
+        let header_len = conn.header_len;
+        let header = libc::iovec {
+            iov_base: conn.header[header_len..].as_mut_ptr().cast(),
+            iov_len: HEADER_SIZE - header_len,
+        };
+        let (first, count) = match &mut conn.reading {
+            Reading::Header => (header, 1),
+            Reading::Payload {
+                buffer,
+                len,
+                filled,
+                ..
+            } => {
+                let payload = &mut buffer.as_mut_slice()[*filled..*len];
+                let first = libc::iovec {
+                    iov_base: payload.as_mut_ptr().cast(),
+                    iov_len: payload.len(),
+                };
+                (first, 2)
+            }
+            Reading::Discard { left } => {
+                let size = (*left).min(conn.discard.len());
+                let first = libc::iovec {
+                    iov_base: conn.discard.as_mut_ptr().cast(),
+                    iov_len: size,
+                };
+                (first, 1)
+            }
+            Reading::Message { bytes, filled, .. } => {
+                let rest = &mut bytes[*filled..];
+                let first = libc::iovec {
+                    iov_base: rest.as_mut_ptr().cast(),
+                    iov_len: rest.len(),
+                };
+                (first, 1)
+            }
+        };
+        conn.ops.read_iov[0] = first;
+        conn.ops.read_iov[1] = header;
+        let entry = opcode::Readv::new(
+            types::Fd(conn.stream.as_raw_fd()),
+            conn.ops.read_iov.as_ptr(),
+            count,
+        )
+        .build()
+        .user_data(uring::user_data(slot, OP_RECV));
+        // SAFETY: the iovecs are boxed in the connection; they point into its boxed
+        // header slot and discard buffer, the vector of an error message it owns, or the
+        // segment of the buffer its reading state owns. None of these is touched or
+        // dropped until the completion (the connection is kept until then).
+        unsafe { ring.push(&entry)? };
+        conn.ops.read = true;
+        Ok(())
     }
 
     /// Moves served channels' buffers to the connection's queue against credit.
@@ -736,7 +1059,7 @@ impl Net {
                 };
                 channel.credit -= 1;
                 channel.sequence = channel.sequence.wrapping_add(1);
-                conn.out.push_back(Out {
+                conn.staged.push_back(Out {
                     header: header.encode(),
                     payload: Payload::Shared(buffer),
                 });
@@ -767,7 +1090,7 @@ impl Net {
         for _ in 0..READS_PER_TURN_MAX {
             let header_len = conn.header_len;
             let result = match &mut conn.reading {
-                Reading::Header => conn.stream.read(&mut conn.header[header_len..]),
+                Reading::Header => (&conn.stream).read(&mut conn.header[header_len..]),
                 Reading::Payload {
                     buffer,
                     len,
@@ -779,13 +1102,15 @@ impl Net {
                         IoSliceMut::new(payload),
                         IoSliceMut::new(&mut conn.header[header_len..]),
                     ];
-                    conn.stream.read_vectored(&mut slices)
+                    (&conn.stream).read_vectored(&mut slices)
                 }
                 Reading::Discard { left } => {
-                    let size = (*left).min(self.scratch.len());
-                    conn.stream.read(&mut self.scratch[..size])
+                    let size = (*left).min(conn.discard.len());
+                    (&conn.stream).read(&mut conn.discard[..size])
                 }
-                Reading::Message { bytes, filled, .. } => conn.stream.read(&mut bytes[*filled..]),
+                Reading::Message { bytes, filled, .. } => {
+                    (&conn.stream).read(&mut bytes[*filled..])
+                }
             };
             let count = match result {
                 Ok(0) => return Err(Ending::Closed),
@@ -1068,11 +1393,15 @@ impl Net {
             },
             Ending::Failed(error) => error,
             Ending::Rejected(error) => {
-                // Best effort: tell the peer why, without waiting.
-                conn.out.clear();
-                conn.out_offset = 0;
-                queue_error(&mut conn, CONNECTION_CHANNEL, &error.to_string());
-                let _ = conn.flush();
+                // Best effort: tell the peer why, without waiting (and not while an
+                // io_uring write owns the queue).
+                if !conn.ops.write {
+                    conn.out.clear();
+                    conn.staged.clear();
+                    conn.out_offset = 0;
+                    queue_error(&mut conn, CONNECTION_CHANNEL, &error.to_string());
+                    let _ = conn.flush();
+                }
                 error
             }
         };
@@ -1093,18 +1422,61 @@ impl Net {
             }
         }
         self.waiting.retain(|w| w.0 != slot);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Backend::Epoll { poll, .. } = &self.backend {
+            let _ = poll
+                .registry()
+                .deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
+        }
+        // Completes the connection's io_uring operations, if any.
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
-        // The served channels' consumer ends drop with the connection: their producers
-        // see the consumer gone.
-        drop(conn);
+        // The served channels' consumer ends drop now: their producers see the
+        // consumer gone.
+        conn.outgoing.clear();
+        conn.incoming.clear();
+        if conn.ops.in_flight() {
+            // The kernel still owns some of its buffers: keep it until it lets go.
+            conn.dead = true;
+            self.conns[slot] = Some(conn);
+        }
     }
 
     fn shutdown(&mut self) {
         for slot in 0..self.conns.len() {
             if let Some(conn) = self.conns[slot].take() {
-                self.end(slot, conn, Ending::Failed(TransportError::Stopped));
+                if conn.dead {
+                    self.conns[slot] = Some(conn);
+                } else {
+                    self.end(slot, conn, Ending::Failed(TransportError::Stopped));
+                }
             }
+        }
+        // io_uring: wait for every operation to complete before anything it points to
+        // is freed (the shutdowns above complete the connections' ones, a wake-up the
+        // eventfd read; the listener's poll points to nothing).
+        self.wake.wake();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Backend::Uring(ring) = &mut self.backend {
+            let busy =
+                ring.wake_in_flight || self.conns.iter().flatten().any(|c| c.ops.in_flight());
+            if !busy {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!(
+                    "weir transport: io_uring operations did not complete at shutdown; \
+                     leaking their buffers"
+                );
+                std::mem::forget(std::mem::take(&mut self.conns));
+                if let Backend::Uring(ring) = std::mem::replace(&mut self.backend, Backend::Stopped)
+                {
+                    std::mem::forget(ring);
+                }
+                break;
+            }
+            if ring.wait(Duration::from_millis(10)).is_err() {
+                continue;
+            }
+            self.complete();
         }
         for gate in self.gates.iter_mut().flatten() {
             for channel in &mut gate.channels {
@@ -1129,4 +1501,20 @@ fn queue_error(conn: &mut Conn, channel: u32, message: &str) {
         arg1: 0,
     };
     conn.queue(header, Some(Payload::Bytes(bytes)));
+}
+
+/// The ending of a connection whose socket operation failed.
+fn io_ending(conn: &Conn, error: io::Error) -> Ending {
+    Ending::Failed(TransportError::ConnectionLost {
+        peer: conn.name(),
+        reason: error.to_string(),
+    })
+}
+
+/// A failed io_uring read or write: retried if interrupted, else the connection ends.
+fn os_error(conn: &Conn, result: i32) -> Result<(), Ending> {
+    if result == -libc::EINTR || result == -libc::EAGAIN {
+        return Ok(());
+    }
+    Err(io_ending(conn, io::Error::from_raw_os_error(-result)))
 }
