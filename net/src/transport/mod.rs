@@ -23,9 +23,15 @@
 //! hands buffers to gates and takes them from producers through SPSC rings, waking their
 //! workers through their [`Notify`]. It is woken the same way: producers' channels and
 //! receive pools notify its [`Unparker`](weir_engine::park::Unparker), which costs a
-//! system call only when the thread is parked. The loop is readiness-based (epoll through
-//! `mio`): every turn it reads what each connection has (bounded), grants credit, moves
-//! buffers that have credit, and writes every connection's queued frames in one call.
+//! system call only when the thread is parked.
+//!
+//! Every turn the thread grants credit, moves the buffers that have credit to their
+//! connection's queue, and writes each connection's queued frames with one vectored
+//! write. On io_uring (the default where the kernel allows it, as for the workers) each
+//! connection keeps one vectored read and one vectored write in flight and the turn
+//! submits them all with one `io_uring_enter`, which is also where the thread parks; on
+//! epoll (the fallback, through `mio`) the turn reads each ready connection (bounded)
+//! and writes with system calls of its own.
 //!
 //! # Frames
 //!
