@@ -429,15 +429,36 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
 /// (the same bytes in 32 KiB blocking writes and reads); and latency at 10 k records/s.
 pub fn remote_cases(scale: f64) -> Vec<Case> {
     let mut cases = Vec::new();
+    // The io_uring rows only where the kernel allows io_uring.
+    let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     let timeout = Some(Duration::from_millis(100));
     macro_rules! pair {
         ($experiment:expr, $n:literal, $pairs:literal, $ops:expr) => {{
             let ops = $ops * scale;
+            if uring {
+                cases.push(workload(
+                    $experiment,
+                    "weir remote exchange, io_uring",
+                    ops,
+                    Arc::new(move |n| {
+                        remote_peers::weir_remote::<$n>(
+                            $pairs,
+                            $pairs,
+                            timeout,
+                            DriverKind::Uring,
+                            n,
+                        )
+                    }),
+                    None,
+                ));
+            }
             cases.push(workload(
                 $experiment,
-                "weir remote exchange (transport, loopback TCP)",
+                "weir remote exchange, epoll",
                 ops,
-                Arc::new(move |n| remote_peers::weir_remote::<$n>($pairs, $pairs, timeout, n)),
+                Arc::new(move |n| {
+                    remote_peers::weir_remote::<$n>($pairs, $pairs, timeout, DriverKind::Epoll, n)
+                }),
                 None,
             ));
             cases.push(workload(
@@ -502,22 +523,48 @@ pub fn remote_cases(scale: f64) -> Vec<Case> {
     );
     let rate = 10_000u64;
     let ops = (rate as f64 * 0.5 * scale).max(1000.0);
+    let latency = "remote latency, open loop 10 k records/s, 100-byte records, timeout 0";
+    if uring {
+        cases.push(workload(
+            latency,
+            "weir remote exchange, io_uring (network threads park)",
+            ops,
+            Arc::new(move |n| {
+                remote_peers::weir_remote_open_loop::<100>(
+                    rate,
+                    Duration::ZERO,
+                    DriverKind::Uring,
+                    n,
+                )
+            }),
+            Some(rate as f64),
+        ));
+    }
     cases.push(workload(
-        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
-        "weir remote exchange (network threads park)",
-        ops,
-        Arc::new(move |n| remote_peers::weir_remote_open_loop::<100>(rate, Duration::ZERO, n)),
-        Some(rate as f64),
-    ));
-    cases.push(workload(
-        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
-        "weir remote exchange (network threads spin 200 µs)",
+        latency,
+        "weir remote exchange, epoll (network threads park)",
         ops,
         Arc::new(move |n| {
-            remote_peers::weir_remote_open_loop::<100>(rate, Duration::from_micros(200), n)
+            remote_peers::weir_remote_open_loop::<100>(rate, Duration::ZERO, DriverKind::Epoll, n)
         }),
         Some(rate as f64),
     ));
+    if uring {
+        cases.push(workload(
+            latency,
+            "weir remote exchange, io_uring (network threads spin 200 µs)",
+            ops,
+            Arc::new(move |n| {
+                remote_peers::weir_remote_open_loop::<100>(
+                    rate,
+                    Duration::from_micros(200),
+                    DriverKind::Uring,
+                    n,
+                )
+            }),
+            Some(rate as f64),
+        ));
+    }
     cases.push(workload(
         "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
         TCP_LATENCY_CEILING,

@@ -27,6 +27,7 @@ use weir_engine::exchange::{
 use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
 use weir_engine::park::{CondvarPark, Notify, UnboundParker};
 use weir_net::transport::{Transport, TransportConfig};
+use weir_net::DriverKind;
 
 use crate::affinity::{bench_cores, pin, Backoff, StartLine};
 use crate::async_peers::{histogram, Measurement};
@@ -40,9 +41,10 @@ use crate::exchange_peers::{
 const RECEIVE_SEGMENTS: usize = 64;
 
 /// Transports of a producing and a consuming "process" on loopback.
-fn transports(spin: Duration) -> (Transport, Transport) {
+fn transports(spin: Duration, driver: DriverKind) -> (Transport, Transport) {
     let mut config = TransportConfig::new(1);
     config.spin = spin;
+    config.driver = driver;
     let producer = Transport::start(config.clone()).expect("producer transport");
     config.process = 2;
     let consumer = Transport::start(config).expect("consumer transport");
@@ -50,14 +52,16 @@ fn transports(spin: Duration) -> (Transport, Transport) {
 }
 
 /// `n` records of `N` bytes from `producers` to `consumers` threads over the transport,
-/// round robin, every producer's records reaching every consumer.
+/// round robin, every producer's records reaching every consumer; the network threads
+/// on `driver`.
 pub fn weir_remote<const N: usize>(
     producers: usize,
     consumers: usize,
     timeout: Option<Duration>,
+    driver: DriverKind,
     n: u64,
 ) -> Measurement {
-    let (sending, receiving) = transports(Duration::ZERO);
+    let (sending, receiving) = transports(Duration::ZERO, driver);
     let network = NetworkBufferPool::new(producers * (POOL_SEGMENTS + 8), SEGMENT_SIZE_DEFAULT)
         .expect("pool");
     let receive_network =
@@ -232,9 +236,14 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
 /// the gate (corrected for coordinated omission). `spin`: the network threads' spin.
 /// The producer yields while it waits for a record's send time and the consumer parks
 /// when it has nothing, so that the two network threads get the cores they need.
-pub fn weir_remote_open_loop<const N: usize>(rate: u64, spin: Duration, n: u64) -> Measurement {
+pub fn weir_remote_open_loop<const N: usize>(
+    rate: u64,
+    spin: Duration,
+    driver: DriverKind,
+    n: u64,
+) -> Measurement {
     assert!(N >= 16, "open-loop records carry their intended send time");
-    let (sending, receiving) = transports(spin);
+    let (sending, receiving) = transports(spin, driver);
     let network = NetworkBufferPool::new(POOL_SEGMENTS + 8, SEGMENT_SIZE_DEFAULT).expect("pool");
     let receive_network =
         NetworkBufferPool::new(RECEIVE_SEGMENTS, SEGMENT_SIZE_DEFAULT).expect("pool");
@@ -378,11 +387,17 @@ mod tests {
 
     #[test]
     fn remote_exchange_and_ceiling_deliver_every_record() {
-        weir_remote::<100>(1, 1, Some(Duration::from_millis(1)), 20_000);
-        weir_remote::<8>(2, 2, None, 20_000);
+        weir_remote::<100>(
+            1,
+            1,
+            Some(Duration::from_millis(1)),
+            DriverKind::Auto,
+            20_000,
+        );
+        weir_remote::<8>(2, 2, None, DriverKind::Epoll, 20_000);
         tcp_ceiling::<100>(2, 20_000);
         tcp_open_loop_ceiling::<100>(20_000, 200);
-        let measured = weir_remote_open_loop::<100>(20_000, Duration::ZERO, 200);
+        let measured = weir_remote_open_loop::<100>(20_000, Duration::ZERO, DriverKind::Auto, 200);
         assert!(measured.latency_ns.is_some());
     }
 }

@@ -607,3 +607,47 @@ fn dropping_a_remote_channel_cancels_it_on() {
         thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// A producer that dies in the middle of a buffer's payload fails the channel (the
+/// part already read is dropped), naming the channel and the peer.
+#[test]
+fn a_peer_dying_mid_frame_fails_the_channel() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_peer_dying_mid_frame_fails_the_channel_on();
+    }
+}
+
+fn a_peer_dying_mid_frame_fails_the_channel_on() {
+    let fake = FakePeer::new();
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(fake.peer(), &[3], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let mut stream = fake.accept();
+    let _request = read_frame(&mut stream);
+    let header = Header {
+        len: 100,
+        ..Frame::Buffer {
+            channel: 3,
+            sequence: 0,
+            backlog: 0,
+            payload: &[0],
+        }
+        .header()
+    };
+    stream.write_all(&header.encode()).expect("write");
+    stream.write_all(&[0; 10]).expect("write");
+    drop(stream);
+    let error = failure_of(&channel);
+    let message = error.to_string();
+    assert!(
+        message.contains("remote channel 3 from process 9"),
+        "{message}"
+    );
+    assert!(message.contains("lost"), "{message}");
+    assert_eq!(channel.buffered(), 0, "a partial buffer is never delivered");
+}
