@@ -454,6 +454,21 @@ pub fn remote_cases(scale: f64) -> Vec<Case> {
             }
             cases.push(workload(
                 $experiment,
+                "weir remote exchange, two processes",
+                ops,
+                Arc::new(move |n| {
+                    remote_peers::weir_remote_processes::<$n>(
+                        $pairs,
+                        $pairs,
+                        timeout,
+                        DriverKind::Auto,
+                        n,
+                    )
+                }),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
                 "weir remote exchange, epoll",
                 ops,
                 Arc::new(move |n| {

@@ -261,6 +261,20 @@ struct DefaultRun {
 }
 
 fn main() {
+    // The producing side of the two-process remote benchmark: this binary re-executed
+    // by `weir compare remote` (not a user-facing command).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(weir_bench::remote_peers::PRODUCER_COMMAND) {
+        match weir_bench::remote_peers::ProducerArgs::parse(&args[2..]) {
+            Ok(producer) => {
+                std::process::exit(weir_bench::remote_peers::run_remote_producer(producer))
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                std::process::exit(2);
+            }
+        }
+    }
     let cli = Cli::parse();
     let command = cli
         .command

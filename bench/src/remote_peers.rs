@@ -1,11 +1,12 @@
 //! Remote exchange workloads: Weir's record writer → result partition → transport
 //! (loopback TCP, credit-based) → input gate, against the raw TCP ceiling.
 //!
-//! Both ends run in this process, on threads: the producing and the consuming side
-//! each have their own [`Transport`] (so their own network thread, listener and
-//! connection end) and their own network buffer pool, as two processes would; nothing
-//! but the TCP connection joins them. (A second process would add only the process
-//! boundary, which loopback TCP already crosses.)
+//! [`weir_remote`] runs both ends in this process, on threads: the producing and the
+//! consuming side each have their own [`Transport`] (so their own network thread,
+//! listener and connection end) and their own network buffer pool, as two processes
+//! would; nothing but the TCP connection joins them. [`weir_remote_processes`] runs the
+//! producing side in a second process (this binary re-executed), as a job across
+//! processes would.
 //!
 //! The raw TCP ceiling moves the same bytes as a competent user would by hand: the
 //! writer fills a 32 KiB buffer with the same length-prefixed records (the records'
@@ -170,6 +171,259 @@ pub fn weir_remote<const N: usize>(
         elapsed: end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start)),
         latency_ns: Some(latency),
     }
+}
+
+/// The name of the hidden `weir` subcommand that runs the producing side of
+/// [`weir_remote_processes`] in a process of its own.
+pub const PRODUCER_COMMAND: &str = "remote-producer";
+
+/// What the producing process is asked to do (its command line, after the subcommand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerArgs {
+    /// Record size in bytes (8, 100 or 1000).
+    pub size: usize,
+    /// Producer threads (each a partition with one subpartition per consumer).
+    pub producers: usize,
+    /// Consumers, in the other process.
+    pub consumers: usize,
+    /// Records in all.
+    pub records: u64,
+    /// Buffer timeout in milliseconds (none: only full buffers).
+    pub timeout_ms: Option<u64>,
+    /// The network thread's driver.
+    pub driver: DriverKind,
+}
+
+impl ProducerArgs {
+    fn to_args(self) -> Vec<String> {
+        let driver = match self.driver {
+            DriverKind::Uring => "uring",
+            DriverKind::Epoll => "epoll",
+            DriverKind::Auto => "auto",
+        };
+        vec![
+            PRODUCER_COMMAND.into(),
+            self.size.to_string(),
+            self.producers.to_string(),
+            self.consumers.to_string(),
+            self.records.to_string(),
+            self.timeout_ms.map_or("none".into(), |t| t.to_string()),
+            driver.into(),
+        ]
+    }
+
+    /// Parses the arguments after the subcommand.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let [size, producers, consumers, records, timeout, driver] = args else {
+            return Err(format!(
+                "{PRODUCER_COMMAND} takes 6 arguments, got {}",
+                args.len()
+            ));
+        };
+        let number = |text: &String| text.parse::<u64>().map_err(|e| format!("{text:?}: {e}"));
+        Ok(ProducerArgs {
+            size: number(size)? as usize,
+            producers: number(producers)? as usize,
+            consumers: number(consumers)? as usize,
+            records: number(records)?,
+            timeout_ms: if timeout == "none" {
+                None
+            } else {
+                Some(number(timeout)?)
+            },
+            driver: driver.parse()?,
+        })
+    }
+}
+
+/// `n` records of `N` bytes from `producers` threads in a child process (this binary
+/// re-executed with [`PRODUCER_COMMAND`]) to `consumers` threads here, over loopback
+/// TCP through both processes' transports. Timed from the start signal sent down the
+/// child's stdin to the last consumer's end. Latency is not sampled (the two processes'
+/// clocks have no common epoch here).
+pub fn weir_remote_processes<const N: usize>(
+    producers: usize,
+    consumers: usize,
+    timeout: Option<Duration>,
+    driver: DriverKind,
+    n: u64,
+) -> Measurement {
+    use std::io::BufRead;
+    let args = ProducerArgs {
+        size: N,
+        producers,
+        consumers,
+        records: n,
+        timeout_ms: timeout.map(|t| t.as_millis() as u64),
+        driver,
+    };
+    let exe = std::env::current_exe().expect("the running binary");
+    let mut child = std::process::Command::new(exe)
+        .args(args.to_args())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the producing process starts");
+    let mut to_child = child.stdin.take().expect("piped");
+    let mut from_child = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    from_child
+        .read_line(&mut line)
+        .expect("the producer's address");
+    let addr: std::net::SocketAddr = line.trim().parse().expect("an address");
+    let mut config = TransportConfig::new(2);
+    config.driver = driver;
+    let receiving = Transport::start(config).expect("consumer transport");
+    let receive_network =
+        NetworkBufferPool::new(consumers * RECEIVE_SEGMENTS, SEGMENT_SIZE_DEFAULT).expect("pool");
+    let peer = weir_net::transport::Peer { process: 1, addr };
+    let per_producer = n / producers as u64;
+    let total = per_producer * producers as u64;
+    let (core_a, core_b) = bench_cores();
+    let start_gate = StartLine::new(consumers + 1);
+    let mut consumer_threads = Vec::new();
+    for consumer in 0..consumers {
+        let ids: Vec<u32> = (0..producers)
+            .map(|p| (p * consumers + consumer) as u32)
+            .collect();
+        let channels: Vec<Box<dyn InputChannel>> = receiving
+            .consume(peer, &ids, &receive_network, None)
+            .expect("consume")
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn InputChannel>)
+            .collect();
+        let start_gate = Arc::clone(&start_gate);
+        consumer_threads.push(std::thread::spawn(move || {
+            pin(if consumer % 2 == 0 { core_b } else { core_a });
+            let mut gate: InputGate<FixedBytes<N>> = InputGate::new(channels).expect("channels");
+            let mut last_seq = vec![None::<u64>; gate.channels()];
+            let mut count = 0u64;
+            let mut backoff = Backoff::default();
+            start_gate.wait();
+            loop {
+                match gate.poll_next().expect("exchange error") {
+                    Some(GateEvent::Record { value, channel }) => {
+                        let seq = seq_of(&value);
+                        assert!(last_seq[channel].is_none_or(|l| l < seq), "out of order");
+                        last_seq[channel] = Some(seq);
+                        count += 1;
+                        backoff.reset();
+                    }
+                    Some(GateEvent::End) => return (count, Instant::now()),
+                    Some(GateEvent::Watermark(_)) => {}
+                    None => backoff.snooze(),
+                }
+            }
+        }));
+    }
+    start_gate.wait();
+    to_child.write_all(b"start\n").expect("start the producer");
+    to_child.flush().expect("start the producer");
+    let mut received = 0;
+    let mut end: Option<Instant> = None;
+    for consumer in consumer_threads {
+        let (count, finished) = consumer.join().expect("consumer");
+        received += count;
+        end = Some(end.map_or(finished, |e| e.max(finished)));
+    }
+    to_child.write_all(b"done\n").expect("release the producer");
+    drop(to_child);
+    let status = child.wait().expect("the producing process");
+    assert!(status.success(), "the producing process failed: {status}");
+    assert_eq!(received, total, "records lost or duplicated");
+    let start = start_gate.start();
+    drop(receiving);
+    end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start))
+        .into()
+}
+
+/// The producing process of [`weir_remote_processes`]: prints its transport's address,
+/// waits for `start` on stdin, writes its records, then waits for `done` (the consumer
+/// has everything) before it exits. Returns the exit status.
+pub fn run_remote_producer(args: ProducerArgs) -> i32 {
+    match args.size {
+        8 => remote_producer::<8>(args),
+        100 => remote_producer::<100>(args),
+        1000 => remote_producer::<1000>(args),
+        other => {
+            eprintln!("{PRODUCER_COMMAND}: record size {other} is not one of 8, 100, 1000");
+            2
+        }
+    }
+}
+
+fn remote_producer<const N: usize>(args: ProducerArgs) -> i32 {
+    use std::io::BufRead;
+    let mut config = TransportConfig::new(1);
+    config.driver = args.driver;
+    let sending = Transport::start(config).expect("producer transport");
+    let network =
+        NetworkBufferPool::new(args.producers * (POOL_SEGMENTS + 8), SEGMENT_SIZE_DEFAULT)
+            .expect("pool");
+    let mut partitions = Vec::new();
+    for producer in 0..args.producers {
+        let config = LocalPoolConfig::new(POOL_SEGMENTS, args.consumers)
+            .with_max_per_subpartition(POOL_SEGMENTS);
+        let pool = LocalBufferPool::new(&network, config).expect("pool size");
+        let mut senders = Vec::new();
+        for consumer in 0..args.consumers {
+            let (sender, input) = local_channel(POOL_SEGMENTS + 8, Some(sending.notify()));
+            sending.serve((producer * args.consumers + consumer) as u32, input);
+            senders.push(sender);
+        }
+        partitions.push((pool, senders));
+    }
+    println!("{}", sending.local_addr());
+    let _ = std::io::stdout().flush();
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if stdin.lock().read_line(&mut line).is_err() || line.trim() != "start" {
+        return 1;
+    }
+    let epoch = Instant::now();
+    let per_producer = args.records / args.producers as u64;
+    let timeout = args.timeout_ms.map(Duration::from_millis);
+    let (core_a, core_b) = bench_cores();
+    let threads: Vec<_> = partitions
+        .into_iter()
+        .enumerate()
+        .map(|(index, (pool, senders))| {
+            std::thread::spawn(move || {
+                pin(if index % 2 == 0 { core_a } else { core_b });
+                let partition = ResultPartition::new(pool, senders).expect("partition");
+                let config = WriterConfig {
+                    buffer_timeout: timeout,
+                    ..WriterConfig::default()
+                };
+                let mut writer =
+                    RecordWriter::new(partition, RoundRobin::default(), config).expect("writer");
+                let mut value = FixedBytes([7u8; N]);
+                let mut clock = TurnClock::new(epoch);
+                for seq in 0..per_producer {
+                    if seq % CLOCK_EVERY == 0 {
+                        clock.read();
+                        writer.on_timer(clock.now_ns).expect("timer flush");
+                    }
+                    value.0[..8].copy_from_slice(&seq.to_le_bytes());
+                    wait_available(&mut writer, &mut clock);
+                    writer.emit(&value, clock.now_ns).expect("emit");
+                }
+                finish(&mut writer, &mut clock);
+            })
+        })
+        .collect();
+    for thread in threads {
+        if thread.join().is_err() {
+            return 1;
+        }
+    }
+    // Keep the transport (and the segments it is still sending) until the consumer
+    // has everything.
+    line.clear();
+    let _ = stdin.lock().read_line(&mut line);
+    drop(sending);
+    drop(network);
+    0
 }
 
 /// The raw TCP ceiling: `pairs` writer/reader pairs, each on its own loopback

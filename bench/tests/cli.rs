@@ -231,3 +231,28 @@ fn redis_store_flags_that_cannot_work_are_one_line_errors() {
     let stderr = assert_one_line_error(&output);
     assert!(stderr.contains("WEIR_SPIN"), "{stderr}");
 }
+
+/// The remote suite's two-process rows work end to end: `weir compare` re-executes
+/// itself as the producing process, and every record arrives (the workload asserts the
+/// count and the order before it reports a time).
+#[test]
+fn the_remote_benchmark_runs_across_two_processes() {
+    let output = weir(&[
+        "compare",
+        "remote",
+        "--rounds",
+        "1",
+        "--scale",
+        "0.02",
+        "--only",
+        "remote 2→2, 100-byte",
+        "--implementation",
+        "two processes",
+    ]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", text(&output.stderr));
+    assert!(
+        stdout.contains("weir remote exchange, two processes"),
+        "{stdout}"
+    );
+}
