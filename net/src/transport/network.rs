@@ -240,7 +240,9 @@ struct SendChannel {
 
 enum Payload {
     None,
-    Shared(SharedBuffer),
+    /// A producer's buffer and the length its header announced: the frame sends
+    /// exactly those bytes, whatever the buffer's view says later.
+    Shared(SharedBuffer, usize),
     Bytes(Vec<u8>),
 }
 
@@ -248,7 +250,7 @@ impl Payload {
     fn as_slice(&self) -> &[u8] {
         match self {
             Payload::None => &[],
-            Payload::Shared(buffer) => buffer.as_slice(),
+            Payload::Shared(buffer, len) => &buffer.as_slice()[..*len],
             Payload::Bytes(bytes) => bytes,
         }
     }
@@ -1042,7 +1044,7 @@ impl Net {
         while index < conn.outgoing.len() {
             let channel = &mut conn.outgoing[index];
             while let Some(buffer) = channel.input.poll_buffer() {
-                if !buffer.is_empty() {
+                if !buffer.as_slice().is_empty() {
                     channel.queue.push_back(buffer);
                 }
             }
@@ -1050,9 +1052,10 @@ impl Net {
                 let Some(buffer) = channel.queue.pop_front() else {
                     break;
                 };
+                let len = buffer.as_slice().len();
                 let header = Header {
                     kind: FrameKind::Buffer,
-                    len: buffer.len() as u32,
+                    len: len as u32,
                     channel: channel.id,
                     arg0: channel.sequence,
                     arg1: channel.queue.len() as u32,
@@ -1061,7 +1064,7 @@ impl Net {
                 channel.sequence = channel.sequence.wrapping_add(1);
                 conn.staged.push_back(Out {
                     header: header.encode(),
-                    payload: Payload::Shared(buffer),
+                    payload: Payload::Shared(buffer, len),
                 });
                 busy = true;
             }
@@ -1069,7 +1072,9 @@ impl Net {
             if channel.queue.is_empty() && channel.input.is_disconnected() {
                 // Re-check: the producer may have sent its last buffer before it went.
                 if let Some(buffer) = channel.input.poll_buffer() {
-                    channel.queue.push_back(buffer);
+                    if !buffer.as_slice().is_empty() {
+                        channel.queue.push_back(buffer);
+                    }
                     index += 1;
                     continue;
                 }
