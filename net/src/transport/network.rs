@@ -1523,3 +1523,141 @@ fn os_error(conn: &Conn, result: i32) -> Result<(), Ending> {
     }
     Err(io_ending(conn, io::Error::from_raw_os_error(-result)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_engine::exchange::{LocalPoolConfig, NetworkBufferPool};
+
+    fn conn() -> (Conn, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let stream = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (peer, addr) = listener.accept().expect("accept");
+        let mut conn = Conn::new(stream, addr, false, 1);
+        conn.staged.clear();
+        (conn, peer)
+    }
+
+    /// A gate of `channels` channels, each with its exclusive credit outstanding (as after
+    /// the partition request), and the channels' consumer ends.
+    fn gate(
+        network: &NetworkBufferPool,
+        channels: usize,
+        exclusive: u32,
+        floating: u32,
+    ) -> (Gate, Vec<weir_engine::ring::Consumer<SharedBuffer>>) {
+        let size = channels * exclusive as usize + floating as usize;
+        let config = LocalPoolConfig::new(size, channels)
+            .with_max_per_subpartition(1)
+            .with_overdraft(0);
+        let pool = LocalBufferPool::new(network, config).expect("pool");
+        let mut consumers = Vec::new();
+        let receivers = (0..channels)
+            .map(|id| {
+                let (producer, consumer) = weir_engine::ring::channel(size);
+                consumers.push(consumer);
+                let mut channel = RecvChannel::new(id as u32, producer, None, Arc::default());
+                channel.credit = exclusive;
+                channel
+            })
+            .collect();
+        let peer = Peer {
+            process: 2,
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+        };
+        (
+            Gate::new(peer, pool, receivers, exclusive, floating),
+            consumers,
+        )
+    }
+
+    /// Credit granted per channel by the add-credit frames queued on `conn`.
+    fn announced(conn: &mut Conn, channels: usize) -> Vec<u32> {
+        let mut granted = vec![0; channels];
+        for out in conn.staged.drain(..) {
+            let header = Header::decode(&out.header, 0).expect("a valid frame");
+            assert_eq!(header.kind, FrameKind::AddCredit);
+            granted[header.channel as usize] += header.arg0;
+        }
+        granted
+    }
+
+    fn holding(gate: &Gate) -> Vec<u32> {
+        (0..gate.channels.len())
+            .map(|i| gate.pool.held_by(i) as u32 + gate.channels[i].credit)
+            .collect()
+    }
+
+    /// Flink's rules on one gate: floating buffers go only to channels with a backlog,
+    /// never more than the gate has; a channel always gets its exclusive buffers back as
+    /// its consumer recycles them; every credited buffer has a segment.
+    #[test]
+    fn credit_follows_backlog_and_never_exceeds_the_pool() {
+        let network = NetworkBufferPool::new(64, 256).expect("pool");
+        let (mut conn, _peer) = conn();
+        let (mut gate, _consumers) = gate(&network, 3, 2, 4);
+        // Nothing announced while every channel holds its exclusive credit and has no
+        // backlog.
+        gate.grant(&mut conn);
+        assert_eq!(announced(&mut conn, 3), vec![0, 0, 0]);
+        // Backlogs of 10, 1 and 0: the floating buffers go to the first two, 4 in all.
+        gate.channels[0].backlog = 10;
+        gate.channels[1].backlog = 1;
+        gate.grant(&mut conn);
+        let granted = announced(&mut conn, 3);
+        assert_eq!(granted.iter().sum::<u32>(), 4, "{granted:?}");
+        assert_eq!(granted[2], 0, "no backlog, no floating buffer");
+        assert!(holding(&gate).iter().sum::<u32>() <= 10);
+        // Buffers arrive against every credit and sit with the consumer: no credit.
+        let mut held = Vec::new();
+        for index in 0..3 {
+            while gate.channels[index].credit > 0 {
+                gate.channels[index].credit -= 1;
+                held.push(gate.pool.request(index).expect("credit has a segment"));
+            }
+        }
+        assert_eq!(held.len(), 10);
+        gate.channels[0].backlog = 0;
+        gate.channels[1].backlog = 0;
+        gate.grant(&mut conn);
+        assert_eq!(announced(&mut conn, 3), vec![0, 0, 0]);
+        // The consumer recycles everything: each channel gets its exclusive credit
+        // back, and nothing floating without a backlog.
+        held.clear();
+        gate.grant(&mut conn);
+        assert_eq!(announced(&mut conn, 3), vec![2, 2, 2]);
+        assert_eq!(holding(&gate), vec![2, 2, 2]);
+    }
+
+    /// A channel whose consumer dropped it is cancelled at the producer, once.
+    #[test]
+    fn a_dropped_channel_is_cancelled_once() {
+        let network = NetworkBufferPool::new(16, 256).expect("pool");
+        let (mut conn, _peer) = conn();
+        let size = 4;
+        let config = LocalPoolConfig::new(size, 1)
+            .with_max_per_subpartition(1)
+            .with_overdraft(0);
+        let pool = LocalBufferPool::new(&network, config).expect("pool");
+        let (producer, consumer) = weir_engine::ring::channel(size);
+        let channel = RecvChannel::new(7, producer, None, Arc::default());
+        let peer = Peer {
+            process: 2,
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+        };
+        let mut gate = Gate::new(peer, pool, vec![channel], 2, 2);
+        drop(consumer);
+        gate.grant(&mut conn);
+        gate.grant(&mut conn);
+        let kinds: Vec<(FrameKind, u32)> = conn
+            .staged
+            .drain(..)
+            .map(|out| {
+                let header = Header::decode(&out.header, 0).expect("valid");
+                (header.kind, header.channel)
+            })
+            .collect();
+        assert_eq!(kinds, vec![(FrameKind::Cancel, 7)]);
+        assert!(gate.is_closed());
+    }
+}
