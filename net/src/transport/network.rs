@@ -423,6 +423,8 @@ pub(crate) struct Net {
     backend: Backend,
     /// Whether the last wait reaped completions (work for the next turn).
     completed: bool,
+    /// Whether a completed read filled everything it asked for and was re-armed.
+    draining: bool,
     listener: TcpListener,
     wake: Arc<Wake>,
     control: Arc<Control>,
@@ -472,6 +474,7 @@ impl Net {
             config,
             backend,
             completed: false,
+            draining: false,
             listener,
             wake,
             control,
@@ -549,6 +552,20 @@ impl Net {
                         return;
                     }
                     self.complete();
+                    // Reads that filled everything they asked for were re-armed: reap
+                    // them before the next turn (bounded, like epoll's reads per turn).
+                    let mut rounds = 0;
+                    while std::mem::take(&mut self.draining) && rounds < READS_PER_TURN_MAX {
+                        rounds += 1;
+                        let Backend::Uring(ring) = &mut self.backend else {
+                            break;
+                        };
+                        if let Err(error) = ring.wait(Duration::ZERO) {
+                            self.fail_all(error);
+                            return;
+                        }
+                        self.complete();
+                    }
                 }
                 Backend::Stopped => return,
             }
@@ -588,7 +605,17 @@ impl Net {
                                 _ if conn.dead => Ok(()),
                                 0 => Err(Ending::Closed),
                                 count if count > 0 => {
-                                    self.consumed(slot, &mut conn, count as usize)
+                                    let full = count as usize == conn.ops.read_len;
+                                    let consumed = self.consumed(slot, &mut conn, count as usize);
+                                    if consumed.is_ok() && full {
+                                        // The socket may hold more: read on at once, as
+                                        // epoll's loop reads until the socket is empty.
+                                        self.draining = true;
+                                        self.submit_read(slot, &mut conn)
+                                            .map_err(|e| io_ending(&conn, e))
+                                    } else {
+                                        consumed
+                                    }
                                 }
                                 error => os_error(&conn, error),
                             }
@@ -1021,6 +1048,7 @@ impl Net {
         };
         conn.ops.read_iov[0] = first;
         conn.ops.read_iov[1] = header;
+        conn.ops.read_len = first.iov_len + if count == 2 { header.iov_len } else { 0 };
         let entry = opcode::Readv::new(
             types::Fd(conn.stream.as_raw_fd()),
             conn.ops.read_iov.as_ptr(),

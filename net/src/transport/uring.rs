@@ -48,6 +48,8 @@ pub(super) struct UringOps {
     pub(super) write: bool,
     pub(super) poll: bool,
     pub(super) read_iov: Box<[libc::iovec; 2]>,
+    /// Bytes the read in flight asked for.
+    pub(super) read_len: usize,
     /// Never grown while a write is in flight (its capacity is fixed at creation).
     pub(super) write_iov: Vec<libc::iovec>,
 }
@@ -68,6 +70,7 @@ impl UringOps {
             write: false,
             poll: false,
             read_iov: Box::new([empty; 2]),
+            read_len: 0,
             write_iov: Vec::with_capacity(write_slices_max),
         }
     }
