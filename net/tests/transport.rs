@@ -651,3 +651,33 @@ fn a_peer_dying_mid_frame_fails_the_channel_on() {
     assert!(message.contains("lost"), "{message}");
     assert_eq!(channel.buffered(), 0, "a partial buffer is never delivered");
 }
+
+/// A peer whose handshake names another process than the one asked for fails the
+/// connection, saying which.
+#[test]
+fn a_peer_of_another_process_id_is_refused() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_peer_of_another_process_id_is_refused_on();
+    }
+}
+
+fn a_peer_of_another_process_id_is_refused_on() {
+    let producer = transport(1);
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let wrong = Peer {
+        process: 5,
+        addr: producer.local_addr(),
+    };
+    let channel = consumer
+        .consume(wrong, &[1], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let message = failure_of(&channel).to_string();
+    assert!(
+        message.contains("it is process 1, not process 5"),
+        "{message}"
+    );
+}

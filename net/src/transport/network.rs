@@ -288,6 +288,8 @@ struct Conn {
     addr: SocketAddr,
     /// The peer's process id, once its handshake arrived.
     process: Option<u32>,
+    /// The process this side connected to, which the handshake must name.
+    expected: Option<u32>,
     connecting: bool,
     handshake_deadline: Option<Instant>,
     /// Frames being written: not touched while an io_uring write of them is in flight.
@@ -317,6 +319,7 @@ impl Conn {
             stream,
             addr,
             process: None,
+            expected: None,
             connecting,
             handshake_deadline: None,
             out: VecDeque::new(),
@@ -764,6 +767,7 @@ impl Net {
                         return;
                     }
                     let mut conn = Conn::new(stream, peer.addr, true, self.config.process);
+                    conn.expected = Some(peer.process);
                     conn.handshake_deadline = Some(Instant::now() + self.config.handshake_timeout);
                     self.conns[slot] = Some(conn);
                     slot
@@ -1267,6 +1271,20 @@ impl Net {
                 return Err(protocol(
                     conn,
                     format!("a {} frame before the handshake", header.kind.name()),
+                ));
+            }
+            if conn
+                .expected
+                .is_some_and(|expected| expected != header.channel)
+            {
+                return Err(protocol(
+                    conn,
+                    format!(
+                        "it is process {}, not process {} as asked for: check the peer list \
+                         (addresses and process ids)",
+                        header.channel,
+                        conn.expected.unwrap_or_default()
+                    ),
                 ));
             }
             conn.process = Some(header.channel);
