@@ -426,7 +426,7 @@ pub(crate) struct Net {
     backend: Backend,
     /// Whether the last wait reaped completions (work for the next turn).
     completed: bool,
-    /// Whether a completed read filled everything it asked for and was re-armed.
+    /// Whether a completed read or write was followed at once by the next one.
     draining: bool,
     listener: TcpListener,
     wake: Arc<Wake>,
@@ -555,8 +555,9 @@ impl Net {
                         return;
                     }
                     self.complete();
-                    // Reads that filled everything they asked for were re-armed: reap
-                    // them before the next turn (bounded, like epoll's reads per turn).
+                    // Reads that filled everything they asked for, and writes with more to
+                    // send, went on at once: reap them before the next turn (bounded, like
+                    // epoll's reads per turn).
                     let mut rounds = 0;
                     while std::mem::take(&mut self.draining) && rounds < READS_PER_TURN_MAX {
                         rounds += 1;
@@ -629,7 +630,15 @@ impl Net {
                                 _ if conn.dead => Ok(()),
                                 count if count >= 0 => {
                                     conn.written(count as usize);
-                                    Ok(())
+                                    if !conn.staged.is_empty() || !conn.out.is_empty() {
+                                        // More to send: write on at once rather than at
+                                        // the next turn.
+                                        self.draining = true;
+                                        self.submit_write(slot, &mut conn)
+                                            .map_err(|e| io_ending(&conn, e))
+                                    } else {
+                                        Ok(())
+                                    }
                                 }
                                 error => os_error(&conn, error),
                             }
