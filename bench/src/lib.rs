@@ -15,6 +15,7 @@
 pub mod affinity;
 pub mod async_peers;
 pub mod compare;
+pub mod debloat;
 pub mod exchange_peers;
 pub mod flink;
 pub mod job;

@@ -70,6 +70,9 @@ enum Command {
         #[arg(long, default_value = "unknown")]
         commit: String,
     },
+    /// Buffer debloating: a producer against a deliberately slow consumer, with and
+    /// without debloating; bytes in flight and the wait of in-band markers.
+    Debloat(DebloatArgs),
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.
@@ -79,6 +82,34 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct DebloatArgs {
+    /// Records per second the slow consumer reads.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: u64,
+    /// Length of each run (measured after the first half).
+    #[arg(long, default_value = "4s", value_parser = parse_positive_duration)]
+    duration: Duration,
+    /// Debloat target: how long the bytes in flight should take to read.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    target: Duration,
+    /// Debloat period.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    period: Duration,
+    /// Debloat samples (smoothing).
+    #[arg(long, default_value_t = 5)]
+    samples: u32,
+    /// Smallest buffer size announced, in bytes.
+    #[arg(long, default_value_t = 256)]
+    min_size: usize,
+    /// Segments of the producer's pool.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    segments: u64,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -276,6 +307,7 @@ fn main() {
             eprintln!("wrote {}", out.join("REPORT.md").display());
         }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
+        Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::Compare {
             suite,
             rounds,
@@ -838,4 +870,59 @@ fn process_cpu() -> Duration {
     }
     let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+/// Records per second of `weir debloat`'s steady run: below what one consumer reads.
+const STEADY_RATE: u64 = 4_000_000;
+
+/// `weir debloat`: the back-pressured runs with and without debloating.
+fn debloat(args: DebloatArgs) -> i32 {
+    use weir_bench::debloat::{self, Settings};
+    use weir_engine::exchange::DebloatConfig;
+    let segments = args.segments as usize;
+    let settings = Settings {
+        rate: args.rate,
+        duration: args.duration,
+        warm_up: args.duration / 2,
+        segments,
+        debloat: DebloatConfig {
+            target: args.target,
+            period: args.period,
+            samples: args.samples,
+            min_size: args.min_size,
+            ..DebloatConfig::new(segments)
+        },
+        ..Settings::default()
+    };
+    if let Err(error) = settings.debloat.validate() {
+        eprintln!("error: {error}");
+        return 2;
+    }
+    let json = match args.json.as_deref().map(std::fs::File::create).transpose() {
+        Ok(file) => file,
+        Err(error) => {
+            eprintln!("error: cannot write the JSON file: {error}");
+            return 1;
+        }
+    };
+    let outcomes: Vec<_> = [false, true]
+        .into_iter()
+        .map(|on| {
+            eprintln!("debloating {}…", if on { "on" } else { "off" });
+            debloat::back_pressured(&settings, on)
+        })
+        .collect();
+    eprintln!("steady state at buffer timeout 0…");
+    let steady = debloat::steady_segments(STEADY_RATE * 2, STEADY_RATE);
+    print!("{}", debloat::render(&settings, &outcomes, steady));
+    if let Some(mut file) = json {
+        let command: Vec<String> = std::env::args().collect();
+        let value = debloat::to_json(&settings, &outcomes, steady, &command.join(" "));
+        let text = serde_json::to_string_pretty(&value).expect("JSON of plain values");
+        if let Err(error) = file.write_all(text.as_bytes()) {
+            eprintln!("error: cannot write the JSON file: {error}");
+            return 1;
+        }
+    }
+    0
 }

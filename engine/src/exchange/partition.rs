@@ -77,6 +77,11 @@ pub struct PartitionMetrics {
     /// The most segments one subpartition held at once (written, or not yet read to
     /// their end), as seen when it started a buffer: 2 when its consumer keeps up.
     pub segments_per_channel_peak: u64,
+    /// Buffers started.
+    pub buffers_started: u64,
+    /// Segments the subpartition held when each buffer started, summed (÷
+    /// `buffers_started`: the mean pool usage per channel).
+    pub segments_held_total: u64,
 }
 
 /// A result partition over local (or, later, remote) channels.
@@ -175,14 +180,15 @@ impl ResultPartition {
             None => return false,
         };
         // The gauge: the pool counts a segment back only when it collects its returns,
-        // so collect before believing a new peak.
+        // so collect (one swap per buffer) before believing more than two.
         let mut held = self.pool.held_by(charge) as u64;
-        if held > self.metrics.segments_per_channel_peak {
+        if held > 2 {
             self.pool.reclaim();
             held = self.pool.held_by(charge) as u64;
-            self.metrics.segments_per_channel_peak =
-                self.metrics.segments_per_channel_peak.max(held);
         }
+        self.metrics.segments_per_channel_peak = self.metrics.segments_per_channel_peak.max(held);
+        self.metrics.buffers_started += 1;
+        self.metrics.segments_held_total += held;
         let segment_size = buffer.capacity();
         let announced = match dest {
             Dest::One(sub) => self.subpartitions[sub].channel.announced_buffer_size(),
