@@ -19,8 +19,10 @@
 //! being read to its end ([`PartitionMetrics::segments_per_channel_peak`]).
 //!
 //! The consumer of a buffer is pushed to the subpartition's channel when the buffer is
-//! first published, so an empty buffer is never sent. A segment is recycled when its
-//! builder is gone and its consumer has read all of it (the shares of `buffer`).
+//! first published, so an empty buffer is never sent; a consumer that disconnected is
+//! reported then ([`ExchangeError::ConsumerGone`]), once per buffer rather than per
+//! record. A segment is recycled when its builder is gone and its consumer has read all
+//! of it (the shares of `buffer`).
 //!
 //! In broadcast mode the partition fills one buffer and pushes a consumer of it to
 //! every subpartition (Flink's `BroadcastRecordWriter`): serialized and copied once,

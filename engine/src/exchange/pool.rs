@@ -28,8 +28,9 @@
 //!
 //! Invariants:
 //! 1. A segment index is in exactly one place: the network pool's free list, a local
-//!    pool's private stack, its return list, or one `Buffer`. Lists hand each index out
-//!    once.
+//!    pool's private stack, its return list, or one `Buffer` (or the handles sharing it,
+//!    counted in `shares`: `SharedBuffer` views, a `BufferBuilder` and its
+//!    `BufferConsumer`s, see `buffer`). Lists hand each index out once.
 //! 2. `meta[i]` (subpartition and overdraft flag) is written by the requester when it
 //!    lends segment `i` and read by it when `i` comes back; the segment's trip through
 //!    the return list (Release push, Acquire swap) orders the two.

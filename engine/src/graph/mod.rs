@@ -66,8 +66,8 @@ use crate::async_io::futures::{FutureFunction, LocalExecutor};
 use crate::async_io::{AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, AsyncWaitOperator};
 use crate::exchange::codec::Codec;
 use crate::exchange::{
-    local_channel, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig, NetworkBufferPool,
-    RecordWriter, ResultPartition, WriterConfig,
+    local_channel, DebloatConfig, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
+    NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
 };
 use crate::park::Unparker;
 use crate::runtime::{Driver, DriverEvent, RunReport, Runtime, RuntimeError, Task, TaskError};
@@ -131,6 +131,9 @@ pub struct ExchangeSpec {
     pub segments: usize,
     /// Buffer timeout: `Some(0)` flushes after every record, `None` only when full.
     pub buffer_timeout: Option<Duration>,
+    /// Buffer debloating at every input gate (`None`: off). Its `buffers_per_channel`
+    /// is replaced by the buffers a partition may hold per channel.
+    pub debloat: Option<DebloatConfig>,
 }
 
 impl Default for ExchangeSpec {
@@ -139,6 +142,7 @@ impl Default for ExchangeSpec {
             segment_size: 32 * 1024,
             segments: 64,
             buffer_timeout: Some(Duration::from_millis(1)),
+            debloat: None,
         }
     }
 }
@@ -296,6 +300,9 @@ pub enum GraphError {
         /// Workers of the runtime.
         workers: usize,
     },
+    /// The exchange's debloating settings are refused.
+    #[error(transparent)]
+    Debloat(#[from] crate::error::DebloatError),
     /// The exchange's allocation or the runtime refused.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -428,6 +435,8 @@ pub(crate) struct Wiring {
     channels: Option<Vec<Box<dyn InputChannel>>>,
     downstream_max_parallelism: usize,
     writer: WriterConfig,
+    /// Debloating for this subtask's input gate, if on.
+    debloat: Option<DebloatConfig>,
     shared: Arc<Shared>,
 }
 
@@ -596,6 +605,9 @@ impl Graph {
         if inner.stages.is_empty() {
             return Err(GraphError::Empty);
         }
+        if let Some(debloat) = inner.exchange.debloat {
+            debloat.validate()?;
+        }
         let mut plans = Vec::with_capacity(inner.stages.len());
         let mut offset = 0usize;
         for stage in &inner.stages {
@@ -706,6 +718,9 @@ impl Graph {
             .map(|p| (0..p.parallelism).map(|_| Vec::new()).collect())
             .collect();
         let mut networks = Vec::new();
+        // Per stage: its input gate's debloating, with the buffers per channel its
+        // producers' partitions may hold.
+        let mut debloat: Vec<Option<DebloatConfig>> = vec![None; plans.len()];
         for edge in &inner.edges {
             let (from, to) = (&plans[edge.from], &plans[edge.to]);
             let fan_out = (0..from.parallelism)
@@ -717,6 +732,11 @@ impl Graph {
                 .unwrap_or(1);
             let sizing = inner.exchange.sizing(from.parallelism, fan_out);
             let per_partition = sizing.segments_per_partition;
+            debloat[edge.to] = inner.exchange.debloat.map(|config| DebloatConfig {
+                buffers_per_channel: per_partition,
+                max_size: sizing.segment_size.max(config.min_size),
+                ..config
+            });
             let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)
                 .map_err(RuntimeError::from)?;
             for (i, &from_worker) in from.workers.iter().enumerate() {
@@ -769,6 +789,7 @@ impl Graph {
                     channels: stage.input.map(|_| std::mem::take(&mut gates[s][i])),
                     downstream_max_parallelism,
                     writer,
+                    debloat: debloat[s],
                     shared: Arc::clone(&shared),
                 };
                 let build = Arc::clone(&build);
@@ -1100,7 +1121,10 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
             stage,
             open: Arc::new(move |wiring: &mut Wiring, chain| {
                 let channels = wiring.channels.take().ok_or_else(|| missing("input"))?;
-                let gate = InputGate::<Stamped<T>>::new(channels)?;
+                let mut gate = InputGate::<Stamped<T>>::new(channels)?;
+                if let Some(config) = wiring.debloat {
+                    gate.set_debloat(config)?;
+                }
                 Ok(Box::new(StageTask::new(
                     StageInput::Gate(Box::new(gate)),
                     chain,
