@@ -254,7 +254,7 @@ pub fn steady_segments(records: u64, rate: u64) -> (f64, u64, f64) {
     let elapsed = start.elapsed();
     let metrics = writer.metrics().partition;
     (
-        metrics.segments_held_total as f64 / metrics.buffers_started.max(1) as f64,
+        metrics.segments_held_total as f64 / metrics.segments_held_samples.max(1) as f64,
         metrics.segments_per_channel_peak,
         records as f64 / elapsed.as_secs_f64(),
     )

@@ -77,14 +77,20 @@ pub struct PartitionMetrics {
     /// Publications that made new bytes visible (a broadcast one counts once).
     pub publishes: u64,
     /// The most segments one subpartition held at once (written, or not yet read to
-    /// their end), as seen when it started a buffer: 2 when its consumer keeps up.
+    /// their end), as seen when it started a buffer (sampled, one buffer start in
+    /// [`GAUGE_EVERY`]): 2 when its consumer keeps up.
     pub segments_per_channel_peak: u64,
     /// Buffers started.
     pub buffers_started: u64,
-    /// Segments the subpartition held when each buffer started, summed (÷
-    /// `buffers_started`: the mean pool usage per channel).
+    /// Buffer starts at which the segments held were sampled.
+    pub segments_held_samples: u64,
+    /// Segments held at those samples, summed (÷ `segments_held_samples`: the mean
+    /// pool usage per channel).
     pub segments_held_total: u64,
 }
+
+/// One buffer start in this many samples the segments its subpartition holds.
+pub const GAUGE_EVERY: u64 = 8;
 
 /// A result partition over local (or, later, remote) channels.
 pub struct ResultPartition {
@@ -181,16 +187,21 @@ impl ResultPartition {
             },
             None => return false,
         };
-        // The gauge: the pool counts a segment back only when it collects its returns,
-        // so collect (one swap per buffer) before believing more than two.
-        let mut held = self.pool.held_by(charge) as u64;
-        if held > 2 {
-            self.pool.reclaim();
-            held = self.pool.held_by(charge) as u64;
+        // The gauge, sampled every `GAUGE_EVERY` buffers: the pool counts a segment back
+        // only when it collects its returns (a swap on the line recyclers push to), so
+        // collect before believing more than two.
+        if self.metrics.buffers_started % GAUGE_EVERY == 0 {
+            let mut held = self.pool.held_by(charge) as u64;
+            if held > 2 {
+                self.pool.reclaim();
+                held = self.pool.held_by(charge) as u64;
+            }
+            let peak = &mut self.metrics.segments_per_channel_peak;
+            *peak = (*peak).max(held);
+            self.metrics.segments_held_samples += 1;
+            self.metrics.segments_held_total += held;
         }
-        self.metrics.segments_per_channel_peak = self.metrics.segments_per_channel_peak.max(held);
         self.metrics.buffers_started += 1;
-        self.metrics.segments_held_total += held;
         let segment_size = buffer.capacity();
         let announced = match dest {
             Dest::One(sub) => self.subpartitions[sub].channel.announced_buffer_size(),
