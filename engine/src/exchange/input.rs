@@ -53,7 +53,8 @@ pub struct GateMetrics {
     pub records_in: u64,
     /// Bytes read (records and events, with prefixes).
     pub bytes_in: u64,
-    /// Buffers consumed.
+    /// Buffers consumed: views of the bytes a producer published, so a buffer read
+    /// while it was written counts once per view.
     pub buffers_in: u64,
     /// Nanoseconds the gate had nothing to give (measured by [`InputGate::poll_next_at`]).
     pub idle_ns: u64,
