@@ -70,7 +70,10 @@ use crate::exchange::{
     RecordWriter, ResultPartition, WriterConfig,
 };
 use crate::park::Unparker;
-use crate::runtime::{Driver, DriverEvent, RunReport, Runtime, RuntimeError, Task, TaskError};
+use crate::runtime::{
+    signal, Controller, Driver, DriverEvent, RunReport, Running, Runtime, RuntimeError, Task,
+    TaskError, TaskId,
+};
 
 use chain::{
     AsyncLink, FilterLink, FlatMapLink, Link, MapLink, SinkLink, StageInput, StageTask, WriterLink,
@@ -107,7 +110,8 @@ pub struct SubtaskInfo {
     pub parallelism: usize,
     /// The worker it runs on.
     pub worker: usize,
-    /// Wakes that worker, e.g. when another thread completes a call.
+    /// Wakes this subtask's task (rings its doorbell, so its worker polls it), e.g.
+    /// when another thread completes a call or feeds a source.
     pub unparker: Unparker,
 }
 
@@ -685,8 +689,15 @@ impl Graph {
     /// when it cannot start (the graph is refused, the exchange cannot be allocated).
     pub fn execute_to_end(
         self,
-        mut runtime: Runtime,
+        runtime: Runtime,
     ) -> Result<(JobResult, Option<RuntimeError>), GraphError> {
+        Ok(self.start(runtime)?.join())
+    }
+
+    /// Starts the graph on `runtime` and returns at once; [`JobRun::join`] waits for
+    /// its end, and [`JobRun::controller`] stops or cancels it from any thread. `Err`
+    /// when it cannot start (the graph is refused, the exchange cannot be allocated).
+    pub fn start(self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
         let workers = runtime.workers();
         let plans = self.plan(workers)?;
         let inner = self.inner.into_inner();
@@ -705,6 +716,12 @@ impl Graph {
             .iter()
             .map(|p| (0..p.parallelism).map(|_| Vec::new()).collect())
             .collect();
+        // Every subtask's place first, so that wiring can name the task each channel,
+        // pool and operator wakes (its doorbell), not just its worker.
+        let ids: Vec<Vec<TaskId>> = plans
+            .iter()
+            .map(|p| p.workers.iter().map(|&w| runtime.add_task(w)).collect())
+            .collect();
         let mut networks = Vec::new();
         for edge in &inner.edges {
             let (from, to) = (&plans[edge.from], &plans[edge.to]);
@@ -719,19 +736,22 @@ impl Graph {
             let per_partition = sizing.segments_per_partition;
             let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)
                 .map_err(RuntimeError::from)?;
-            for (i, &from_worker) in from.workers.iter().enumerate() {
+            for i in 0..from.parallelism {
                 let targets =
                     partition::connected(edge.partitioning, from.parallelism, to.parallelism, i);
                 let config = LocalPoolConfig::new(per_partition, targets.len())
                     .with_max_per_subpartition(per_partition)
                     .with_overdraft(overdraft);
-                let pool =
-                    LocalBufferPool::with_notify(&network, config, runtime.unparker(from_worker))
-                        .map_err(RuntimeError::from)?;
+                let pool = LocalBufferPool::with_notify(
+                    &network,
+                    config,
+                    runtime.task_unparker(ids[edge.from][i], signal::OUTPUT),
+                )
+                .map_err(RuntimeError::from)?;
                 let mut senders = Vec::with_capacity(targets.len());
                 for j in targets {
                     let notify: Arc<dyn crate::park::Notify> =
-                        Arc::new(runtime.unparker(to.workers[j]));
+                        Arc::new(runtime.task_unparker(ids[edge.to][j], signal::INPUT));
                     let (sender, receiver) = local_channel(sizing.channel_capacity, Some(notify));
                     senders.push(sender);
                     gates[edge.to][j].push(Box::new(receiver));
@@ -762,7 +782,7 @@ impl Graph {
                         index: i,
                         parallelism: plan.parallelism,
                         worker,
-                        unparker: runtime.unparker(worker),
+                        unparker: runtime.task_unparker(ids[s][i], signal::COMPLETION),
                     },
                     stage: s,
                     partition: partitions[s][i].take(),
@@ -772,14 +792,53 @@ impl Graph {
                     shared: Arc::clone(&shared),
                 };
                 let build = Arc::clone(&build);
-                runtime.spawn(
-                    worker,
+                runtime.set_task(
+                    ids[s][i],
                     Box::new(move |_driver: &mut dyn Driver| build(&mut wiring)),
                 );
             }
         }
         let drivers: Vec<&'static str> = (0..workers).map(|w| runtime.driver_name(w)).collect();
-        let (run, failure) = match runtime.run() {
+        let running = runtime.start()?;
+        Ok(JobRun {
+            running,
+            shared,
+            plans,
+            networks,
+            drivers,
+        })
+    }
+}
+
+/// A job started with [`Graph::start`]: stop it, cancel it, or wait for its end.
+pub struct JobRun {
+    running: Running,
+    shared: Arc<Shared>,
+    plans: Vec<StagePlan>,
+    networks: Vec<NetworkBufferPool>,
+    drivers: Vec<&'static str>,
+}
+
+impl JobRun {
+    /// Sends control mail to the job's tasks from any thread: [`Controller::end_input`]
+    /// stops the sources and lets what they emitted drain (Flink's stop with drain; the
+    /// way to end a job over an unbounded source), [`Controller::cancel`] stops every
+    /// task at once.
+    pub fn controller(&self) -> Controller {
+        self.running.controller()
+    }
+
+    /// Waits for the job's end, successful or not: a run that fails still reports what
+    /// its tasks had done, with the error beside it.
+    pub fn join(self) -> (JobResult, Option<RuntimeError>) {
+        let JobRun {
+            running,
+            shared,
+            plans,
+            networks,
+            drivers,
+        } = self;
+        let (run, failure) = match running.join() {
             Ok(run) => (run, None),
             Err(error) => {
                 let root = lock(&shared.first_failure).take();
@@ -810,7 +869,15 @@ impl Graph {
                 async_metrics: stats.async_metrics,
             })
             .collect();
-        Ok((JobResult { run, stages }, failure))
+        (JobResult { run, stages }, failure)
+    }
+}
+
+impl core::fmt::Debug for JobRun {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("JobRun")
+            .field("stages", &self.plans.len())
+            .finish_non_exhaustive()
     }
 }
 
