@@ -230,3 +230,87 @@ fn a_task_added_without_a_factory_is_refused() {
         other => panic!("expected Unset, got {other:?}"),
     }
 }
+
+/// Leaves every `hold`-th value's call unanswered (so it times out; the timeout answers
+/// it with the same result), fails the first call of every `fail`-th value (retried
+/// after a delay), and answers the rest at once with `value + add`.
+struct Forgetful {
+    hold: u64,
+    fail: u64,
+    add: u64,
+    failed: std::collections::HashSet<u64>,
+    held: Vec<weir_engine::async_io::ResultFuture<u64>>,
+}
+
+impl weir_engine::async_io::AsyncFunction for Forgetful {
+    type In = u64;
+    type Out = u64;
+    fn invoke(&mut self, input: &u64, result: weir_engine::async_io::ResultFuture<u64>) {
+        if input % self.hold == 0 {
+            self.held.push(result);
+        } else if input % self.fail == 0 && self.failed.insert(*input) {
+            result.complete_err(weir_engine::async_io::AsyncError::Call(
+                "refused once".into(),
+            ));
+        } else {
+            result.complete(vec![input + self.add]);
+        }
+    }
+
+    fn timeout(&mut self, input: &u64, result: weir_engine::async_io::ResultFuture<u64>) {
+        result.complete(vec![input + self.add]);
+    }
+}
+
+#[test]
+fn operators_on_one_worker_share_its_timer_wheel() {
+    use weir_engine::async_io::{AsyncConfig, OutputMode, RetryStrategy};
+    for mode in [OutputMode::Ordered, OutputMode::Unordered] {
+        let config = |capacity| {
+            AsyncConfig::new(mode, capacity)
+                .with_timeout(Duration::from_millis(3))
+                .with_retry(
+                    RetryStrategy::fixed_delay(3, Duration::from_millis(1)).retry_on_any_error(),
+                )
+        };
+        let forgetful = |hold, fail, add| {
+            move |_: &SubtaskInfo| Forgetful {
+                hold,
+                fail,
+                add,
+                failed: Default::default(),
+                held: Vec::new(),
+            }
+        };
+        let graph = Graph::new().with_parallelism(1);
+        let out = graph
+            .from_iter(|_: &SubtaskInfo| 0..300u64)
+            .async_wait(forgetful(7, 3, 1000), config(16))
+            .async_wait(forgetful(5, 4, 1_000_000), config(8))
+            .collect();
+        let (result, failure) = graph.execute_to_end(runtime(1)).expect("starts");
+        assert!(failure.is_none(), "{failure:?}");
+        let mut got: Vec<u64> = out
+            .by_subtask()
+            .concat()
+            .iter()
+            .filter_map(|e| e.as_record().map(|r| r.value))
+            .collect();
+        if mode == OutputMode::Unordered {
+            got.sort_unstable();
+        }
+        let want: Vec<u64> = (0..300).map(|v| v + 1000 + 1_000_000).collect();
+        assert_eq!(got, want, "{mode:?}: each record once, transformed by both");
+        let first = result.stages[0]
+            .async_metrics
+            .as_ref()
+            .expect("async metrics");
+        // Both operators run in the source's chain: one stage, metrics merged.
+        let held =
+            (0..300).filter(|v| v % 7 == 0).count() + (1000..1300).filter(|v| v % 5 == 0).count();
+        let failed = (0..300).filter(|v| v % 7 != 0 && v % 3 == 0).count()
+            + (1000..1300).filter(|v| v % 5 != 0 && v % 4 == 0).count();
+        assert_eq!(first.timed_out, held as u64, "{mode:?}");
+        assert_eq!(first.retried, failed as u64, "{mode:?}");
+    }
+}

@@ -29,6 +29,10 @@
 //!    an unparker that rings no doorbell ([`Runtime::unparker`]) makes the next turn
 //!    poll every task: coarse, never lost.
 //!
+//! Each worker has one timer wheel ([`WorkerTimers`]) shared by the timers of all its
+//! tasks' operators: the worker's next deadline is one O(1) look, and a timer that comes
+//! due is moved to its operator's queue, which makes its task due for a poll.
+//!
 //! Drivers and parkers are made before the threads start, so wiring (channels, pools)
 //! can name every task's unparker; tasks are built on their worker's thread by a
 //! factory, so they may hold `!Send` state (an `Rc`, the operator).
@@ -42,8 +46,10 @@ use std::time::{Duration, Instant};
 pub use driver::{ConnId, Driver, DriverEvent, NoIo};
 
 use crate::error::ConfigError;
+use crate::limits::{TIMER_SLOTS, TIMER_TICK_NS};
 use crate::mailbox::{ForeignSender, Inbox, MailSender};
 use crate::park::{Doorbell, UnboundParker, Unparker, Wakeup};
+use crate::timer::WorkerTimers;
 
 /// The doorbell bits of a task (see the module docs). A task's unparker rings one of
 /// them; the worker takes them all before it polls the task.
@@ -712,6 +718,9 @@ fn worker_main(
             }
         }
     }
+    // The worker's one timer wheel, found by the operators its tasks build.
+    let timers = WorkerTimers::new(TIMER_TICK_NS, TIMER_SLOTS);
+    let _current = timers.install();
     tasks.reserve(slots.len());
     for slot in slots {
         let factory = slot
@@ -744,6 +753,9 @@ fn worker_main(
         }
         stats.turns += 1;
         let now_ns = epoch.elapsed().as_nanos() as u64;
+        // Timers that came due go to their operators' queues, which makes those
+        // operators' tasks report a deadline that has come: they are polled below.
+        timers.advance(now_ns);
         let mut busy = false;
         for entry in tasks.iter_mut() {
             let Some(running) = entry.task.as_mut() else {
@@ -825,6 +837,7 @@ fn worker_main(
             .iter()
             .filter_map(|e| e.task.as_ref())
             .filter_map(|t| t.next_deadline())
+            .chain(timers.next_deadline())
             .min();
         let (timeout, by_deadline) = match deadline {
             Some(deadline) if deadline <= now_ns => continue,
