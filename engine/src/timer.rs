@@ -27,7 +27,8 @@
 //!    index names one tick of the window.
 //! 3. Each list is sorted by `(deadline, sequence)`.
 //!
-//! Single owner, `&mut` only.
+//! Single owner, `&mut` only. [`WorkerTimers`] puts one wheel under every operator of a
+//! runtime worker, each a [`TimerOwner`] with a queue of its timers that came due.
 
 /// Identifies a scheduled timer for [`TimerWheel::cancel`]; stale once it fired or
 /// was cancelled.

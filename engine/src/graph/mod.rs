@@ -697,6 +697,39 @@ impl Graph {
     /// Starts the graph on `runtime` and returns at once; [`JobRun::join`] waits for
     /// its end, and [`JobRun::controller`] stops or cancels it from any thread. `Err`
     /// when it cannot start (the graph is refused, the exchange cannot be allocated).
+    ///
+    /// An unbounded source, stopped with drain once enough was read:
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// use weir_engine::graph::{Graph, Source, SourceEvent, SubtaskInfo};
+    /// use weir_engine::runtime::{Cores, Runtime};
+    ///
+    /// struct Ticks(u64);
+    /// impl Source<u64> for Ticks {
+    ///     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<u64> {
+    ///         self.0 += 1;
+    ///         if self.0 % 100 == 0 {
+    ///             return SourceEvent::Idle { until_ns: Some(now_ns + 50_000) };
+    ///         }
+    ///         SourceEvent::Record(self.0, None)
+    ///     }
+    /// }
+    ///
+    /// let graph = Graph::new();
+    /// let live = graph.live();
+    /// let counted = graph.from_source(|_: &SubtaskInfo| Ticks(0)).rebalance().count();
+    /// let runtime = Runtime::builder().cores(Cores::Count(2)).pin(false).build()?;
+    /// let job = graph.start(runtime)?;
+    /// while live.generated.load(Ordering::Relaxed) < 1_000 {
+    ///     std::thread::sleep(std::time::Duration::from_millis(1));
+    /// }
+    /// job.controller().end_input();
+    /// let (_result, failure) = job.join();
+    /// assert!(failure.is_none());
+    /// assert_eq!(counted.records(), live.generated.load(Ordering::Relaxed));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
         let workers = runtime.workers();
         let plans = self.plan(workers)?;
