@@ -21,5 +21,6 @@ pub mod job;
 pub mod lookup_peers;
 pub mod pool_peers;
 pub mod redis_peers;
+pub mod remote_peers;
 pub mod report;
 pub mod ring_peers;

@@ -250,6 +250,7 @@ enum Suite {
     Exchange,
     Lookup,
     Redis,
+    Remote,
 }
 
 /// `weir` with no subcommand: `weir run` on its defaults.
@@ -294,6 +295,7 @@ fn main() {
                 Suite::Async => compare::async_cases(scale),
                 Suite::Exchange => compare::exchange_cases(scale),
                 Suite::Lookup => compare::lookup_cases(scale),
+                Suite::Remote => compare::remote_cases(scale),
                 Suite::Redis => match compare::redis_cases(scale) {
                     Ok(cases) => cases,
                     Err(error) => {

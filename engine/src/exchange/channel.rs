@@ -18,6 +18,12 @@ pub trait InputChannel: Send {
     fn poll_buffer(&mut self) -> Option<SharedBuffer>;
     /// Whether the producer is gone; buffers it sent before may still be waiting.
     fn is_disconnected(&self) -> bool;
+    /// Why the channel broke, if it did (a remote channel whose connection was lost):
+    /// the gate reports this instead of a bare disconnection. A local channel never
+    /// breaks this way.
+    fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+        None
+    }
 }
 
 /// The producer side of a local channel.
