@@ -120,8 +120,9 @@ struct RunArgs {
     /// Delay between retries.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     retry_delay: Duration,
-    /// Workers: a count, or a comma-separated list of core ids; at most one per core
-    /// of this machine unless --oversubscribe (default: one per core).
+    /// Workers: a count, or a comma-separated list of core ids (one core id with a
+    /// trailing comma: `3,`); at most one per core of this machine unless
+    /// --oversubscribe (default: one per core).
     #[arg(long)]
     cores: Option<String>,
     /// Allow more workers than cores (or a core listed twice): workers then share cores.
@@ -172,6 +173,19 @@ struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run the job over this many local processes, the workers split among them and the
+    /// key-by exchange crossing them over TCP with credit-based flow control; one summary
+    /// at the end.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    processes: u64,
+    /// Run one process of a job spread over several (on this host or others): its index
+    /// in --peers. Every process gets the same --peers and the same job settings.
+    #[arg(long, requires = "peers")]
+    process: Option<usize>,
+    /// With --process: every process's transport address, this one's included, in process
+    /// order (host:port,host:port,...).
+    #[arg(long, value_delimiter = ',', requires = "process")]
+    peers: Option<Vec<SocketAddr>>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -356,6 +370,50 @@ fn run_job(args: RunArgs) -> i32 {
 /// `weir run`: every setting is checked, and the JSON path opened, before anything
 /// sizeable is allocated or started.
 fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
+    let cluster = match (&args.process, &args.peers) {
+        (Some(process), Some(peers)) => {
+            if args.processes > 1 {
+                return Err(RunError::Setting(
+                    "--processes starts local processes itself; with --process and --peers \
+                     this process is one of a cluster started elsewhere: give one or the other"
+                        .into(),
+                ));
+            }
+            if *process >= peers.len() {
+                return Err(RunError::Setting(format!(
+                    "--process {process} with {} peers: the index must be below the number of \
+                     --peers (process 0 is the first address)",
+                    peers.len()
+                )));
+            }
+            Some(job::ClusterSettings {
+                process: *process,
+                peers: peers.clone(),
+            })
+        }
+        _ => None,
+    };
+    if args.processes > 1 {
+        let launch = weir_bench::cluster::Launch {
+            processes: args.processes as usize,
+            cores: args.cores.as_deref(),
+            records: args.records,
+            capacity: args.capacity as usize,
+            mean_latency: match &args.store {
+                Some(_) => Duration::ZERO,
+                None => args.latency.mean(),
+            },
+            json: args.json.as_deref(),
+        };
+        if let Some(path) = &args.json {
+            open_json(path)?;
+        }
+        let run_args: Vec<String> = std::env::args()
+            .skip_while(|a| a != "run")
+            .skip(1)
+            .collect();
+        return weir_bench::cluster::launch(&launch, &run_args);
+    }
     let driver = match args.driver {
         Some(kind) => kind,
         None => weir_net::driver::kind_from_env()
@@ -460,6 +518,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         futures: args.futures,
         key_iter: None,
         collect: None,
+        cluster,
     };
     let service_core = server.as_ref().and_then(|s| s.core());
     let service_place = match &server {
