@@ -194,6 +194,68 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
     Ok(if ok { 0 } else { 1 })
 }
 
+/// `weir summarize`: the summary of processes' reports written by `--process` runs;
+/// returns the exit status (0: completed, nothing lost or duplicated).
+pub fn summarize_files(paths: &[PathBuf], json: Option<&Path>) -> Result<i32, RunError> {
+    let mut reports = Vec::with_capacity(paths.len());
+    for path in paths {
+        let bytes = std::fs::read(path).map_err(|source| RunError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            RunError::Setting(format!(
+                "{} is not a weir run JSON report: {e}",
+                path.display()
+            ))
+        })?;
+        reports.push(Some(value));
+    }
+    let first = reports[0].as_ref().expect("read above");
+    let settings = &first["settings"];
+    let launch = Launch {
+        processes: reports.len(),
+        cores: None,
+        records: settings["records"].as_u64().unwrap_or(0),
+        capacity: settings["capacity"].as_u64().unwrap_or(0) as usize,
+        mean_latency: first["lookup_mean_latency_ms"]
+            .as_f64()
+            .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3)),
+        json,
+    };
+    let statuses: Vec<Option<i32>> = reports
+        .iter()
+        .map(|r| {
+            Some(match r {
+                Some(r) if r["outcome"] == "completed" => 0,
+                _ => 1,
+            })
+        })
+        .collect();
+    let peers: Vec<String> = reports
+        .iter()
+        .flatten()
+        .map(|r| format!("process {}", r["process"]))
+        .collect();
+    let mut summary = summarize(&launch, &[], &statuses, &reports);
+    summary["peers"] = json!(peers);
+    summary["processes"] = json!(reports.len());
+    println!("{}", render(&summary));
+    if let Some(path) = json {
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&summary).unwrap_or_default(),
+        )
+        .map_err(|source| RunError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    let ok =
+        summary["outcome"] == "completed" && summary["lost"] == 0 && summary["duplicated"] == 0;
+    Ok(if ok { 0 } else { 1 })
+}
+
 fn sum(reports: &[Option<Value>], key: &str) -> u64 {
     reports
         .iter()

@@ -622,6 +622,33 @@ pub type Collected<T> = Arc<std::sync::Mutex<Vec<T>>>;
 /// Seed of the key sampling.
 const SEED: u64 = 42;
 
+/// Nanoseconds of the host's wall clock (`CLOCK_REALTIME`).
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Maps a task's run-clock readings onto the wall clock, for latencies measured across
+/// processes: each process's run clock starts at its own epoch, so a record's creation
+/// time must travel in a clock both ends share. Exact between processes of one host;
+/// across hosts as good as their clock synchronisation (PTP for microseconds). The
+/// offset is taken once per task (a run clock and the wall clock advance together).
+#[derive(Debug, Clone, Copy, Default)]
+struct WallClock {
+    offset: Option<u64>,
+}
+
+impl WallClock {
+    #[inline]
+    fn map(&mut self, now_ns: u64, t_ns: u64) -> u64 {
+        let offset = *self
+            .offset
+            .get_or_insert_with(|| wall_clock_ns().saturating_sub(now_ns));
+        t_ns + offset
+    }
+}
+
 /// The main job's source: `records` spread over the subtasks (ids `i, i + n, …` on
 /// subtask `i` of `n`), keys drawn from the distribution (xorshift64*) or taken from
 /// an iterator, as fast as accepted or at a rate.
@@ -635,6 +662,8 @@ struct MainSource {
     start_ns: Option<u64>,
     keys: KeyDistribution,
     rng: u64,
+    /// Over several processes: creation times in the wall clock.
+    wall: Option<WallClock>,
 }
 
 impl MainSource {
@@ -658,6 +687,7 @@ impl MainSource {
             start_ns: None,
             keys: settings.keys,
             rng: (SEED ^ subtask.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
+            wall: settings.cluster.as_ref().map(|_| WallClock::default()),
         }
     }
 
@@ -715,10 +745,14 @@ impl Source<Lookup> for MainSource {
             },
             None => self.next_key(),
         };
+        let created_ns = match self.wall.as_mut() {
+            Some(wall) => wall.map(now_ns, intended),
+            None => intended,
+        };
         let record = SourceRecord {
             id: self.subtask + self.next * self.sources,
             key,
-            created_ns: intended,
+            created_ns,
         };
         self.next += 1;
         SourceEvent::Record(Lookup(record), None)
@@ -749,6 +783,8 @@ struct CheckSink {
     reported: u64,
     collect: Option<(Vec<Enriched>, Collected<Enriched>)>,
     published: bool,
+    /// Over several processes: latency measured in the wall clock (see `WallClock`).
+    wall: Option<WallClock>,
 }
 
 impl CheckSink {
@@ -814,6 +850,10 @@ impl Sink<Enriched> for CheckSink {
             }
             None => self.duplicates += 1,
         }
+        let now_ns = match self.wall.as_mut() {
+            Some(wall) => wall.map(now_ns, now_ns),
+            None => now_ns,
+        };
         self.latency
             .saturating_record(now_ns.saturating_sub(value.created_ns).max(1));
         if let Some((local, _)) = self.collect.as_mut() {
@@ -1037,6 +1077,7 @@ fn execute(
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
     let records = settings.records;
+    let wall_clock = settings.cluster.is_some();
     {
         let results = Arc::clone(&results);
         let collect = settings.collect.clone();
@@ -1056,6 +1097,7 @@ fn execute(
                 reported: 0,
                 collect: collect.clone().map(|shared| (Vec::new(), shared)),
                 published: false,
+                wall: wall_clock.then(WallClock::default),
             });
     }
     let live = graph.live();

@@ -70,6 +70,17 @@ enum Command {
         #[arg(long, default_value = "unknown")]
         commit: String,
     },
+    /// Sums up the JSON reports of the processes of one `weir run` cluster (as
+    /// `--processes` does by itself; for processes started by hand or by
+    /// scripts/cluster.sh).
+    Summarize {
+        /// Each process's `--json` report.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// Also write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.
@@ -289,6 +300,15 @@ fn main() {
                 std::process::exit(1);
             }
             eprintln!("wrote {}", out.join("REPORT.md").display());
+        }
+        Command::Summarize { reports, json } => {
+            match weir_bench::cluster::summarize_files(&reports, json.as_deref()) {
+                Ok(code) => std::process::exit(code),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(2);
+                }
+            }
         }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Compare {
@@ -699,6 +719,10 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             None => Value::Null,
         };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
+        value["lookup_mean_latency_ms"] = match &redis {
+            Some(_) => Value::Null,
+            None => Value::from(args.latency.mean().as_secs_f64() * 1e3),
+        };
         value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
         value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
         write_json(path, file, &value)?;
