@@ -17,7 +17,10 @@
 //! channels.wait_for_peers(Duration::from_secs(30))?;
 //! let graph = Graph::new().with_parallelism(4).with_cluster(channels.cluster());
 //! let counted = graph
-//!     .from_iter(|info: &SubtaskInfo| (0..1_000u64).map(move |n| n * 4 + info.index as u64))
+//!     .from_iter(|info: &SubtaskInfo| {
+//!         let index = info.index as u64;
+//!         (0..1_000u64).map(move |n| n * 4 + index)
+//!     })
 //!     .key_by(|v: &u64| *v)
 //!     .count();
 //! let runtime = Runtime::builder().cores(Cores::Count(2)).build()?;

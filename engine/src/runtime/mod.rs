@@ -26,8 +26,8 @@
 //!    I/O, or a wake-up from another thread; the [`Parker`](crate::park::Parker)
 //!    protocol makes the check-then-park race-free. Each wake-up is counted by its cause
 //!    ([`Wakeups`]), so a test or a report can show what woke a worker. A wake-up from
-//!    an unparker that rings no doorbell ([`Runtime::unparker`]) makes the next turn
-//!    poll every task: coarse, never lost.
+//!    the worker's own unparker ([`Runtime::unparker`], which names no task) makes the
+//!    next turn poll every task: coarse, never lost.
 //!
 //! Each worker has one timer wheel ([`WorkerTimers`]) shared by the timers of all its
 //! tasks' operators: the worker's next deadline is one O(1) look, and a timer that comes
@@ -215,6 +215,7 @@ impl RuntimeBuilder {
                 core,
                 driver,
                 parker,
+                anonymous: Doorbell::new(),
                 tasks: Vec::new(),
             });
         }
@@ -230,6 +231,9 @@ struct WorkerSlot {
     core: Option<usize>,
     driver: Box<dyn Driver>,
     parker: UnboundParker,
+    /// Rung by the worker's own unparkers ([`Runtime::unparker`]), which name no task:
+    /// the worker then polls every task.
+    anonymous: Arc<Doorbell>,
     tasks: Vec<TaskSlot>,
 }
 
@@ -357,7 +361,8 @@ impl Runtime {
 
     /// The handle that wakes worker `worker` (for wiring channels and pools).
     pub fn unparker(&self, worker: usize) -> Unparker {
-        self.workers[worker].parker.unparker()
+        let slot = &self.workers[worker];
+        slot.parker.unparker().with_doorbell(&slot.anonymous, 1)
     }
 
     /// The driver name of worker `worker`.
@@ -707,6 +712,7 @@ fn worker_main(
         core,
         mut driver,
         parker,
+        anonymous,
         tasks: slots,
     } = slot;
     let parker = parker.into_parker();
@@ -752,6 +758,8 @@ fn worker_main(
             return Ok(());
         }
         stats.turns += 1;
+        // A wake-up that named no task: look at them all.
+        sweep |= anonymous.take() != 0;
         let now_ns = epoch.elapsed().as_nanos() as u64;
         // Timers that came due go to their operators' queues, which makes those
         // operators' tasks report a deadline that has come: they are polled below.
@@ -863,15 +871,9 @@ fn worker_main(
         }
         let cause = &mut stats.wakeups;
         match wakeup {
-            Wakeup::Notified | Wakeup::Ready => {
-                cause.notified += 1;
-                // A wake-up through an unparker without a doorbell names no task: look
-                // at them all. (Doorbell bits are taken in the next turn; a rung bell
-                // makes this sweep unnecessary but harmless.)
-                sweep = !tasks
-                    .iter()
-                    .any(|e| e.task.is_some() && e.doorbell.peek() != 0);
-            }
+            // The bells say which tasks to poll: a task's own, or the worker's
+            // anonymous one (every task), taken at the top of the next turn.
+            Wakeup::Notified | Wakeup::Ready => cause.notified += 1,
             Wakeup::TimedOut if io_events > 0 => cause.io += 1,
             Wakeup::TimedOut if by_deadline => cause.deadline += 1,
             Wakeup::TimedOut => {
