@@ -23,6 +23,7 @@ use crate::async_peers::{self, Measurement};
 use crate::exchange_peers::{self, Routing};
 use crate::lookup_peers;
 use crate::redis_peers;
+use crate::remote_peers;
 use crate::{pool_peers, ring_peers};
 use weir_net::lookup::Latency;
 use weir_net::DriverKind;
@@ -422,6 +423,108 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
     ));
     cases
 }
+
+/// The remote exchange experiments: 1→1 and 2→2 over loopback TCP through the
+/// transport, against the local exchange (a reference: no TCP) and the raw TCP ceiling
+/// (the same bytes in 32 KiB blocking writes and reads); and latency at 10 k records/s.
+pub fn remote_cases(scale: f64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let timeout = Some(Duration::from_millis(100));
+    macro_rules! pair {
+        ($experiment:expr, $n:literal, $pairs:literal, $ops:expr) => {{
+            let ops = $ops * scale;
+            cases.push(workload(
+                $experiment,
+                "weir remote exchange (transport, loopback TCP)",
+                ops,
+                Arc::new(move |n| remote_peers::weir_remote::<$n>($pairs, $pairs, timeout, n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                LOCAL_EXCHANGE_REFERENCE,
+                ops,
+                Arc::new(move |n| {
+                    exchange_peers::weir_exchange::<$n>(
+                        $pairs,
+                        $pairs,
+                        Routing::RoundRobin,
+                        timeout,
+                        n,
+                    )
+                }),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                TCP_CEILING,
+                ops,
+                Arc::new(move |n| remote_peers::tcp_ceiling::<$n>($pairs, n)),
+                None,
+            ));
+        }};
+    }
+    pair!(
+        "remote 1→1, 8-byte records, timeout 100 ms",
+        8,
+        1,
+        2_000_000.0
+    );
+    pair!(
+        "remote 1→1, 100-byte records, timeout 100 ms",
+        100,
+        1,
+        1_000_000.0
+    );
+    pair!(
+        "remote 1→1, 1000-byte records, timeout 100 ms",
+        1000,
+        1,
+        200_000.0
+    );
+    pair!(
+        "remote 2→2, 8-byte records, timeout 100 ms",
+        8,
+        2,
+        2_000_000.0
+    );
+    pair!(
+        "remote 2→2, 100-byte records, timeout 100 ms",
+        100,
+        2,
+        1_000_000.0
+    );
+    pair!(
+        "remote 2→2, 1000-byte records, timeout 100 ms",
+        1000,
+        2,
+        200_000.0
+    );
+    let rate = 10_000u64;
+    let ops = (rate as f64 * 0.5 * scale).max(1000.0);
+    cases.push(workload(
+        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
+        "weir remote exchange (network threads park)",
+        ops,
+        Arc::new(move |n| remote_peers::weir_remote_open_loop::<100>(rate, Duration::ZERO, n)),
+        Some(rate as f64),
+    ));
+    cases.push(workload(
+        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
+        "weir remote exchange (network threads spin 200 µs)",
+        ops,
+        Arc::new(move |n| {
+            remote_peers::weir_remote_open_loop::<100>(rate, Duration::from_micros(200), n)
+        }),
+        Some(rate as f64),
+    ));
+    cases
+}
+
+/// The local exchange beside the remote one: the same records with no TCP.
+pub const LOCAL_EXCHANGE_REFERENCE: &str = "local exchange reference (Weir's, no TCP)";
+/// The same bytes over a plain TCP stream, by hand.
+pub const TCP_CEILING: &str = "raw TCP ceiling (32 KiB blocking writes and reads)";
 
 /// The crossbeam peer with one record per message.
 pub const CROSSBEAM_PER_RECORD: &str = "crossbeam_channel, one record per message";
@@ -979,6 +1082,7 @@ mod tests {
             .into_iter()
             .chain(async_cases(1.0))
             .chain(lookup_cases(1.0))
+            .chain(remote_cases(1.0))
         {
             let ceiling = case.implementation.contains("ceiling");
             assert_eq!(
@@ -991,6 +1095,7 @@ mod tests {
         // The redis suite needs a server to build its cases; its names by themselves.
         assert_eq!(Role::of(REDIS_RS), Role::Peer);
         assert_eq!(Role::of(FRED), Role::Peer);
+        assert_eq!(Role::of(LOCAL_EXCHANGE_REFERENCE), Role::Reference);
         assert_eq!(Role::of(REDIS_CEILING), Role::Reference);
         assert_eq!(Role::of("weir io_uring, MGET batching"), Role::Weir);
     }

@@ -51,7 +51,7 @@ enum Selector<const N: usize> {
     KeyHash(KeyHash<fn(&FixedBytes<N>) -> u64>),
 }
 
-fn seq_of<const N: usize>(record: &FixedBytes<N>) -> u64 {
+pub(crate) fn seq_of<const N: usize>(record: &FixedBytes<N>) -> u64 {
     u64::from_le_bytes(
         record.0[..8]
             .try_into()
@@ -71,7 +71,7 @@ impl<const N: usize> ChannelSelector<FixedBytes<N>> for Selector<N> {
 
 /// Fills in the sequence number and, for a sampled record, its creation time.
 #[inline]
-fn stamp<const N: usize>(record: &mut FixedBytes<N>, seq: u64, epoch: Instant) {
+pub(crate) fn stamp<const N: usize>(record: &mut FixedBytes<N>, seq: u64, epoch: Instant) {
     record.0[..8].copy_from_slice(&seq.to_le_bytes());
     if N >= 16 {
         let created = if seq % 16 == 0 {
@@ -85,7 +85,7 @@ fn stamp<const N: usize>(record: &mut FixedBytes<N>, seq: u64, epoch: Instant) {
 
 /// The creation time of a sampled record.
 #[inline]
-fn created_of<const N: usize>(record: &FixedBytes<N>) -> Option<u64> {
+pub(crate) fn created_of<const N: usize>(record: &FixedBytes<N>) -> Option<u64> {
     if N < 16 {
         return None;
     }
@@ -211,25 +211,25 @@ pub fn weir_exchange<const N: usize>(
 pub const CLOCK_EVERY: u64 = 256;
 
 /// The producer's clock: nanoseconds since `epoch`, read when a turn would read it.
-struct TurnClock {
+pub(crate) struct TurnClock {
     epoch: Instant,
-    now_ns: u64,
+    pub(crate) now_ns: u64,
 }
 
 impl TurnClock {
-    fn new(epoch: Instant) -> Self {
+    pub(crate) fn new(epoch: Instant) -> Self {
         let mut clock = TurnClock { epoch, now_ns: 0 };
         clock.read();
         clock
     }
 
-    fn read(&mut self) {
+    pub(crate) fn read(&mut self) {
         self.now_ns = self.epoch.elapsed().as_nanos() as u64;
     }
 }
 
 /// Waits until the writer may emit; each wait is a new turn with a new clock reading.
-fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
+pub(crate) fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
     writer: &mut RecordWriter<FixedBytes<N>, S>,
     clock: &mut TurnClock,
 ) {
@@ -249,7 +249,7 @@ fn wait_available<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
 }
 
 /// Ends the writer's partition, waiting for buffers as needed.
-fn finish<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
+pub(crate) fn finish<const N: usize, S: ChannelSelector<FixedBytes<N>>>(
     writer: &mut RecordWriter<FixedBytes<N>, S>,
     clock: &mut TurnClock,
 ) {
@@ -374,7 +374,7 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
 /// with the records' codec until it is full (records do not span segments here, which
 /// only flatters the ceilings); returns the bytes used.
 #[inline]
-fn fill_segment<const N: usize>(
+pub(crate) fn fill_segment<const N: usize>(
     segment: &mut [u8],
     record: &mut FixedBytes<N>,
     seq: &mut u64,
@@ -395,7 +395,7 @@ fn fill_segment<const N: usize>(
 /// Decodes the records in `segment[..used]` with the records' codec, checking that
 /// their sequence numbers continue from `*expected`.
 #[inline]
-fn decode_segment<const N: usize>(segment: &[u8], used: usize, expected: &mut u64) {
+pub(crate) fn decode_segment<const N: usize>(segment: &[u8], used: usize, expected: &mut u64) {
     let mut offset = 0;
     while offset < used {
         let len = u32::from_le_bytes(

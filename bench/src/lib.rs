@@ -14,6 +14,7 @@
 
 pub mod affinity;
 pub mod async_peers;
+pub mod cluster;
 pub mod compare;
 pub mod debloat;
 pub mod exchange_peers;
@@ -22,5 +23,6 @@ pub mod job;
 pub mod lookup_peers;
 pub mod pool_peers;
 pub mod redis_peers;
+pub mod remote_peers;
 pub mod report;
 pub mod ring_peers;

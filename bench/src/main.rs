@@ -73,6 +73,17 @@ enum Command {
     /// Buffer debloating: a producer against a deliberately slow consumer, with and
     /// without debloating; bytes in flight and the wait of in-band markers.
     Debloat(DebloatArgs),
+    /// Sums up the JSON reports of the processes of one `weir run` cluster (as
+    /// `--processes` does by itself; for processes started by hand or by
+    /// scripts/cluster.sh).
+    Summarize {
+        /// Each process's `--json` report.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// Also write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.
@@ -151,8 +162,9 @@ struct RunArgs {
     /// Delay between retries.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     retry_delay: Duration,
-    /// Workers: a count, or a comma-separated list of core ids; at most one per core
-    /// of this machine unless --oversubscribe (default: one per core).
+    /// Workers: a count, or a comma-separated list of core ids (one core id with a
+    /// trailing comma: `3,`); at most one per core of this machine unless
+    /// --oversubscribe (default: one per core).
     #[arg(long)]
     cores: Option<String>,
     /// Allow more workers than cores (or a core listed twice): workers then share cores.
@@ -203,6 +215,19 @@ struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run the job over this many local processes, the workers split among them and the
+    /// key-by exchange crossing them over TCP with credit-based flow control; one summary
+    /// at the end.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    processes: u64,
+    /// Run one process of a job spread over several (on this host or others): its index
+    /// in --peers. Every process gets the same --peers and the same job settings.
+    #[arg(long, requires = "peers")]
+    process: Option<usize>,
+    /// With --process: every process's transport address, this one's included, in process
+    /// order (host:port,host:port,...).
+    #[arg(long, value_delimiter = ',', requires = "process")]
+    peers: Option<Vec<SocketAddr>>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -281,6 +306,7 @@ enum Suite {
     Exchange,
     Lookup,
     Redis,
+    Remote,
 }
 
 /// `weir` with no subcommand: `weir run` on its defaults.
@@ -306,6 +332,15 @@ fn main() {
             }
             eprintln!("wrote {}", out.join("REPORT.md").display());
         }
+        Command::Summarize { reports, json } => {
+            match weir_bench::cluster::summarize_files(&reports, json.as_deref()) {
+                Ok(code) => std::process::exit(code),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(2);
+                }
+            }
+        }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::Compare {
@@ -326,6 +361,7 @@ fn main() {
                 Suite::Async => compare::async_cases(scale),
                 Suite::Exchange => compare::exchange_cases(scale),
                 Suite::Lookup => compare::lookup_cases(scale),
+                Suite::Remote => compare::remote_cases(scale),
                 Suite::Redis => match compare::redis_cases(scale) {
                     Ok(cases) => cases,
                     Err(error) => {
@@ -386,6 +422,50 @@ fn run_job(args: RunArgs) -> i32 {
 /// `weir run`: every setting is checked, and the JSON path opened, before anything
 /// sizeable is allocated or started.
 fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
+    let cluster = match (&args.process, &args.peers) {
+        (Some(process), Some(peers)) => {
+            if args.processes > 1 {
+                return Err(RunError::Setting(
+                    "--processes starts local processes itself; with --process and --peers \
+                     this process is one of a cluster started elsewhere: give one or the other"
+                        .into(),
+                ));
+            }
+            if *process >= peers.len() {
+                return Err(RunError::Setting(format!(
+                    "--process {process} with {} peers: the index must be below the number of \
+                     --peers (process 0 is the first address)",
+                    peers.len()
+                )));
+            }
+            Some(job::ClusterSettings {
+                process: *process,
+                peers: peers.clone(),
+            })
+        }
+        _ => None,
+    };
+    if args.processes > 1 {
+        let launch = weir_bench::cluster::Launch {
+            processes: args.processes as usize,
+            cores: args.cores.as_deref(),
+            records: args.records,
+            capacity: args.capacity as usize,
+            mean_latency: match &args.store {
+                Some(_) => Duration::ZERO,
+                None => args.latency.mean(),
+            },
+            json: args.json.as_deref(),
+        };
+        if let Some(path) = &args.json {
+            open_json(path)?;
+        }
+        let run_args: Vec<String> = std::env::args()
+            .skip_while(|a| a != "run")
+            .skip(1)
+            .collect();
+        return weir_bench::cluster::launch(&launch, &run_args);
+    }
     let driver = match args.driver {
         Some(kind) => kind,
         None => weir_net::driver::kind_from_env()
@@ -490,6 +570,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         futures: args.futures,
         key_iter: None,
         collect: None,
+        cluster,
     };
     let service_core = server.as_ref().and_then(|s| s.core());
     let service_place = match &server {
@@ -670,6 +751,10 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             None => Value::Null,
         };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
+        value["lookup_mean_latency_ms"] = match &redis {
+            Some(_) => Value::Null,
+            None => Value::from(args.latency.mean().as_secs_f64() * 1e3),
+        };
         value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
         value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
         write_json(path, file, &value)?;

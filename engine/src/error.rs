@@ -96,6 +96,16 @@ pub enum ExchangeError {
         /// The channel.
         channel: usize,
     },
+    /// An input channel broke (a remote channel's connection was lost or refused); the
+    /// source names the peer and says what to fix.
+    #[error("input channel {channel} failed: {source}")]
+    ChannelFailed {
+        /// The channel (its index in the gate).
+        channel: usize,
+        /// Why, as the channel reported it.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Bytes on a channel that do not frame a record or event.
     #[error("input channel {channel} carried a malformed frame: {reason}")]
     Malformed {

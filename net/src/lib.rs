@@ -6,7 +6,8 @@
 //! - `uring`, `epoll`: the two drivers;
 //! - [`lookup`]: the service (binary protocol, latency distributions, fault injection)
 //!   and the pipelined client that is an `AsyncFunction`;
-//! - [`redis`]: Redis as an external system, a pipelined client on the same drivers.
+//! - [`redis`]: Redis as an external system, a pipelined client on the same drivers;
+//! - [`transport`]: remote channels over TCP with credit-based flow control.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -15,11 +16,13 @@
     clippy::missing_safety_doc
 )]
 
+pub mod cluster;
 pub mod driver;
 pub mod epoll;
 pub mod error;
 pub mod lookup;
 pub mod redis;
+pub mod transport;
 pub mod uring;
 
 pub use driver::{build as build_driver, factory as driver_factory, DriverKind, Wake};

@@ -38,6 +38,12 @@ pub trait InputChannel: Send {
     fn poll_buffer(&mut self) -> Option<SharedBuffer>;
     /// Whether the producer is gone; what it published before may still be waiting.
     fn is_disconnected(&self) -> bool;
+    /// Why the channel broke, if it did (a remote channel whose connection was lost):
+    /// the gate reports this instead of a bare disconnection. A local channel never
+    /// breaks this way.
+    fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+        None
+    }
     /// Asks the producer to start buffers of at most `size` bytes (0: no limit), as the
     /// gate's debloater computes it. The default ignores it.
     fn announce_buffer_size(&mut self, size: usize) {

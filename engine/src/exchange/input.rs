@@ -372,6 +372,9 @@ impl<T: Codec> InputGate<T> {
                             state.offset = 0;
                             continue;
                         }
+                        if let Some(source) = state.input.failure() {
+                            return Err(ExchangeError::ChannelFailed { channel, source });
+                        }
                         return Err(ExchangeError::ProducerGone { channel });
                     }
                     return Ok(false);

@@ -1,0 +1,335 @@
+//! Remote exchange workloads: Weir's record writer → result partition → transport
+//! (loopback TCP, credit-based) → input gate, against the raw TCP ceiling.
+//!
+//! Both ends run in this process, on threads: the producing and the consuming side
+//! each have their own [`Transport`] (so their own network thread, listener and
+//! connection end) and their own network buffer pool, as two processes would; nothing
+//! but the TCP connection joins them. (A second process would add only the process
+//! boundary, which loopback TCP already crosses.)
+//!
+//! The raw TCP ceiling moves the same bytes as a competent user would by hand: the
+//! writer fills a 32 KiB buffer with the same length-prefixed records (the records'
+//! codec), writes its length and the buffer with blocking writes on a `TcpStream`
+//! (`TCP_NODELAY`); the reader reads the length and the buffer with `read_exact` into
+//! one buffer of its own and decodes the records, checking their order. No credits, no
+//! pools, no multiplexing: one connection per producer–consumer pair.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_engine::exchange::codec::FixedBytes;
+use weir_engine::exchange::{
+    local_channel, GateEvent, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
+    NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin, WriterConfig,
+};
+use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
+use weir_engine::park::{CondvarPark, Notify, UnboundParker};
+use weir_net::transport::{Transport, TransportConfig};
+
+use crate::affinity::{bench_cores, pin, Backoff, StartLine};
+use crate::async_peers::{histogram, Measurement};
+use crate::exchange_peers::{
+    created_of, decode_segment, fill_segment, finish, seq_of, stamp, wait_available, TurnClock,
+    CLOCK_EVERY, POOL_SEGMENTS,
+};
+
+/// Segments of the consuming side's network pool per consumer: the receive pool
+/// (exclusive buffers per channel and the floating ones) fits with room to spare.
+const RECEIVE_SEGMENTS: usize = 64;
+
+/// Transports of a producing and a consuming "process" on loopback.
+fn transports(spin: Duration) -> (Transport, Transport) {
+    let mut config = TransportConfig::new(1);
+    config.spin = spin;
+    let producer = Transport::start(config.clone()).expect("producer transport");
+    config.process = 2;
+    let consumer = Transport::start(config).expect("consumer transport");
+    (producer, consumer)
+}
+
+/// `n` records of `N` bytes from `producers` to `consumers` threads over the transport,
+/// round robin, every producer's records reaching every consumer.
+pub fn weir_remote<const N: usize>(
+    producers: usize,
+    consumers: usize,
+    timeout: Option<Duration>,
+    n: u64,
+) -> Measurement {
+    let (sending, receiving) = transports(Duration::ZERO);
+    let network = NetworkBufferPool::new(producers * (POOL_SEGMENTS + 8), SEGMENT_SIZE_DEFAULT)
+        .expect("pool");
+    let receive_network =
+        NetworkBufferPool::new(consumers * RECEIVE_SEGMENTS, SEGMENT_SIZE_DEFAULT).expect("pool");
+    let mut partitions = Vec::new();
+    for producer in 0..producers {
+        let config =
+            LocalPoolConfig::new(POOL_SEGMENTS, consumers).with_max_per_subpartition(POOL_SEGMENTS);
+        let pool = LocalBufferPool::new(&network, config).expect("pool size");
+        let mut senders = Vec::new();
+        for consumer in 0..consumers {
+            let (sender, input) = local_channel(POOL_SEGMENTS + 8, Some(sending.notify()));
+            sending.serve((producer * consumers + consumer) as u32, input);
+            senders.push(sender);
+        }
+        partitions.push((pool, senders));
+    }
+    let epoch = Instant::now();
+    let per_producer = n / producers as u64;
+    let total = per_producer * producers as u64;
+    let (core_a, core_b) = bench_cores();
+    let start_gate = StartLine::new(producers + consumers);
+    let mut consumer_threads = Vec::new();
+    for consumer in 0..consumers {
+        let ids: Vec<u32> = (0..producers)
+            .map(|p| (p * consumers + consumer) as u32)
+            .collect();
+        let channels: Vec<Box<dyn InputChannel>> = receiving
+            .consume(sending.peer(), &ids, &receive_network, None)
+            .expect("consume")
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn InputChannel>)
+            .collect();
+        let start_gate = Arc::clone(&start_gate);
+        consumer_threads.push(std::thread::spawn(move || {
+            pin(if consumer % 2 == 0 { core_b } else { core_a });
+            let mut gate: InputGate<FixedBytes<N>> = InputGate::new(channels).expect("channels");
+            let mut latency = histogram();
+            let mut last_seq = vec![None::<u64>; gate.channels()];
+            let mut count = 0u64;
+            let mut backoff = Backoff::default();
+            start_gate.wait();
+            loop {
+                match gate.poll_next().expect("exchange error") {
+                    Some(GateEvent::Record { value, channel }) => {
+                        let seq = seq_of(&value);
+                        assert!(last_seq[channel].is_none_or(|l| l < seq), "out of order");
+                        last_seq[channel] = Some(seq);
+                        if let Some(created) = created_of(&value) {
+                            let now = epoch.elapsed().as_nanos() as u64;
+                            latency.saturating_record(now.saturating_sub(created).max(1));
+                        }
+                        count += 1;
+                        backoff.reset();
+                    }
+                    Some(GateEvent::End) => return (count, latency, Instant::now()),
+                    Some(GateEvent::Watermark(_)) => {}
+                    None => backoff.snooze(),
+                }
+            }
+        }));
+    }
+    let mut producer_threads = Vec::new();
+    for (index, (pool, senders)) in partitions.into_iter().enumerate() {
+        let start_gate = Arc::clone(&start_gate);
+        producer_threads.push(std::thread::spawn(move || {
+            pin(if index % 2 == 0 { core_a } else { core_b });
+            let partition = ResultPartition::new(pool, senders).expect("partition");
+            let config = WriterConfig {
+                buffer_timeout: timeout,
+                ..WriterConfig::default()
+            };
+            let mut writer =
+                RecordWriter::new(partition, RoundRobin::default(), config).expect("writer");
+            let mut value = FixedBytes([7u8; N]);
+            start_gate.wait();
+            let mut clock = TurnClock::new(epoch);
+            for seq in 0..per_producer {
+                if seq % CLOCK_EVERY == 0 {
+                    clock.read();
+                    writer.on_timer(clock.now_ns).expect("timer flush");
+                }
+                stamp(&mut value, seq, epoch);
+                wait_available(&mut writer, &mut clock);
+                writer.emit(&value, clock.now_ns).expect("emit");
+            }
+            finish(&mut writer, &mut clock);
+        }));
+    }
+    for producer in producer_threads {
+        producer.join().expect("producer");
+    }
+    let mut latency = histogram();
+    let mut received = 0;
+    let mut end: Option<Instant> = None;
+    for consumer in consumer_threads {
+        let (count, histogram, finished) = consumer.join().expect("consumer");
+        received += count;
+        latency.add(&histogram).expect("same bounds");
+        end = Some(end.map_or(finished, |e| e.max(finished)));
+    }
+    assert_eq!(received, total, "records lost or duplicated");
+    let start = start_gate.start();
+    drop((sending, receiving));
+    Measurement {
+        elapsed: end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start)),
+        latency_ns: Some(latency),
+    }
+}
+
+/// The raw TCP ceiling: `pairs` writer/reader pairs, each on its own loopback
+/// connection, moving `n / pairs` records of `N` bytes in 32 KiB buffers (see the
+/// module docs).
+pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let per_pair = n / pairs as u64;
+    let (core_a, core_b) = bench_cores();
+    let start_gate = StartLine::new(2 * pairs);
+    let mut threads = Vec::new();
+    for pair in 0..pairs {
+        let writer = TcpStream::connect(addr).expect("connect");
+        let (reader, _) = listener.accept().expect("accept");
+        writer.set_nodelay(true).expect("nodelay");
+        let start = Arc::clone(&start_gate);
+        threads.push(std::thread::spawn(move || {
+            let mut writer = writer;
+            pin(if pair % 2 == 0 { core_a } else { core_b });
+            let mut segment = vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice();
+            let mut record = FixedBytes([7u8; N]);
+            let mut seq = 0;
+            start.wait();
+            while seq < per_pair {
+                let used = fill_segment(&mut segment, &mut record, &mut seq, per_pair);
+                writer
+                    .write_all(&(used as u32).to_le_bytes())
+                    .expect("write");
+                writer.write_all(&segment[..used]).expect("write");
+            }
+            None
+        }));
+        let start = Arc::clone(&start_gate);
+        threads.push(std::thread::spawn(move || {
+            let mut reader = reader;
+            pin(if pair % 2 == 0 { core_b } else { core_a });
+            let mut segment = vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice();
+            let mut decoded = 0;
+            let mut prefix = [0u8; 4];
+            start.wait();
+            while decoded < per_pair {
+                reader.read_exact(&mut prefix).expect("read");
+                let used = u32::from_le_bytes(prefix) as usize;
+                reader.read_exact(&mut segment[..used]).expect("read");
+                decode_segment::<N>(&segment, used, &mut decoded);
+            }
+            Some(Instant::now())
+        }));
+    }
+    let mut end: Option<Instant> = None;
+    for thread in threads {
+        if let Some(finished) = thread.join().expect("ceiling thread") {
+            end = Some(end.map_or(finished, |e| e.max(finished)));
+        }
+    }
+    let start = start_gate.start();
+    end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start))
+        .into()
+}
+
+/// Open loop over the transport: `n` records of `N` bytes at `rate` per second, 1→1,
+/// buffer timeout 0; latency from each record's intended send time to its arrival at
+/// the gate (corrected for coordinated omission). `spin`: the network threads' spin.
+/// The producer yields while it waits for a record's send time and the consumer parks
+/// when it has nothing, so that the two network threads get the cores they need.
+pub fn weir_remote_open_loop<const N: usize>(rate: u64, spin: Duration, n: u64) -> Measurement {
+    assert!(N >= 16, "open-loop records carry their intended send time");
+    let (sending, receiving) = transports(spin);
+    let network = NetworkBufferPool::new(POOL_SEGMENTS + 8, SEGMENT_SIZE_DEFAULT).expect("pool");
+    let receive_network =
+        NetworkBufferPool::new(RECEIVE_SEGMENTS, SEGMENT_SIZE_DEFAULT).expect("pool");
+    let config = LocalPoolConfig::new(POOL_SEGMENTS, 1).with_max_per_subpartition(POOL_SEGMENTS);
+    let pool = LocalBufferPool::new(&network, config).expect("pool");
+    let (sender, input) = local_channel(POOL_SEGMENTS + 8, Some(sending.notify()));
+    sending.serve(0, input);
+    // The consumer parks when it has nothing (a worker would), woken by the channel:
+    // on two cores, two spinning threads would starve the network threads.
+    let parker = UnboundParker::new(CondvarPark::default());
+    let notify: Arc<dyn Notify> = Arc::new(parker.unparker());
+    let channels: Vec<Box<dyn InputChannel>> = receiving
+        .consume(sending.peer(), &[0], &receive_network, Some(notify))
+        .expect("consume")
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn InputChannel>)
+        .collect();
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let config = WriterConfig {
+        buffer_timeout: Some(Duration::ZERO),
+        ..WriterConfig::default()
+    };
+    let mut writer = RecordWriter::new(partition, RoundRobin::default(), config).expect("writer");
+    let interval_ns = 1_000_000_000 / rate.max(1);
+    let epoch = Instant::now();
+    let (core_a, core_b) = bench_cores();
+    let ready = Arc::new(std::sync::Barrier::new(2));
+    let consumer_ready = Arc::clone(&ready);
+    let consumer = std::thread::spawn(move || {
+        pin(core_b);
+        let parker = parker.into_parker();
+        let mut gate: InputGate<FixedBytes<N>> = InputGate::new(channels).expect("gate");
+        consumer_ready.wait();
+        let mut latency = histogram();
+        let mut count = 0u64;
+        loop {
+            match gate.poll_next().expect("exchange error") {
+                Some(GateEvent::Record { value, .. }) => {
+                    let intended = u64::from_le_bytes(value.0[8..16].try_into().expect("16 bytes"));
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    latency
+                        .record_correct(now.saturating_sub(intended).max(1), interval_ns)
+                        .expect("in bounds");
+                    count += 1;
+                }
+                Some(GateEvent::End) => return (count, latency),
+                Some(GateEvent::Watermark(_)) => {}
+                None => {
+                    // Race-free without a re-check: a buffer pushed after the poll above
+                    // notifies before or after the announcement, and either way the park
+                    // returns (see `weir_engine::park`).
+                    parker.park(Some(Duration::from_millis(10)), || false);
+                }
+            }
+        }
+    });
+    pin(core_a);
+    let mut value = FixedBytes([7u8; N]);
+    ready.wait();
+    let start = Instant::now();
+    let first = epoch.elapsed().as_nanos() as u64;
+    let mut clock = TurnClock::new(epoch);
+    for seq in 0..n {
+        let intended = first + seq * interval_ns;
+        while (epoch.elapsed().as_nanos() as u64) < intended {
+            // Yield, not spin: the network threads share these two cores.
+            std::thread::yield_now();
+        }
+        value.0[..8].copy_from_slice(&seq.to_le_bytes());
+        value.0[8..16].copy_from_slice(&intended.to_le_bytes());
+        clock.read();
+        wait_available(&mut writer, &mut clock);
+        writer.emit(&value, clock.now_ns).expect("emit");
+    }
+    finish(&mut writer, &mut clock);
+    let elapsed = start.elapsed();
+    let (count, latency) = consumer.join().expect("consumer");
+    assert_eq!(count, n);
+    drop((sending, receiving));
+    Measurement {
+        elapsed,
+        latency_ns: Some(latency),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_exchange_and_ceiling_deliver_every_record() {
+        weir_remote::<100>(1, 1, Some(Duration::from_millis(1)), 20_000);
+        weir_remote::<8>(2, 2, None, 20_000);
+        tcp_ceiling::<100>(2, 20_000);
+        let measured = weir_remote_open_loop::<100>(20_000, Duration::ZERO, 200);
+        assert!(measured.latency_ns.is_some());
+    }
+}

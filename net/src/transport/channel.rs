@@ -1,0 +1,97 @@
+//! The consumer side of a remote channel, as an input gate sees it.
+//!
+//! The network thread reads each buffer's payload straight into a segment of the
+//! channel's receive pool and pushes the filled buffer on an SPSC ring; the gate pops it
+//! here, exactly as it pops a local channel's buffers. Dropping the buffer recycles the
+//! segment to the receive pool, which wakes the network thread to grant the sender new
+//! credit.
+//!
+//! Who writes what: the network thread owns the ring's producer and writes `failure`
+//! once, before it drops the producer; the gate owns this consumer. A gate that sees the
+//! channel disconnected (the producer dropped, Acquire) then reads `failure` under its
+//! lock: set if the connection failed, empty after a clean end of partition.
+
+use std::sync::{Arc, Mutex};
+
+use weir_engine::exchange::{InputChannel, SharedBuffer};
+use weir_engine::ring::Consumer;
+
+use super::error::TransportError;
+
+/// Where the network thread leaves a channel's failure for its consumer.
+pub(crate) type FailureSlot = Arc<Mutex<Option<Arc<TransportError>>>>;
+
+/// A channel fed by a remote producer over the transport (Flink's
+/// `RemoteInputChannel`). Give it to an [`InputGate`](weir_engine::exchange::InputGate)
+/// beside local channels. Dropping it cancels the channel at the producer.
+pub struct RemoteInputChannel {
+    channel: u32,
+    peer: String,
+    ring: Consumer<SharedBuffer>,
+    failure: FailureSlot,
+}
+
+impl RemoteInputChannel {
+    pub(crate) fn new(
+        channel: u32,
+        peer: String,
+        ring: Consumer<SharedBuffer>,
+        failure: FailureSlot,
+    ) -> Self {
+        RemoteInputChannel {
+            channel,
+            peer,
+            ring,
+            failure,
+        }
+    }
+
+    /// The channel id, as the producer serves it.
+    pub fn channel(&self) -> u32 {
+        self.channel
+    }
+
+    /// The producing peer.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Buffers arrived and not yet taken by the gate.
+    pub fn buffered(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Why the channel failed, if it did.
+    pub fn error(&self) -> Option<Arc<TransportError>> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl InputChannel for RemoteInputChannel {
+    #[inline]
+    fn poll_buffer(&mut self) -> Option<SharedBuffer> {
+        self.ring.try_pop()
+    }
+
+    fn is_disconnected(&self) -> bool {
+        self.ring.is_abandoned()
+    }
+
+    fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
+        self.error()
+            .map(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>)
+    }
+}
+
+impl core::fmt::Debug for RemoteInputChannel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RemoteInputChannel")
+            .field("channel", &self.channel)
+            .field("peer", &self.peer)
+            .field("buffered", &self.ring.len())
+            .finish()
+    }
+}

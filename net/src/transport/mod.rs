@@ -1,0 +1,343 @@
+//! Remote channels over TCP with credit-based flow control (Flink's
+//! `RemoteInputChannel`, `PartitionRequestQueue` and
+//! `CreditBasedPartitionRequestClientHandler`).
+//!
+//! A [`Transport`] per process listens on one address and runs one **network thread**.
+//! A producer process [`serve`](Transport::serve)s a subpartition under a channel id by
+//! handing over the consumer end of the subpartition's local channel; a consumer process
+//! asks for channels with [`consume`](Transport::consume) and gets
+//! [`RemoteInputChannel`]s, which an [`InputGate`](weir_engine::exchange::InputGate)
+//! reads beside local ones. One TCP connection per pair of processes carries every
+//! channel between them, both ways.
+//!
+//! # Why a network thread, not the workers' drivers
+//!
+//! The workers' [`Driver`](weir_engine::runtime::Driver) hands received bytes to a
+//! callback from the driver's own receive buffer, so a buffer's payload would be copied
+//! from there into a segment; and a connection belongs to one worker, while the channels
+//! it multiplexes feed gates on many workers. The transport therefore runs its own loop
+//! on one thread per process (as Flink runs Netty threads): it reads each payload
+//! straight into a segment of the consuming gate's receive pool with a vectored read
+//! (payload into the segment, the next fixed-size header into the header slot), writes
+//! many frames per vectored write (headers and the producers' segments, no copy), and
+//! hands buffers to gates and takes them from producers through SPSC rings, waking their
+//! workers through their [`Notify`]. It is woken the same way: producers' channels and
+//! receive pools notify its [`Unparker`](weir_engine::park::Unparker), which costs a
+//! system call only when the thread is parked. The loop is readiness-based (epoll through
+//! `mio`): every turn it reads what each connection has (bounded), grants credit, moves
+//! buffers that have credit, and writes every connection's queued frames in one call.
+//!
+//! # Frames
+//!
+//! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
+//!
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error |
+//! |---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 0 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 |
+//! | 16–19 | arg1 | version (1) | 0 | backlog | 0 | 0 | 0 | 0 |
+//! | 20– | payload | | | the buffer's bytes | | | | UTF-8 message |
+//!
+//! Each side sends its handshake first and expects the peer's as the first frame within
+//! [`TransportConfig::handshake_timeout`]. Records, watermarks and the in-band
+//! end-of-partition tag travel inside buffer payloads exactly as on a local channel; the
+//! end-of-partition *frame* says that the subpartition's channel is closed (its producer
+//! is gone and everything was sent).
+//!
+//! # Credits (Flink's rules)
+//!
+//! - Each remote channel owns `exclusive_buffers` (default 2) of its gate's receive pool;
+//!   the gate owns `floating_buffers` more (default 8), lent to channels by the backlog
+//!   their producers announce.
+//! - A credit is a segment the receiver holds for the channel: the partition request
+//!   carries the exclusive ones, add-credit frames the rest. The producer sends a buffer
+//!   only against a credit and reports its backlog (buffers queued behind it).
+//! - The receiver grants credit once per turn per channel, when the channel holds (in
+//!   buffers its gate has not recycled plus credit outstanding) fewer than its exclusive
+//!   buffers plus its backlog; floating buffers go round robin to channels that want
+//!   them. Credit is announced when it grows from what was announced, so a busy channel
+//!   costs one add-credit frame per turn, not per buffer.
+//! - Every segment counted in credit or held by a gate is the receiver's, so a buffer
+//!   that arrives against a credit always finds a segment: the connection is always read,
+//!   and a slow consumer stops only its own channel (its credit runs out) while the
+//!   others on the connection keep flowing.
+//!
+//! # Faults
+//!
+//! - A connection that closes or resets with open channels fails each of them with
+//!   [`TransportError::ChannelFailed`] naming the channel and the peer; the gate returns
+//!   it as [`ExchangeError::ChannelFailed`](weir_engine::ExchangeError::ChannelFailed)
+//!   after the buffers that arrived. Producers whose consumers went away see their
+//!   channel disconnected (`ExchangeError::ConsumerGone`). Other connections go on.
+//! - A frame that does not decode (unknown type or version, bad magic, a payload above
+//!   its type's limit, checked before anything is read into memory), or one that breaks
+//!   the rules (a buffer without credit or out of sequence, a frame before the
+//!   handshake), fails its connection the same way; the peer gets an error frame first.
+//! - A peer that does not complete the handshake in time fails the connection with
+//!   [`TransportError::HandshakeTimeout`].
+//! - Dropping a [`RemoteInputChannel`] cancels it at the producer; dropping the
+//!   [`Transport`] stops its thread and fails what is still open.
+
+mod channel;
+mod error;
+pub mod frame;
+mod network;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use weir_engine::exchange::{InputChannel, LocalBufferPool, LocalPoolConfig, NetworkBufferPool};
+use weir_engine::park::{Notify, UnboundParker, Unparker};
+
+pub use channel::RemoteInputChannel;
+pub use error::{FrameError, TransportError};
+pub use frame::{Frame, FrameKind, Header};
+
+use network::{Command, Control, Gate, RecvChannel};
+
+/// Settings of a [`Transport`].
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// This process's id, unique among the processes of a job (the handshake carries it).
+    pub process: u32,
+    /// Where to listen for peers (port 0: any free port).
+    pub listen: SocketAddr,
+    /// How long a new connection may take to complete the handshake.
+    pub handshake_timeout: Duration,
+    /// Segments each remote channel owns (Flink's default: 2).
+    pub exclusive_buffers: usize,
+    /// Segments each [`consume`](Transport::consume) call's gate lends by backlog
+    /// (Flink's default: 8).
+    pub floating_buffers: usize,
+    /// How long the network thread keeps polling with nothing to do before it parks
+    /// (0: it parks at once). Latency for idle CPU, as a worker's spin.
+    pub spin: Duration,
+}
+
+impl TransportConfig {
+    /// Process `process` listening on a free loopback port, with Flink's defaults.
+    pub fn new(process: u32) -> Self {
+        TransportConfig {
+            process,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            handshake_timeout: Duration::from_secs(10),
+            exclusive_buffers: 2,
+            floating_buffers: 8,
+            spin: Duration::ZERO,
+        }
+    }
+}
+
+/// A peer process: its id and the address its transport listens on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Its process id.
+    pub process: u32,
+    /// Its transport's listening address.
+    pub addr: SocketAddr,
+}
+
+/// One process's end of the transport: its listener and its network thread. See the
+/// module docs.
+pub struct Transport {
+    config: TransportConfig,
+    addr: SocketAddr,
+    control: Arc<Control>,
+    unparker: Unparker,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Transport {
+    /// Binds `config.listen` and starts the network thread.
+    pub fn start(config: TransportConfig) -> Result<Self, TransportError> {
+        if config.exclusive_buffers == 0 {
+            return Err(TransportError::Config(
+                "exclusive_buffers must be at least 1: a channel without buffers of its own \
+                 can stall"
+                    .into(),
+            ));
+        }
+        if config.handshake_timeout.is_zero() {
+            return Err(TransportError::Config(
+                "handshake_timeout must be positive".into(),
+            ));
+        }
+        let io = |what, source| TransportError::Io {
+            what,
+            peer: config.listen.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(config.listen).map_err(|e| io("binding", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io("setting the listener non-blocking", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| io("reading the listening address", e))?;
+        let wake = Arc::new(crate::driver::Wake::new().map_err(|e| TransportError::Io {
+            what: "creating the network thread's eventfd",
+            peer: addr.to_string(),
+            source: std::io::Error::other(e.to_string()),
+        })?);
+        let parker = UnboundParker::new(Arc::clone(&wake));
+        let unparker = parker.unparker();
+        let control = Arc::new(Control::default());
+        let mut net = network::Net::new(config.clone(), listener, wake, Arc::clone(&control))
+            .map_err(|e| io("setting up the network thread's poll", e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("weir-net-{}", config.process))
+            .spawn(move || net.run(parker.into_parker()))
+            .map_err(|e| io("spawning the network thread", e))?;
+        Ok(Transport {
+            config,
+            addr,
+            control,
+            unparker,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// This process as a peer of others.
+    pub fn peer(&self) -> Peer {
+        Peer {
+            process: self.config.process,
+            addr: self.addr,
+        }
+    }
+
+    /// What a served subpartition's local channel should notify when it gets a buffer
+    /// (`local_channel(capacity, Some(transport.notify()))`): the network thread.
+    pub fn notify(&self) -> Arc<dyn Notify> {
+        Arc::new(self.unparker.clone())
+    }
+
+    /// Serves `input` (the consumer end of a subpartition's local channel) as channel
+    /// `channel` to whichever peer requests it. Its buffers are read with
+    /// `poll_buffer` only and sent against the consumer's credit; when it disconnects and
+    /// is drained, the consumer gets the end of the partition.
+    pub fn serve(&self, channel: u32, input: impl InputChannel + 'static) {
+        self.command(Command::Serve {
+            channel,
+            input: Box::new(input),
+        });
+    }
+
+    /// Requests `channels` from `peer`, with a receive pool drawn from `network`
+    /// (`exclusive_buffers` per channel plus `floating_buffers`). `notify` wakes the
+    /// consuming task when a buffer arrives. The channels come back at once; their
+    /// buffers flow once the connection is up, and a connection that fails, fails them.
+    pub fn consume(
+        &self,
+        peer: Peer,
+        channels: &[u32],
+        network: &NetworkBufferPool,
+        notify: Option<Arc<dyn Notify>>,
+    ) -> Result<Vec<RemoteInputChannel>, TransportError> {
+        if channels.is_empty() {
+            return Err(TransportError::Config(
+                "consume needs at least one channel".into(),
+            ));
+        }
+        let size = channels.len() * self.config.exclusive_buffers + self.config.floating_buffers;
+        // At most one buffer per channel before the pool reports unavailable: so that
+        // every recycled buffer, while any is out, wakes the network thread to grant credit.
+        let pool_config = LocalPoolConfig::new(size, channels.len())
+            .with_max_per_subpartition(1)
+            .with_overdraft(0);
+        let pool = LocalBufferPool::with_notify(network, pool_config, self.unparker.clone())
+            .map_err(|e| TransportError::Config(format!("the receive pool: {e}")))?;
+        let peer_name = network::peer_name(peer.process, peer.addr);
+        let mut receivers = Vec::with_capacity(channels.len());
+        let mut remotes = Vec::with_capacity(channels.len());
+        for &channel in channels {
+            let (producer, consumer) = weir_engine::ring::channel(size);
+            let failure: channel::FailureSlot = Arc::default();
+            receivers.push(RecvChannel::new(
+                channel,
+                producer,
+                notify.clone(),
+                Arc::clone(&failure),
+            ));
+            remotes.push(RemoteInputChannel::new(
+                channel,
+                peer_name.clone(),
+                consumer,
+                failure,
+            ));
+        }
+        self.command(Command::Consume(Gate::new(
+            peer,
+            pool,
+            receivers,
+            self.config.exclusive_buffers as u32,
+            self.config.floating_buffers as u32,
+        )));
+        Ok(remotes)
+    }
+
+    /// Waits until every channel served so far was requested by its consumer, sent to
+    /// its end, and its end-of-partition frame written: what a producer process does
+    /// before it exits, so that its consumers get everything. Fails after `timeout`
+    /// (a consumer that never asked, or a peer that stopped reading).
+    pub fn drain(&self, timeout: Duration) -> Result<(), TransportError> {
+        use std::sync::atomic::Ordering;
+        let deadline = std::time::Instant::now() + timeout;
+        // Two full turns after this call: the second began after every earlier command
+        // (a serve) was queued, so its verdict covers them.
+        let start = self.control.turns.load(Ordering::Acquire);
+        loop {
+            let turns = self.control.turns.load(Ordering::Acquire);
+            if turns >= start + 2 && self.control.drained.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(TransportError::DrainTimeout { timeout });
+            }
+            self.unparker.unpark();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn command(&self, command: Command) {
+        self.control
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(command);
+        self.unparker.unpark();
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.control
+            .stop
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.unparker.unpark();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl core::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Transport")
+            .field("process", &self.config.process)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Shared with the network thread: commands from API calls (control plane, rare).
+pub(crate) type Commands = Mutex<Vec<Command>>;

@@ -1,0 +1,528 @@
+//! Remote channels on loopback: exactly-once delivery through the whole exchange,
+//! credits, a slow channel's isolation, and the faults (a peer killed mid-stream, a
+//! malformed or oversized frame, a peer that never answers).
+//!
+//! No timing assertions: every wait is a generous hang guard.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use weir_engine::exchange::{
+    local_channel, Forward, GateEvent, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
+    NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
+};
+use weir_engine::ExchangeError;
+use weir_net::transport::{
+    Frame, FrameError, Header, Peer, RemoteInputChannel, Transport, TransportConfig, TransportError,
+};
+
+const GUARD: Duration = Duration::from_secs(60);
+const SEGMENT: usize = 4096;
+
+fn transport(process: u32) -> Transport {
+    Transport::start(TransportConfig::new(process)).expect("transport starts")
+}
+
+/// Writes `count` u64 records (`first..first + count`) into a one-subpartition
+/// partition served by `transport` as `channel`, on a thread of its own.
+fn produce(
+    transport: &Transport,
+    channel: u32,
+    first: u64,
+    count: u64,
+    timeout: Option<Duration>,
+) -> thread::JoinHandle<Result<(), ExchangeError>> {
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(16, 1)).expect("local pool");
+    let (sender, input) = local_channel(16 + pool.overdraft_max(), Some(transport.notify()));
+    transport.serve(channel, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let config = WriterConfig {
+        buffer_timeout: timeout,
+        ..WriterConfig::default()
+    };
+    let mut writer = RecordWriter::<u64, _>::new(partition, Forward, config).expect("writer");
+    thread::spawn(move || {
+        let started = Instant::now();
+        let wait = |started: Instant| {
+            assert!(started.elapsed() < GUARD, "producer hung");
+            thread::sleep(Duration::from_micros(50));
+        };
+        for value in first..first + count {
+            while !writer.poll_ready(0)? {
+                wait(started);
+            }
+            writer.emit(&value, 0)?;
+        }
+        while !writer.poll_ready(0)? {
+            wait(started);
+        }
+        writer.finish(0)?;
+        while !writer.resume(0)? {
+            wait(started);
+        }
+        writer.flush()?;
+        drop(network);
+        Ok(())
+    })
+}
+
+/// Reads `gate` to its end (or its first error), with a hang guard.
+fn drain(gate: &mut InputGate<u64>) -> Result<Vec<(usize, u64)>, ExchangeError> {
+    let started = Instant::now();
+    let mut records = Vec::new();
+    loop {
+        match gate.poll_next()? {
+            Some(GateEvent::Record { value, channel }) => records.push((channel, value)),
+            Some(GateEvent::End) => return Ok(records),
+            Some(GateEvent::Watermark(_)) => {}
+            None => {
+                assert!(started.elapsed() < GUARD, "consumer hung");
+                thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
+fn boxed(channels: Vec<RemoteInputChannel>) -> Vec<Box<dyn InputChannel>> {
+    channels
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn InputChannel>)
+        .collect()
+}
+
+/// Records go `RecordWriter → ResultPartition → transport → InputGate` exactly once and
+/// in order per channel, over two remote channels on one connection and a local channel
+/// in the same gate.
+#[test]
+fn records_cross_exactly_once_beside_a_local_channel() {
+    let producer = transport(1);
+    let consumer = transport(2);
+    let count = 20_000;
+    let a = produce(&producer, 10, 0, count, Some(Duration::from_millis(1)));
+    let b = produce(&producer, 11, 1_000_000, count, None);
+    let network = NetworkBufferPool::new(256, SEGMENT).expect("pool");
+    let mut channels = boxed(
+        consumer
+            .consume(producer.peer(), &[10, 11], &network, None)
+            .expect("consume"),
+    );
+    // A local channel in the same gate.
+    let local_network = NetworkBufferPool::new(32, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&local_network, LocalPoolConfig::new(8, 1)).expect("pool");
+    let (sender, local) = local_channel(8 + pool.overdraft_max(), None);
+    channels.push(Box::new(local));
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let mut writer =
+        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    for value in 0..5u64 {
+        writer.emit(&(2_000_000 + value), 0).expect("emit");
+    }
+    writer.finish(0).expect("finish");
+    writer.flush().expect("flush");
+    let mut gate = InputGate::<u64>::new(channels).expect("gate");
+    let records = drain(&mut gate).expect("every record arrives");
+    a.join().expect("producer a").expect("producer a ok");
+    b.join().expect("producer b").expect("producer b ok");
+    for (channel, first, expected) in [(0, 0, count), (1, 1_000_000, count), (2, 2_000_000, 5)] {
+        let got: Vec<u64> = records
+            .iter()
+            .filter(|(c, _)| *c == channel)
+            .map(|(_, v)| *v)
+            .collect();
+        let want: Vec<u64> = (first..first + expected).collect();
+        assert_eq!(
+            got, want,
+            "channel {channel}: in order, none lost or repeated"
+        );
+    }
+    drop(writer);
+    drop(gate);
+}
+
+/// A consumer that does not read stops only its own channel: the other channel on the
+/// same connection (same gate pool, same process pair) runs to its end meanwhile. Then
+/// the slow one is read, complete.
+#[test]
+fn a_slow_channel_back_pressures_only_itself() {
+    let producer = transport(1);
+    let consumer = transport(2);
+    let count = 50_000;
+    let slow_producer = produce(&producer, 1, 0, count, None);
+    let fast_producer = produce(&producer, 2, 0, count, None);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let mut channels = consumer
+        .consume(producer.peer(), &[1, 2], &network, None)
+        .expect("consume");
+    let fast = channels.pop().expect("two channels");
+    let slow = channels.pop().expect("two channels");
+    let mut fast_gate = InputGate::<u64>::new(vec![Box::new(fast)]).expect("gate");
+    let records = drain(&mut fast_gate).expect("the fast channel ends");
+    assert_eq!(records.len() as u64, count);
+    fast_producer
+        .join()
+        .expect("join")
+        .expect("fast producer ok");
+    // The slow channel holds at most what credit allowed: exclusive + floating buffers.
+    assert!(slow.buffered() <= 2 + 8, "{} buffers", slow.buffered());
+    assert!(!slow_producer.is_finished() || count * 12 < 10 * SEGMENT as u64);
+    let mut slow_gate = InputGate::<u64>::new(vec![Box::new(slow)]).expect("gate");
+    let records = drain(&mut slow_gate).expect("the slow channel ends too");
+    let values: Vec<u64> = records.into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values, (0..count).collect::<Vec<_>>());
+    slow_producer
+        .join()
+        .expect("join")
+        .expect("slow producer ok");
+}
+
+/// A producer process that dies mid-stream fails each of its channels at the consumer
+/// with an error naming the channel and the peer; a channel from another process on the
+/// same gate is unaffected and still delivers everything.
+#[test]
+fn a_killed_peer_fails_its_channels_and_no_other() {
+    let doomed = transport(1);
+    let healthy = transport(3);
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(128, SEGMENT).expect("pool");
+    // The doomed producer serves a channel that never ends.
+    let pool_network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&pool_network, LocalPoolConfig::new(4, 1)).expect("pool");
+    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(doomed.notify()));
+    doomed.serve(5, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let mut writer =
+        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    writer.emit(&42, 0).expect("emit");
+    writer.flush().expect("flush");
+    let good = produce(&healthy, 6, 0, 10_000, None);
+    let doomed_channel = consumer
+        .consume(doomed.peer(), &[5], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let healthy_channel = consumer
+        .consume(healthy.peer(), &[6], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let mut doomed_gate = InputGate::<u64>::new(vec![Box::new(doomed_channel)]).expect("gate");
+    // The record before the death arrives.
+    let started = Instant::now();
+    loop {
+        match doomed_gate.poll_next().expect("no failure yet") {
+            Some(GateEvent::Record { value, .. }) => {
+                assert_eq!(value, 42);
+                break;
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => {
+                assert!(started.elapsed() < GUARD, "hung");
+                thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+    let doomed_addr = doomed.local_addr();
+    drop(doomed);
+    let error = drain(&mut doomed_gate).expect_err("the channel fails");
+    let ExchangeError::ChannelFailed { channel, source } = &error else {
+        panic!("expected a channel failure, got {error}");
+    };
+    assert_eq!(*channel, 0);
+    let message = error.to_string();
+    assert!(message.contains("remote channel 5"), "{message}");
+    assert!(message.contains(&doomed_addr.to_string()), "{message}");
+    assert!(message.contains("process 1"), "{message}");
+    assert!(source.to_string().contains("lost"), "{message}");
+    // The other process's channel goes on to its end.
+    let mut healthy_gate = InputGate::<u64>::new(vec![Box::new(healthy_channel)]).expect("gate");
+    let records = drain(&mut healthy_gate).expect("the healthy channel is unaffected");
+    assert_eq!(records.len(), 10_000);
+    good.join().expect("join").expect("healthy producer ok");
+    // The producer side of the dead transport sees its consumer gone.
+    writer.emit(&43, 0).expect("buffered");
+    assert!(matches!(
+        writer.flush(),
+        Err(ExchangeError::ConsumerGone { .. })
+    ));
+}
+
+/// A fake producer process: accepts one connection and exchanges the handshake.
+struct FakePeer {
+    listener: TcpListener,
+}
+
+impl FakePeer {
+    fn new() -> Self {
+        FakePeer {
+            listener: TcpListener::bind("127.0.0.1:0").expect("bind"),
+        }
+    }
+
+    fn peer(&self) -> Peer {
+        Peer {
+            process: 9,
+            addr: self.listener.local_addr().expect("addr"),
+        }
+    }
+
+    fn accept(&self) -> TcpStream {
+        let (mut stream, _) = self.listener.accept().expect("accept");
+        stream.set_read_timeout(Some(GUARD)).expect("timeout");
+        let Frame::Handshake { process } = read_frame(&mut stream) else {
+            panic!("expected a handshake first");
+        };
+        assert_eq!(process, 2);
+        let mut bytes = Vec::new();
+        Frame::Handshake { process: 9 }.encode(&mut bytes);
+        stream.write_all(&bytes).expect("write");
+        stream
+    }
+}
+
+/// Reads one frame, owning its payload by leaking it (tests only).
+fn read_frame(stream: &mut TcpStream) -> Frame<'static> {
+    let mut header = [0u8; 20];
+    stream.read_exact(&mut header).expect("a header");
+    let decoded = Header::decode(&header, 1 << 20).expect("a valid header");
+    let mut bytes = header.to_vec();
+    bytes.resize(20 + decoded.len as usize, 0);
+    stream.read_exact(&mut bytes[20..]).expect("a payload");
+    let bytes: &'static [u8] = Vec::leak(bytes);
+    Frame::decode(bytes, 1 << 20)
+        .expect("valid")
+        .expect("whole")
+        .0
+}
+
+fn send(stream: &mut TcpStream, frame: Frame<'_>) {
+    let mut bytes = Vec::new();
+    frame.encode(&mut bytes);
+    stream.write_all(&bytes).expect("write");
+}
+
+fn failure_of(channel: &RemoteInputChannel) -> Arc<TransportError> {
+    let started = Instant::now();
+    loop {
+        if let Some(error) = channel.error() {
+            assert!(channel.is_disconnected());
+            return error;
+        }
+        assert!(started.elapsed() < GUARD, "no failure reported");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The consumer asks with its exclusive credit, grants floating credit by the announced
+/// backlog without anyone reading, and a buffer beyond the credit fails the connection.
+#[test]
+fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused() {
+    let fake = FakePeer::new();
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(fake.peer(), &[3], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let mut stream = fake.accept();
+    let Frame::PartitionRequest { channel: 3, credit } = read_frame(&mut stream) else {
+        panic!("expected the partition request");
+    };
+    assert_eq!(credit, 2, "the exclusive buffers");
+    // Two buffers against the two credits, announcing 5 more behind them.
+    let payload = 7u32.to_le_bytes();
+    let mut record = 4u32.to_le_bytes().to_vec();
+    record.extend_from_slice(&payload);
+    for sequence in 0..2 {
+        send(
+            &mut stream,
+            Frame::Buffer {
+                channel: 3,
+                sequence,
+                backlog: 5,
+                payload: &record,
+            },
+        );
+    }
+    // Floating credit for the backlog, with nothing read at the consumer.
+    let mut granted = 0;
+    while granted < 5 {
+        match read_frame(&mut stream) {
+            Frame::AddCredit { channel: 3, delta } => granted += delta,
+            other => panic!("expected credit, got {other:?}"),
+        }
+    }
+    assert_eq!(granted, 5, "backlog 5 within the 8 floating buffers");
+    for sequence in 2..7 {
+        send(
+            &mut stream,
+            Frame::Buffer {
+                channel: 3,
+                sequence,
+                backlog: 0,
+                payload: &record,
+            },
+        );
+    }
+    // One more, without credit.
+    send(
+        &mut stream,
+        Frame::Buffer {
+            channel: 3,
+            sequence: 7,
+            backlog: 0,
+            payload: &record,
+        },
+    );
+    let error = failure_of(&channel);
+    let message = error.to_string();
+    assert!(message.contains("without credit"), "{message}");
+    assert!(message.contains("remote channel 3"), "{message}");
+    // The seven credited buffers arrived before it.
+    assert_eq!(channel.buffered(), 7);
+    // The peer is told why before the connection closes.
+    match read_frame(&mut stream) {
+        Frame::Error { channel, message } => {
+            assert_eq!(channel, u32::MAX);
+            assert!(String::from_utf8_lossy(message).contains("without credit"));
+        }
+        other => panic!("expected an error frame, got {other:?}"),
+    }
+}
+
+/// An unknown frame type and an oversized buffer each fail the connection with a typed
+/// frame error, before anything is read into memory.
+#[test]
+fn malformed_and_oversized_frames_fail_the_connection() {
+    for (case, header) in [
+        ("unknown type", {
+            let mut bytes = [0u8; 20];
+            bytes[4] = 200;
+            bytes
+        }),
+        ("oversized", {
+            let mut bytes = Frame::Buffer {
+                channel: 3,
+                sequence: 0,
+                backlog: 0,
+                payload: &[1],
+            }
+            .header()
+            .encode();
+            bytes[0..4].copy_from_slice(&(SEGMENT as u32 + 1).to_le_bytes());
+            bytes
+        }),
+        ("huge", {
+            let mut bytes = [0u8; 20];
+            bytes[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+            bytes[4] = 7;
+            bytes
+        }),
+    ] {
+        let fake = FakePeer::new();
+        let consumer = transport(2);
+        let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+        let channel = consumer
+            .consume(fake.peer(), &[3], &network, None)
+            .expect("consume")
+            .pop()
+            .expect("one");
+        let mut stream = fake.accept();
+        let _request = read_frame(&mut stream);
+        stream.write_all(&header).expect("write");
+        let error = failure_of(&channel);
+        let TransportError::ChannelFailed { cause, .. } = &*error else {
+            panic!("{case}: {error}");
+        };
+        match (case, &**cause) {
+            (
+                "unknown type",
+                TransportError::Frame {
+                    source: FrameError::UnknownType(200),
+                    ..
+                },
+            ) => {}
+            (
+                "oversized" | "huge",
+                TransportError::Frame {
+                    source: FrameError::Oversized { .. },
+                    ..
+                },
+            ) => {}
+            _ => panic!("{case}: unexpected {error}"),
+        }
+    }
+}
+
+/// A peer that accepts the connection but never speaks fails it after the configured
+/// handshake timeout.
+#[test]
+fn a_silent_peer_times_out_in_the_handshake() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut config = TransportConfig::new(2);
+    config.handshake_timeout = Duration::from_millis(200);
+    let consumer = Transport::start(config).expect("transport");
+    let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let peer = Peer {
+        process: 9,
+        addr: listener.local_addr().expect("addr"),
+    };
+    let channel = consumer
+        .consume(peer, &[1], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let error = failure_of(&channel);
+    let TransportError::ChannelFailed { cause, .. } = &*error else {
+        panic!("{error}");
+    };
+    assert!(
+        matches!(&**cause, TransportError::HandshakeTimeout { timeout, .. } if *timeout == Duration::from_millis(200)),
+        "{error}"
+    );
+    drop(listener);
+}
+
+/// Dropping a remote channel cancels it at the producer, whose writer then sees its
+/// consumer gone.
+#[test]
+fn dropping_a_remote_channel_cancels_it() {
+    let producer = transport(1);
+    let consumer = transport(2);
+    let pool_network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&pool_network, LocalPoolConfig::new(4, 1)).expect("pool");
+    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
+    producer.serve(4, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let mut writer =
+        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(producer.peer(), &[4], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    writer.emit(&1, 0).expect("emit");
+    writer.flush().expect("flush");
+    let started = Instant::now();
+    while channel.buffered() == 0 {
+        assert!(started.elapsed() < GUARD, "hung");
+        thread::sleep(Duration::from_millis(1));
+    }
+    drop(channel);
+    let started = Instant::now();
+    loop {
+        writer.emit(&2, 0).expect("emit");
+        match writer.flush() {
+            Ok(()) => {}
+            Err(ExchangeError::ConsumerGone { .. }) => break,
+            Err(other) => panic!("{other}"),
+        }
+        assert!(started.elapsed() < GUARD, "the cancel never arrived");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
