@@ -19,9 +19,9 @@
 //! being read to its end ([`PartitionMetrics::segments_per_channel_peak`]).
 //!
 //! The consumer of a buffer is pushed to the subpartition's channel when the buffer is
-//! first published, so an empty buffer is never sent; a consumer that disconnected is
-//! reported then ([`ExchangeError::ConsumerGone`]), once per buffer rather than per
-//! record. A segment is recycled when its builder is gone and its consumer has read all
+//! first published, so an empty buffer is never sent. Each publication checks that
+//! the consumer is still there (one load of a flag its channel writes only when it is
+//! dropped) and reports [`ExchangeError::ConsumerGone`] otherwise. A segment is recycled when its builder is gone and its consumer has read all
 //! of it (the shares of `buffer`).
 //!
 //! In broadcast mode the partition fills one buffer and pushes a consumer of it to
@@ -327,11 +327,11 @@ impl ResultPartition {
                     return Ok(());
                 };
                 let fresh = builder.has_unpublished();
+                if fresh && subpartition.channel.is_disconnected() {
+                    return Err(ExchangeError::ConsumerGone { subpartition: sub });
+                }
                 if fresh && !subpartition.slot.enqueued {
                     let channel = &mut subpartition.channel;
-                    if channel.is_disconnected() {
-                        return Err(ExchangeError::ConsumerGone { subpartition: sub });
-                    }
                     if channel.push(builder.consumer()).is_err() {
                         unreachable!(
                             "channels hold every buffer the pool can lend (checked in new)"
@@ -356,12 +356,14 @@ impl ResultPartition {
                     return Ok(());
                 };
                 let fresh = builder.has_unpublished();
-                if fresh && !self.shared.enqueued {
-                    for (sub, subpartition) in self.subpartitions.iter_mut().enumerate() {
+                if fresh {
+                    for (sub, subpartition) in self.subpartitions.iter().enumerate() {
                         if subpartition.channel.is_disconnected() {
                             return Err(ExchangeError::ConsumerGone { subpartition: sub });
                         }
                     }
+                }
+                if fresh && !self.shared.enqueued {
                     for subpartition in &mut self.subpartitions {
                         if subpartition.channel.push(builder.consumer()).is_err() {
                             unreachable!(
