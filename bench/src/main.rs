@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The main job: embedded lookup service → async lookup → key-hash exchange → sink.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// The lookup service alone, until interrupted.
     ServeLookup(ServeArgs),
     /// Loads the main job's keys (`weir:0` ...) into Redis for `weir run --store`,
@@ -320,9 +320,9 @@ fn main() {
     let cli = Cli::parse();
     let command = cli
         .command
-        .unwrap_or_else(|| Command::Run(DefaultRun::parse_from(["weir"]).args));
+        .unwrap_or_else(|| Command::Run(Box::new(DefaultRun::parse_from(["weir"]).args)));
     match command {
-        Command::Run(args) => std::process::exit(run_job(args)),
+        Command::Run(args) => std::process::exit(run_job(*args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::Report { data, out, commit } => {

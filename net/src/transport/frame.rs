@@ -154,15 +154,14 @@ impl Header {
                     });
                 }
             }
-            FrameKind::Error => {
-                if len > ERROR_MESSAGE_MAX {
-                    return Err(FrameError::Oversized {
-                        kind: kind.name(),
-                        len,
-                        max: ERROR_MESSAGE_MAX,
-                    });
-                }
+            FrameKind::Error if len > ERROR_MESSAGE_MAX => {
+                return Err(FrameError::Oversized {
+                    kind: kind.name(),
+                    len,
+                    max: ERROR_MESSAGE_MAX,
+                });
             }
+            FrameKind::Error => {}
             _ if len != 0 => {
                 return Err(FrameError::Oversized {
                     kind: kind.name(),
