@@ -18,7 +18,8 @@
 //! [`InputChannel::announce_buffer_size`], a local channel stores it in a word its
 //! producer reads when it starts a buffer (Relaxed both sides: a size is advice, and a
 //! late one only delays the change by a buffer). A remote channel would carry it in a
-//! frame.
+//! frame to the sending process, whose sender reads the subpartition through a local
+//! channel and passes the size on with that channel's `announce_buffer_size`.
 //!
 //! Invariant: the ring holds every consumer the producer can have in flight (its pool's
 //! size plus overdraft), so a push never finds it full (`ResultPartition::new` checks).

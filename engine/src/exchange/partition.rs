@@ -13,10 +13,11 @@
 //!   record starts a new buffer.
 //!
 //! A flush does not cut the buffer: the next records go on filling the same segment,
-//! and the consumer reads them from it. So a timeout of 0 costs a store and a
-//! notification per record, not a segment per record, and a subpartition whose
-//! consumer keeps up holds at most two segments: the one being written and the one
-//! being read to its end ([`PartitionMetrics::segments_per_channel_peak`]).
+//! and the consumer reads them from it. So a timeout of 0 costs a store, a load of
+//! the consumer's gone flag and a notification per record, not a segment per record,
+//! and a subpartition whose consumer keeps up holds at most two segments: the one
+//! being written and the one being read to its end
+//! ([`PartitionMetrics::segments_per_channel_peak`]).
 //!
 //! The consumer of a buffer is pushed to the subpartition's channel when the buffer is
 //! first published, so an empty buffer is never sent. Each publication checks that
