@@ -1,7 +1,7 @@
 //! Channels between a result partition's subpartition and an input gate.
 //!
 //! A channel yields, in order, the bytes its producer published, as read-only
-//! [`SharedBuffer`] views. A local channel is an SPSC [`ring`](crate::ring) of
+//! [`SharedBuffer`] views. A local channel is an SPSC [`ring`] of
 //! [`BufferConsumer`]s between the producer's and the consumer's threads: the
 //! subpartition pushes a consumer of each buffer it starts (when it first publishes
 //! into it), and [`InputChannel::poll_buffer`] returns the bytes published into the
