@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Explores every loom model in loom-tests/ (ring, mailbox, pool).
+# Explores every loom model in loom-tests/ (ring, mailbox, doorbell, pool, shared
+# buffer, buffer consumer, ...).
 # The preemption bound keeps a full run within a few minutes on 2 cores; raise it with
 # LOOM_MAX_PREEMPTIONS=3 for a deeper (much longer) search.
 set -euo pipefail

@@ -13,4 +13,4 @@ export PROPTEST_CASES="${PROPTEST_CASES:-8}"
 # Isolation off: proptest reads the working directory, the mailbox test reads the clock.
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-disable-isolation}"
 cargo +nightly miri test -p weir-engine --lib -- ring slab exchange
-cargo +nightly miri test -p weir-engine --test ring_model --test slab_model --test pool_recycle --test mailbox_wakeup --test exchange_roundtrip
+cargo +nightly miri test -p weir-engine --test ring_model --test slab_model --test pool_recycle --test mailbox_wakeup --test exchange_roundtrip --test exchange_read_while_written

@@ -30,6 +30,8 @@ for suite in ring pool async exchange lookup remote; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done
+echo "== debloat" >&2
+"$weir" debloat --json "$data/debloat.json" > "$data/debloat.md" 2>/dev/null
 echo "== redis" >&2
 # It starts its own redis-server, pinned to the second core; without one the report
 # says the suite was not measured.

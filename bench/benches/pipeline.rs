@@ -53,6 +53,7 @@ fn pipeline(c: &mut Criterion) {
                         futures: false,
                         key_iter: None,
                         collect: None,
+                        cluster: None,
                     };
                     let (report, elapsed) =
                         job::run(&settings, Arc::new(JobProgress::default())).expect("job runs");

@@ -29,7 +29,7 @@ use weir_engine::async_io::{
 use weir_engine::element::{Collector, StreamElement};
 use weir_engine::limits::{LATENCY_SAMPLE_EVERY, TIMER_SLOTS, TIMER_TICK_NS};
 use weir_engine::park::Parker;
-use weir_engine::runtime::{Cores, Progress, Runtime, Task, TaskContext, TaskError};
+use weir_engine::runtime::{signal, Cores, Progress, Runtime, Task, TaskContext, TaskError};
 use weir_engine::timer::TimerWheel;
 
 /// What one run measured.
@@ -322,12 +322,14 @@ pub fn weir_timer(mode: OutputMode, capacity: usize, latency: Duration, n: u64) 
         None => builder.cores(Cores::Count(1)).pin(false),
     };
     let mut runtime = builder.build().expect("runtime");
-    let unparker = runtime.unparker(0);
+    // The operator wakes this task (rings its doorbell) for completions off its thread.
+    let task = runtime.add_task(0);
+    let unparker = runtime.task_unparker(task, signal::COMPLETION);
     let outcome: TimerOutcome = Arc::new(Mutex::new(None));
     let reported = Arc::clone(&outcome);
     let latency_ns = latency.as_nanos() as u64;
-    runtime.spawn(
-        0,
+    runtime.set_task(
+        task,
         Box::new(move |_driver| {
             let delays: Delays = Rc::new(RefCell::new(TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS)));
             let epoch = Rc::new(Cell::new(Instant::now()));

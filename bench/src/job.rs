@@ -28,6 +28,7 @@ use weir_engine::graph::{
     SourceEvent, SubtaskInfo,
 };
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
+use weir_net::cluster::TransportChannels;
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
 };
@@ -115,6 +116,9 @@ pub enum RunError {
     /// The Redis client refused its settings, or the server's address did not resolve.
     #[error("--store: {0}")]
     Store(#[source] RedisError),
+    /// This process could not join the other processes of the job.
+    #[error("cluster: {0}")]
+    Cluster(#[source] weir_net::transport::TransportError),
     /// The runtime or the job failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -127,7 +131,10 @@ impl RunError {
     /// The process exit status: 2 for settings to change, 1 for a run that failed.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Service(_) | RunError::Runtime(_) | RunError::Panicked => 1,
+            RunError::Service(_)
+            | RunError::Runtime(_)
+            | RunError::Cluster(_)
+            | RunError::Panicked => 1,
             _ => 2,
         }
     }
@@ -240,8 +247,11 @@ impl WorkerPlan {
                 (Cores::Count(count), placement)
             }
             Some(text) => {
+                // A trailing comma makes one core id a list: `3,` is core 3, `3` three
+                // workers.
                 let list = text
                     .split(',')
+                    .filter(|c| !c.trim().is_empty())
                     .map(|c| c.trim().parse::<usize>())
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|_| RunError::BadCores(text.to_string()))?;
@@ -519,7 +529,23 @@ pub struct JobSettings {
     pub key_iter: Option<KeyIterFactory>,
     /// A collecting sink (tests).
     pub collect: Option<Collected<Enriched>>,
+    /// This process's place when the job spans processes (`None`: all of it here).
+    pub cluster: Option<ClusterSettings>,
 }
+
+/// One process of a job over several: its index and every process's transport address
+/// (its own included), the same list in every process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// This process's index in `peers`.
+    pub process: usize,
+    /// Each process's transport address.
+    pub peers: Vec<SocketAddr>,
+}
+
+/// How long a process of a cluster waits for the others to start, and for its
+/// consumers to take what it produced.
+pub const CLUSTER_WAIT: Duration = Duration::from_secs(60);
 
 impl JobSettings {
     /// The time each attempt of a lookup gets: the timeout covers all attempts, so a
@@ -596,6 +622,33 @@ pub type Collected<T> = Arc<std::sync::Mutex<Vec<T>>>;
 /// Seed of the key sampling.
 const SEED: u64 = 42;
 
+/// Nanoseconds of the host's wall clock (`CLOCK_REALTIME`).
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Maps a task's run-clock readings onto the wall clock, for latencies measured across
+/// processes: each process's run clock starts at its own epoch, so a record's creation
+/// time must travel in a clock both ends share. Exact between processes of one host;
+/// across hosts as good as their clock synchronisation (PTP for microseconds). The
+/// offset is taken once per task (a run clock and the wall clock advance together).
+#[derive(Debug, Clone, Copy, Default)]
+struct WallClock {
+    offset: Option<u64>,
+}
+
+impl WallClock {
+    #[inline]
+    fn map(&mut self, now_ns: u64, t_ns: u64) -> u64 {
+        let offset = *self
+            .offset
+            .get_or_insert_with(|| wall_clock_ns().saturating_sub(now_ns));
+        t_ns + offset
+    }
+}
+
 /// The main job's source: `records` spread over the subtasks (ids `i, i + n, …` on
 /// subtask `i` of `n`), keys drawn from the distribution (xorshift64*) or taken from
 /// an iterator, as fast as accepted or at a rate.
@@ -609,6 +662,8 @@ struct MainSource {
     start_ns: Option<u64>,
     keys: KeyDistribution,
     rng: u64,
+    /// Over several processes: creation times in the wall clock.
+    wall: Option<WallClock>,
 }
 
 impl MainSource {
@@ -632,6 +687,7 @@ impl MainSource {
             start_ns: None,
             keys: settings.keys,
             rng: (SEED ^ subtask.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
+            wall: settings.cluster.as_ref().map(|_| WallClock::default()),
         }
     }
 
@@ -689,10 +745,14 @@ impl Source<Lookup> for MainSource {
             },
             None => self.next_key(),
         };
+        let created_ns = match self.wall.as_mut() {
+            Some(wall) => wall.map(now_ns, intended),
+            None => intended,
+        };
         let record = SourceRecord {
             id: self.subtask + self.next * self.sources,
             key,
-            created_ns: intended,
+            created_ns,
         };
         self.next += 1;
         SourceEvent::Record(Lookup(record), None)
@@ -723,6 +783,8 @@ struct CheckSink {
     reported: u64,
     collect: Option<(Vec<Enriched>, Collected<Enriched>)>,
     published: bool,
+    /// Over several processes: latency measured in the wall clock (see `WallClock`).
+    wall: Option<WallClock>,
 }
 
 impl CheckSink {
@@ -788,6 +850,10 @@ impl Sink<Enriched> for CheckSink {
             }
             None => self.duplicates += 1,
         }
+        let now_ns = match self.wall.as_mut() {
+            Some(wall) => wall.map(now_ns, now_ns),
+            None => now_ns,
+        };
         self.latency
             .saturating_record(now_ns.saturating_sub(value.created_ns).max(1));
         if let Some((local, _)) = self.collect.as_mut() {
@@ -818,8 +884,11 @@ pub struct JobReport {
     pub received: u64,
     /// Ids received more than once.
     pub duplicates: u64,
-    /// Ids never received.
+    /// Ids never received (in one process of a cluster: not known here, 0; the
+    /// launcher adds up `unique` over the processes).
     pub missing: u64,
+    /// Distinct ids received.
+    pub unique: u64,
     /// Records that reached a sink with a lower id than the one before them from the
     /// same source subtask (0 in ordered mode: order is kept end to end per channel).
     pub reordered: u64,
@@ -931,13 +1000,33 @@ fn execute(
                 .retry_on_any_error(),
         );
     }
-    let graph = Graph::new()
-        .with_parallelism(workers)
+    // Over several processes: this process's transport, once every peer listens.
+    let transport = match &settings.cluster {
+        Some(cluster) => {
+            let channels = Arc::new(
+                TransportChannels::start(cluster.process, &cluster.peers)
+                    .map_err(RunError::Cluster)?,
+            );
+            channels
+                .wait_for_peers(CLUSTER_WAIT)
+                .map_err(RunError::Cluster)?;
+            Some(channels)
+        }
+        None => None,
+    };
+    let processes = settings.cluster.as_ref().map_or(1, |c| c.peers.len());
+    // Every stage has a subtask per worker of the whole job.
+    let subtasks = workers * processes;
+    let mut graph = Graph::new()
+        .with_parallelism(subtasks)
         .with_live(progress)
         .with_exchange(ExchangeSpec {
             buffer_timeout: settings.buffer_timeout,
             ..ExchangeSpec::default()
         });
+    if let Some(channels) = &transport {
+        graph = graph.with_cluster(channels.cluster());
+    }
     let source_settings = settings.clone();
     let source = graph
         .from_source(move |info| MainSource::new(&source_settings, info))
@@ -988,6 +1077,7 @@ fn execute(
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
     let records = settings.records;
+    let wall_clock = settings.cluster.is_some();
     {
         let results = Arc::clone(&results);
         let collect = settings.collect.clone();
@@ -995,8 +1085,8 @@ fn execute(
         enriched
             .key_by(|record: &Enriched| record.key)
             .sink(move |_| CheckSink {
-                sources: workers as u64,
-                last_id: vec![None; workers],
+                sources: subtasks as u64,
+                last_id: vec![None; subtasks],
                 seen: vec![0; (records as usize).div_ceil(64)],
                 received: 0,
                 duplicates: 0,
@@ -1007,6 +1097,7 @@ fn execute(
                 reported: 0,
                 collect: collect.clone().map(|shared| (Vec::new(), shared)),
                 published: false,
+                wall: wall_clock.then(WallClock::default),
             });
     }
     let live = graph.live();
@@ -1016,12 +1107,19 @@ fn execute(
         error => RunError::Setting(error.to_string()),
     })?;
     let elapsed = started.elapsed();
+    if let Some(channels) = &transport {
+        // Keep serving until the other processes have everything this one produced.
+        if failure.is_none() {
+            channels.drain(CLUSTER_WAIT).map_err(RunError::Cluster)?;
+        }
+    }
     let mut merged = vec![0u64; (records as usize).div_ceil(64)];
     let mut report = JobReport {
         generated: live.generated.load(std::sync::atomic::Ordering::Relaxed),
         received: 0,
         duplicates: 0,
         missing: 0,
+        unique: 0,
         reordered: 0,
         latency_ns: latency_histogram(),
         async_metrics: result.async_metrics(),
@@ -1040,7 +1138,13 @@ fn execute(
         }
     }
     let unique: u64 = merged.iter().map(|w| u64::from(w.count_ones())).sum();
-    report.missing = records - unique;
+    report.unique = unique;
+    // Each id's key names one sink subtask, so duplicates are caught where they land;
+    // what is missing is known only over every process.
+    report.missing = match settings.cluster {
+        Some(_) => 0,
+        None => records - unique,
+    };
     Ok(Finished {
         report,
         elapsed,
@@ -1236,7 +1340,10 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         "records_out": report.received,
         "failed": report.async_metrics.failed,
         "lost": report.missing,
+        "unique": report.unique,
         "duplicated": report.duplicates,
+        "process": settings.cluster.as_ref().map(|c| c.process),
+        "processes": settings.cluster.as_ref().map_or(1, |c| c.peers.len()),
         "elapsed_s": elapsed.as_secs_f64(),
         "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),
         "latency_ns": if h.is_empty() { Value::Null } else { json!({

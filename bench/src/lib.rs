@@ -14,7 +14,9 @@
 
 pub mod affinity;
 pub mod async_peers;
+pub mod cluster;
 pub mod compare;
+pub mod debloat;
 pub mod exchange_peers;
 pub mod flink;
 pub mod job;

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The main job: embedded lookup service → async lookup → key-hash exchange → sink.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// The lookup service alone, until interrupted.
     ServeLookup(ServeArgs),
     /// Loads the main job's keys (`weir:0` ...) into Redis for `weir run --store`,
@@ -70,6 +70,20 @@ enum Command {
         #[arg(long, default_value = "unknown")]
         commit: String,
     },
+    /// Buffer debloating: a producer against a deliberately slow consumer, with and
+    /// without debloating; bytes in flight and the wait of in-band markers.
+    Debloat(DebloatArgs),
+    /// Sums up the JSON reports of the processes of one `weir run` cluster (as
+    /// `--processes` does by itself; for processes started by hand or by
+    /// scripts/cluster.sh).
+    Summarize {
+        /// Each process's `--json` report.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// Also write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.
@@ -79,6 +93,34 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct DebloatArgs {
+    /// Records per second the slow consumer reads.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    rate: u64,
+    /// Length of each run (measured after the first half).
+    #[arg(long, default_value = "4s", value_parser = parse_positive_duration)]
+    duration: Duration,
+    /// Debloat target: how long the bytes in flight should take to read.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    target: Duration,
+    /// Debloat period.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    period: Duration,
+    /// Debloat samples (smoothing).
+    #[arg(long, default_value_t = 5)]
+    samples: u32,
+    /// Smallest buffer size announced, in bytes.
+    #[arg(long, default_value_t = 256)]
+    min_size: usize,
+    /// Segments of the producer's pool.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    segments: u64,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -120,8 +162,9 @@ struct RunArgs {
     /// Delay between retries.
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     retry_delay: Duration,
-    /// Workers: a count, or a comma-separated list of core ids; at most one per core
-    /// of this machine unless --oversubscribe (default: one per core).
+    /// Workers: a count, or a comma-separated list of core ids (one core id with a
+    /// trailing comma: `3,`); at most one per core of this machine unless
+    /// --oversubscribe (default: one per core).
     #[arg(long)]
     cores: Option<String>,
     /// Allow more workers than cores (or a core listed twice): workers then share cores.
@@ -172,6 +215,19 @@ struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Run the job over this many local processes, the workers split among them and the
+    /// key-by exchange crossing them over TCP with credit-based flow control; one summary
+    /// at the end.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    processes: u64,
+    /// Run one process of a job spread over several (on this host or others): its index
+    /// in --peers. Every process gets the same --peers and the same job settings.
+    #[arg(long, requires = "peers")]
+    process: Option<usize>,
+    /// With --process: every process's transport address, this one's included, in process
+    /// order (host:port,host:port,...).
+    #[arg(long, value_delimiter = ',', requires = "process")]
+    peers: Option<Vec<SocketAddr>>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -278,9 +334,9 @@ fn main() {
     let cli = Cli::parse();
     let command = cli
         .command
-        .unwrap_or_else(|| Command::Run(DefaultRun::parse_from(["weir"]).args));
+        .unwrap_or_else(|| Command::Run(Box::new(DefaultRun::parse_from(["weir"]).args)));
     match command {
-        Command::Run(args) => std::process::exit(run_job(args)),
+        Command::Run(args) => std::process::exit(run_job(*args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::Report { data, out, commit } => {
@@ -290,7 +346,17 @@ fn main() {
             }
             eprintln!("wrote {}", out.join("REPORT.md").display());
         }
+        Command::Summarize { reports, json } => {
+            match weir_bench::cluster::summarize_files(&reports, json.as_deref()) {
+                Ok(code) => std::process::exit(code),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(2);
+                }
+            }
+        }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
+        Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::Compare {
             suite,
             rounds,
@@ -370,6 +436,50 @@ fn run_job(args: RunArgs) -> i32 {
 /// `weir run`: every setting is checked, and the JSON path opened, before anything
 /// sizeable is allocated or started.
 fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
+    let cluster = match (&args.process, &args.peers) {
+        (Some(process), Some(peers)) => {
+            if args.processes > 1 {
+                return Err(RunError::Setting(
+                    "--processes starts local processes itself; with --process and --peers \
+                     this process is one of a cluster started elsewhere: give one or the other"
+                        .into(),
+                ));
+            }
+            if *process >= peers.len() {
+                return Err(RunError::Setting(format!(
+                    "--process {process} with {} peers: the index must be below the number of \
+                     --peers (process 0 is the first address)",
+                    peers.len()
+                )));
+            }
+            Some(job::ClusterSettings {
+                process: *process,
+                peers: peers.clone(),
+            })
+        }
+        _ => None,
+    };
+    if args.processes > 1 {
+        let launch = weir_bench::cluster::Launch {
+            processes: args.processes as usize,
+            cores: args.cores.as_deref(),
+            records: args.records,
+            capacity: args.capacity as usize,
+            mean_latency: match &args.store {
+                Some(_) => Duration::ZERO,
+                None => args.latency.mean(),
+            },
+            json: args.json.as_deref(),
+        };
+        if let Some(path) = &args.json {
+            open_json(path)?;
+        }
+        let run_args: Vec<String> = std::env::args()
+            .skip_while(|a| a != "run")
+            .skip(1)
+            .collect();
+        return weir_bench::cluster::launch(&launch, &run_args);
+    }
     let driver = match args.driver {
         Some(kind) => kind,
         None => weir_net::driver::kind_from_env()
@@ -474,6 +584,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         futures: args.futures,
         key_iter: None,
         collect: None,
+        cluster,
     };
     let service_core = server.as_ref().and_then(|s| s.core());
     let service_place = match &server {
@@ -654,6 +765,10 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             None => Value::Null,
         };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
+        value["lookup_mean_latency_ms"] = match &redis {
+            Some(_) => Value::Null,
+            None => Value::from(args.latency.mean().as_secs_f64() * 1e3),
+        };
         value["cpu_per_record_ns"] = Value::from(cpu_per_record_ns);
         value["service_cpu_share"] = service_share.map_or(Value::Null, Value::from);
         write_json(path, file, &value)?;
@@ -854,4 +969,59 @@ fn process_cpu() -> Duration {
     }
     let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+/// Records per second of `weir debloat`'s steady run: below what one consumer reads.
+const STEADY_RATE: u64 = 4_000_000;
+
+/// `weir debloat`: the back-pressured runs with and without debloating.
+fn debloat(args: DebloatArgs) -> i32 {
+    use weir_bench::debloat::{self, Settings};
+    use weir_engine::exchange::DebloatConfig;
+    let segments = args.segments as usize;
+    let settings = Settings {
+        rate: args.rate,
+        duration: args.duration,
+        warm_up: args.duration / 2,
+        segments,
+        debloat: DebloatConfig {
+            target: args.target,
+            period: args.period,
+            samples: args.samples,
+            min_size: args.min_size,
+            ..DebloatConfig::new(segments)
+        },
+        ..Settings::default()
+    };
+    if let Err(error) = settings.debloat.validate() {
+        eprintln!("error: {error}");
+        return 2;
+    }
+    let json = match args.json.as_deref().map(std::fs::File::create).transpose() {
+        Ok(file) => file,
+        Err(error) => {
+            eprintln!("error: cannot write the JSON file: {error}");
+            return 1;
+        }
+    };
+    let outcomes: Vec<_> = [false, true]
+        .into_iter()
+        .map(|on| {
+            eprintln!("debloating {}…", if on { "on" } else { "off" });
+            debloat::back_pressured(&settings, on)
+        })
+        .collect();
+    eprintln!("steady state at buffer timeout 0…");
+    let steady = debloat::steady_segments(STEADY_RATE * 2, STEADY_RATE);
+    print!("{}", debloat::render(&settings, &outcomes, steady));
+    if let Some(mut file) = json {
+        let command: Vec<String> = std::env::args().collect();
+        let value = debloat::to_json(&settings, &outcomes, steady, &command.join(" "));
+        let text = serde_json::to_string_pretty(&value).expect("JSON of plain values");
+        if let Err(error) = file.write_all(text.as_bytes()) {
+            eprintln!("error: cannot write the JSON file: {error}");
+            return 1;
+        }
+    }
+    0
 }

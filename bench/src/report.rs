@@ -353,6 +353,9 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
                     &series,
                 )?;
                 let _ = writeln!(md, "\n![exchange vs record size](plots/exchange_size.svg)");
+                if let Some(line) = timeout_ratio_line(&rows) {
+                    md.push_str(&line);
+                }
             }
             "lookup" => {
                 let series = series_by(&rows, |r| {
@@ -373,6 +376,12 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             _ => {}
         }
         table(&mut md, &rows);
+    }
+    match read(data, "debloat.json") {
+        Some(value) => debloat_section(&mut md, &value),
+        None => {
+            let _ = writeln!(md, "\n## Buffer debloating\n\nNot measured in this run.\n");
+        }
     }
     // Redis, when scripts/report.sh could start a server for it.
     match read(data, "redis.json") {
@@ -651,5 +660,141 @@ fn cpu_text(job: &Value) -> String {
             None => format!("{:.3}", ns / 1e3),
         },
         None => "—".to_string(),
+    }
+}
+
+/// The line comparing Weir's 1→1 exchange of 100-byte records at buffer timeout 0 with
+/// the same at 100 ms (buffers read while written: a flush does not cost a segment).
+fn timeout_ratio_line(rows: &[Row]) -> Option<String> {
+    let weir = |suffix: &str| {
+        rows.iter()
+            .find(|r| {
+                r.is_weir
+                    && r.experiment
+                        .starts_with("exchange 1→1, 100-byte records, round robin,")
+                    && r.experiment.ends_with(suffix)
+            })
+            .map(|r| 1e9 / r.median_ns)
+    };
+    let zero = weir("timeout 0")?;
+    let hundred = weir("timeout 100 ms")?;
+    Some(format!(
+        "\nBuffer timeout 0 against 100 ms (100-byte records 1→1): {:.1} M against {:.1} M records/s, {:.0}% (a flush publishes into the buffer being written; it does not cost a segment).\n",
+        zero / 1e6,
+        hundred / 1e6,
+        100.0 * zero / hundred
+    ))
+}
+
+/// The "Buffer debloating" section, from `weir debloat --json`.
+fn debloat_section(md: &mut String, value: &Value) {
+    let _ = writeln!(
+        md,
+        "\n## Buffer debloating\n\nCommand: `{}`\n",
+        value["command"].as_str().unwrap_or("?")
+    );
+    let _ = writeln!(
+        md,
+        "A producer writes 100-byte records 1→1 as fast as its pool of {} segments of 32 KiB allows to a consumer that reads {} records/s; every {} ms it puts a marker in band (as a checkpoint barrier travels) and the consumer notes how long the marker waited behind the bytes in flight. With debloating the gate measures its throughput every {} ms and asks for buffers that hold {} ms of data in flight (Flink's `buffer-debloat.target`; {} samples of smoothing). Figures after the first half of each run.\n",
+        value["segments"].as_u64().unwrap_or(0),
+        value["rate"].as_u64().unwrap_or(0),
+        value["marker_ms"].as_u64().unwrap_or(0),
+        value["period_ms"].as_u64().unwrap_or(0),
+        value["target_ms"].as_u64().unwrap_or(0),
+        value["samples"].as_u64().unwrap_or(0),
+    );
+    let _ = writeln!(md, "| debloating | buffer size | in flight mean / max KiB | marker wait p50 / p99 / max ms | records/s |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    for run in value["runs"].as_array().into_iter().flatten() {
+        let size = match run["announced_size"].as_u64() {
+            Some(0) | None => "segment".to_string(),
+            Some(size) => size.to_string(),
+        };
+        let wait = &run["marker_wait_ms"];
+        let _ = writeln!(
+            md,
+            "| {} | {size} | {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.0} |",
+            if run["debloat"].as_bool().unwrap_or(false) {
+                "on"
+            } else {
+                "off"
+            },
+            run["in_flight_mean_bytes"].as_f64().unwrap_or(f64::NAN) / 1024.0,
+            run["in_flight_max_bytes"].as_f64().unwrap_or(f64::NAN) / 1024.0,
+            wait["p50"].as_f64().unwrap_or(f64::NAN),
+            wait["p99"].as_f64().unwrap_or(f64::NAN),
+            wait["max"].as_f64().unwrap_or(f64::NAN),
+            run["records_per_s"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    if let Some(mean) = value["steady_segments_per_channel_mean"].as_f64() {
+        let _ = writeln!(
+            md,
+            "\nPool usage per channel at buffer timeout 0, a producer at {:.1} M records/s and a consumer that keeps up: {mean:.2} segments on average, {} at most (buffers read while written; a descheduled consumer lets more pile up, up to the pool).",
+            value["steady_records_per_s"].as_f64().unwrap_or(f64::NAN) / 1e6,
+            value["steady_segments_per_channel_peak"].as_u64().unwrap_or(0),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weir_row(experiment: &str, median_ns: f64) -> Row {
+        Row {
+            experiment: experiment.into(),
+            implementation: "weir exchange".into(),
+            is_weir: true,
+            median_ns,
+            ratio: None,
+            limit: None,
+            fraction: None,
+            latency: None,
+        }
+    }
+
+    #[test]
+    fn timeout_line_compares_the_two_timeouts() {
+        let rows = [
+            weir_row(
+                "exchange 1→1, 100-byte records, round robin, timeout 100 ms",
+                40.0,
+            ),
+            weir_row(
+                "exchange 1→1, 100-byte records, round robin, timeout 0",
+                50.0,
+            ),
+        ];
+        let line = timeout_ratio_line(&rows).expect("both rows");
+        assert!(
+            line.contains("20.0 M against 25.0 M records/s, 80%"),
+            "{line}"
+        );
+        assert!(timeout_ratio_line(&rows[..1]).is_none());
+    }
+
+    #[test]
+    fn debloat_section_lists_both_runs() {
+        let settings = crate::debloat::Settings::default();
+        let outcome = |debloat| crate::debloat::Outcome {
+            debloat,
+            announced_size: if debloat { 4096 } else { 0 },
+            in_flight_mean: 1024.0,
+            in_flight_max: 2048,
+            marker_wait_ns: crate::async_peers::histogram(),
+            records_per_s: 10.0,
+        };
+        let value = crate::debloat::to_json(
+            &settings,
+            &[outcome(false), outcome(true)],
+            (2.0, 2, 1e6),
+            "weir debloat",
+        );
+        let mut md = String::new();
+        debloat_section(&mut md, &value);
+        assert!(md.contains("| off | segment |"), "{md}");
+        assert!(md.contains("| on | 4096 |"), "{md}");
+        assert!(md.contains("2.00 segments on average"), "{md}");
     }
 }

@@ -256,3 +256,63 @@ fn the_remote_benchmark_runs_across_two_processes() {
         "{stdout}"
     );
 }
+
+#[test]
+fn the_main_job_runs_over_two_processes_with_one_summary() {
+    let dir = scratch("processes");
+    let json = dir.join("cluster.json");
+    let output = weir(&[
+        "run",
+        "--processes",
+        "2",
+        "--records",
+        "50000",
+        "--latency",
+        "fixed:100us",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("lost / duplicated            0 / 0"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("[process 1]"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json written")).expect("json");
+    assert_eq!(summary["processes"], 2);
+    assert_eq!(summary["records_out"], 50_000);
+    assert_eq!(summary["lost"], 0);
+    assert_eq!(summary["duplicated"], 0);
+    let per: u64 = summary["per_process"]
+        .as_array()
+        .expect("per-process reports")
+        .iter()
+        .map(|r| r["records_out"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per, 50_000);
+}
+
+#[test]
+fn cluster_flags_that_cannot_work_are_one_line_errors() {
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--process",
+        "2",
+        "--peers",
+        "127.0.0.1:1,127.0.0.1:2",
+    ]));
+    assert!(stderr.contains("--process 2"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--processes",
+        "2",
+        "--process",
+        "0",
+        "--peers",
+        "127.0.0.1:1,127.0.0.1:2",
+    ]));
+    assert!(stderr.contains("one or the other"), "{stderr}");
+}

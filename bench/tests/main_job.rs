@@ -41,6 +41,7 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         futures: false,
         key_iter: None,
         collect: None,
+        cluster: None,
     }
 }
 

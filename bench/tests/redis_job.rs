@@ -53,6 +53,7 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
         futures: false,
         key_iter: None,
         collect: Some(Arc::new(Mutex::new(Vec::new()))),
+        cluster: None,
     }
 }
 

@@ -131,3 +131,43 @@ pub enum ExchangeError {
     #[error("the partition has ended; nothing can be written after finish")]
     Finished,
 }
+
+/// Why buffer-debloating settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DebloatError {
+    /// A target of 0 would ask for empty buffers.
+    #[error("the debloat target must be above 0 (Flink's default is 1 s)")]
+    ZeroTarget,
+    /// A period of 0 would recompute on every poll.
+    #[error("the debloat period must be above 0 (Flink's default is 200 ms)")]
+    ZeroPeriod,
+    /// Smoothing over no samples.
+    #[error("the debloat samples must be at least 1 (Flink's default is 20)")]
+    ZeroSamples,
+    /// No buffers to spread the target over.
+    #[error("buffers per channel must be at least 1")]
+    ZeroBuffers,
+    /// Buffers of 0 bytes hold nothing.
+    #[error("the debloat minimum buffer size must be at least 1 byte (Flink's default is 256)")]
+    ZeroMinSize,
+    /// The bounds contradict each other.
+    #[error("the debloat minimum buffer size {min} exceeds the maximum {max} (the segment size)")]
+    MinAboveMax {
+        /// The minimum.
+        min: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A maximum beyond what a channel can announce.
+    #[error("the debloat maximum buffer size {max} exceeds 4 GiB")]
+    MaxTooLarge {
+        /// The maximum.
+        max: usize,
+    },
+    /// A threshold of 100 % or more would never announce a change.
+    #[error("the debloat threshold must be below 100 %, got {percent} %")]
+    Threshold {
+        /// The threshold.
+        percent: u32,
+    },
+}

@@ -37,4 +37,4 @@ pub mod slab;
 pub(crate) mod sync;
 pub mod timer;
 
-pub use error::{ConfigError, ExchangeError};
+pub use error::{ConfigError, DebloatError, ExchangeError};

@@ -68,12 +68,23 @@ impl<M> ForeignQueue<M> {
     }
 }
 
-/// A task's mailbox; owned by the task's thread.
+/// A task's mailbox on a thread of its own: an [`Inbox`] and the [`Parker`] its thread
+/// sleeps on. Dereferences to the inbox for sending, draining and wiring.
 pub struct Mailbox<M> {
+    inbox: Inbox<M>,
+    parker: Parker,
+}
+
+/// The receiving side of a mailbox without a way to sleep: the runtime keeps one per
+/// task, and the task's worker, which runs many tasks, parks for all of them. Senders
+/// wake the worker through the inbox's [`Unparker`] (for a runtime task, one that also
+/// rings the task's [`Doorbell`](crate::park::Doorbell)). `Send` when `M` is, so it can
+/// be made at wiring time and moved to its worker.
+pub struct Inbox<M> {
     local: VecDeque<M>,
     rings: Vec<Consumer<M>>,
     foreign: Arc<ForeignQueue<M>>,
-    parker: Parker,
+    unparker: Unparker,
     /// Ring to start the next drain at, so no sender is starved by an earlier one.
     next_ring: usize,
 }
@@ -103,10 +114,47 @@ impl<M> Mailbox<M> {
     /// A mailbox whose idle thread sleeps on `parker`.
     pub fn new(parker: Parker) -> Self {
         Mailbox {
+            inbox: Inbox::new(parker.unparker()),
+            parker,
+        }
+    }
+
+    /// Sleeps until mail arrives or `timeout` elapses; returns at once if mail is already
+    /// waiting. Race-free against concurrent senders (invariant 2).
+    pub fn park(&mut self, timeout: Option<Duration>) -> Wakeup {
+        if !self.inbox.local.is_empty() {
+            return Wakeup::Ready;
+        }
+        let rings = &self.inbox.rings;
+        let foreign = &self.inbox.foreign;
+        self.parker.park(timeout, || {
+            !rings.iter().all(|r| r.is_empty()) || !foreign.is_empty()
+        })
+    }
+}
+
+impl<M> core::ops::Deref for Mailbox<M> {
+    type Target = Inbox<M>;
+
+    fn deref(&self) -> &Inbox<M> {
+        &self.inbox
+    }
+}
+
+impl<M> core::ops::DerefMut for Mailbox<M> {
+    fn deref_mut(&mut self) -> &mut Inbox<M> {
+        &mut self.inbox
+    }
+}
+
+impl<M> Inbox<M> {
+    /// An inbox whose senders wake their receiver with `unparker`.
+    pub fn new(unparker: Unparker) -> Self {
+        Inbox {
             local: VecDeque::with_capacity(MAIL_RING_CAPACITY),
             rings: Vec::new(),
             foreign: Arc::new(ForeignQueue::new()),
-            parker,
+            unparker,
             next_ring: 0,
         }
     }
@@ -118,7 +166,7 @@ impl<M> Mailbox<M> {
         self.rings.push(consumer);
         MailSender {
             producer,
-            unparker: self.parker.unparker(),
+            unparker: self.unparker.clone(),
         }
     }
 
@@ -126,13 +174,13 @@ impl<M> Mailbox<M> {
     pub fn foreign_sender(&self) -> ForeignSender<M> {
         ForeignSender {
             foreign: Arc::clone(&self.foreign),
-            unparker: self.parker.unparker(),
+            unparker: self.unparker.clone(),
         }
     }
 
     /// A handle that wakes this mailbox's thread.
     pub fn unparker(&self) -> Unparker {
-        self.parker.unparker()
+        self.unparker.clone()
     }
 
     /// Mail from the owning thread to itself (delivered by the next `drain`).
@@ -178,19 +226,6 @@ impl<M> Mailbox<M> {
     /// Whether no mail is waiting anywhere.
     pub fn is_empty(&self) -> bool {
         self.local.is_empty() && self.rings.iter().all(|r| r.is_empty()) && self.foreign.is_empty()
-    }
-
-    /// Sleeps until mail arrives or `timeout` elapses; returns at once if mail is already
-    /// waiting. Race-free against concurrent senders (invariant 2).
-    pub fn park(&mut self, timeout: Option<Duration>) -> Wakeup {
-        if !self.local.is_empty() {
-            return Wakeup::Ready;
-        }
-        let rings = &self.rings;
-        let foreign = &self.foreign;
-        self.parker.park(timeout, || {
-            !rings.iter().all(|r| r.is_empty()) || !foreign.is_empty()
-        })
     }
 
     /// Wired senders whose thread has dropped its [`MailSender`] and whose ring is drained.
@@ -250,6 +285,14 @@ impl<M> ForeignSender<M> {
 impl<M> core::fmt::Debug for Mailbox<M> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Mailbox")
+            .field("inbox", &self.inbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M> core::fmt::Debug for Inbox<M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Inbox")
             .field("local", &self.local.len())
             .field("rings", &self.rings.len())
             .finish_non_exhaustive()

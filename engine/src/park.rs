@@ -26,7 +26,7 @@
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use crate::sync::{thread, Arc, AtomicU8, Ordering};
+use crate::sync::{thread, Arc, AtomicU32, AtomicU8, Ordering};
 
 const EMPTY: u8 = 0;
 const PARKED: u8 = 1;
@@ -146,6 +146,7 @@ impl UnboundParker {
     pub fn unparker(&self) -> Unparker {
         Unparker {
             inner: Arc::clone(&self.inner),
+            bell: None,
         }
     }
 
@@ -165,9 +166,70 @@ impl core::fmt::Debug for UnboundParker {
 }
 
 /// The waking side: cheap to clone, callable from any thread.
+///
+/// An unparker made with [`with_doorbell`](Self::with_doorbell) also says *who* has
+/// work: it rings one bit of a task's [`Doorbell`] before it wakes the thread, so a
+/// worker running many tasks polls only those whose bell rang.
 #[derive(Clone)]
 pub struct Unparker {
     inner: Arc<Inner>,
+    // A std `Arc` even under loom: the runtime shares bells with std types, and the
+    // model checks the bits, not the bell's lifetime.
+    bell: Option<(std::sync::Arc<Doorbell>, u32)>,
+}
+
+/// The signals rung for one task since its worker last looked, a bit each (e.g. "a
+/// buffer arrived", "the pool has buffers again", "a call completed elsewhere").
+///
+/// Ringing is coalescing mail: a bit rung twice before the worker takes it wakes the
+/// worker once. Ringers publish their work first, then ring with a read-modify-write
+/// (`fetch_or`), and wake the thread only when the bit was clear; the worker takes the
+/// bits with a swap before it polls the task. Why nothing is lost: if the ringer's RMW
+/// comes first in the modification order of `bits`, the worker's swap reads it (and,
+/// being Acquire, sees the published work); if the worker's swap comes first, the ringer
+/// finds the bit clear and unparks, which the [`Parker`] protocol never loses. A ringer
+/// that finds the bit set relies on the ringer that set it, which unparks after setting
+/// it. A plain load instead of the RMW would break this (it could read a bit the worker
+/// is about to clear without synchronising with it); the loom model `doorbell` checks it.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    bits: AtomicU32,
+}
+
+impl Doorbell {
+    /// A bell with no bit rung.
+    pub fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Doorbell {
+            bits: AtomicU32::new(0),
+        })
+    }
+
+    /// Takes the bits rung so far, clearing them (for the worker, before it polls the
+    /// task).
+    #[inline]
+    pub fn take(&self) -> u32 {
+        // Relaxed load first: most turns find nothing, and a clear bell needs no RMW
+        // (a ring after this load also unparks the worker, whose next turn sees it).
+        if self.bits.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        // AcqRel: Acquire pairs with the ringers' Release, making their work visible.
+        self.bits.swap(0, Ordering::AcqRel)
+    }
+
+    /// The bits rung, without taking them (Acquire: a worker that saw a wake-up through
+    /// the bell's unparker sees its bit).
+    #[inline]
+    pub fn peek(&self) -> u32 {
+        self.bits.load(Ordering::Acquire)
+    }
+
+    /// Rings `bit`; whether it was clear before (the caller must then wake the worker).
+    #[inline]
+    pub fn ring(&self, bit: u32) -> bool {
+        // AcqRel: Release publishes the ringer's work; an RMW reads the latest value.
+        self.bits.fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
 }
 
 /// Why [`Parker::park`] returned.
@@ -197,6 +259,7 @@ impl Parker {
     pub fn unparker(&self) -> Unparker {
         Unparker {
             inner: Arc::clone(&self.inner),
+            bell: None,
         }
     }
 
@@ -291,10 +354,25 @@ impl<B: ParkBackend + ?Sized> ParkBackend for std::sync::Arc<B> {
 }
 
 impl Unparker {
+    /// An unparker for the same thread that first rings `bit` of `doorbell` (see
+    /// [`Doorbell`]): the thread is woken only when that bit was clear.
+    pub fn with_doorbell(&self, doorbell: &std::sync::Arc<Doorbell>, bit: u32) -> Unparker {
+        Unparker {
+            inner: Arc::clone(&self.inner),
+            bell: Some((std::sync::Arc::clone(doorbell), bit)),
+        }
+    }
+
     /// Wakes the parker's thread if it sleeps, or makes its next park return at once.
     /// Call it after publishing the work the thread should see.
     #[inline]
     pub fn unpark(&self) {
+        if let Some((bell, bit)) = &self.bell {
+            if !bell.ring(*bit) {
+                // Already rung: whoever rang it unparks (after ringing).
+                return;
+            }
+        }
         // AcqRel: Release publishes the caller's work to the parker's Acquire; see the
         // module docs for why a read-modify-write is required here.
         if self.inner.state.swap(NOTIFIED, Ordering::AcqRel) == PARKED {

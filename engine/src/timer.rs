@@ -27,7 +27,8 @@
 //!    index names one tick of the window.
 //! 3. Each list is sorted by `(deadline, sequence)`.
 //!
-//! Single owner, `&mut` only.
+//! Single owner, `&mut` only. [`WorkerTimers`] puts one wheel under every operator of a
+//! runtime worker, each a [`TimerOwner`] with a queue of its timers that came due.
 
 /// Identifies a scheduled timer for [`TimerWheel::cancel`]; stale once it fired or
 /// was cancelled.
@@ -363,6 +364,223 @@ impl<E> TimerWheel<E> {
     }
 }
 
+/// What a timer of a [`WorkerTimers`] carries: two words its owner interprets (an
+/// operator's entry key and attempt, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerPayload(pub u64, pub u32);
+
+/// One timer wheel per worker, shared by the timers of every operator of every task on
+/// that worker.
+///
+/// The worker finds its next deadline in one O(1) look ([`next_deadline`]) instead of
+/// asking each operator, and all its timers share one slab of nodes. Each owner
+/// ([`TimerOwner`], one per operator) keeps a small queue of its timers that came due:
+/// [`advance`] (called by the worker each turn, and by an owner before it looks) moves
+/// every due timer, in deadline order, to its owner's queue; the owner pops them there
+/// in order. A timer cancelled after it came due is still in its owner's queue; owners
+/// check an event against their state before acting on it (the async operator checks
+/// the entry's generation, attempt and state), as they would a late completion.
+///
+/// Single thread: the runtime makes one per worker and installs it as the thread's
+/// [`current`](WorkerTimers::current) service while the worker runs, so operators built
+/// on that thread find it.
+///
+/// [`next_deadline`]: WorkerTimers::next_deadline
+/// [`advance`]: WorkerTimers::advance
+pub struct WorkerTimers {
+    inner: core::cell::RefCell<Shared>,
+}
+
+struct Shared {
+    wheel: TimerWheel<(u32, TimerPayload)>,
+    owners: Vec<OwnerState>,
+}
+
+#[derive(Default)]
+struct OwnerState {
+    due: std::collections::VecDeque<(u64, TimerPayload)>,
+    /// Scheduled and not yet popped (or cancelled) by the owner.
+    pending: usize,
+    alive: bool,
+}
+
+std::thread_local! {
+    static CURRENT: core::cell::RefCell<Option<std::rc::Rc<WorkerTimers>>> =
+        const { core::cell::RefCell::new(None) };
+}
+
+/// Uninstalls the thread's current service when dropped.
+pub(crate) struct CurrentGuard(());
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.borrow_mut().take());
+    }
+}
+
+impl WorkerTimers {
+    /// A service with a wheel of `slots` slots of `tick_ns` (see [`TimerWheel::new`]).
+    pub fn new(tick_ns: u64, slots: usize) -> std::rc::Rc<Self> {
+        std::rc::Rc::new(WorkerTimers {
+            inner: core::cell::RefCell::new(Shared {
+                wheel: TimerWheel::new(tick_ns, slots),
+                owners: Vec::new(),
+            }),
+        })
+    }
+
+    /// The service of the worker running on this thread, if any.
+    pub fn current() -> Option<std::rc::Rc<WorkerTimers>> {
+        CURRENT.with(|c| c.borrow().clone())
+    }
+
+    /// Makes `self` this thread's current service until the guard drops.
+    pub(crate) fn install(self: &std::rc::Rc<Self>) -> CurrentGuard {
+        CURRENT.with(|c| *c.borrow_mut() = Some(std::rc::Rc::clone(self)));
+        CurrentGuard(())
+    }
+
+    /// A new owner of timers on this wheel.
+    pub fn register(self: &std::rc::Rc<Self>) -> TimerOwner {
+        let mut inner = self.inner.borrow_mut();
+        let id = inner.owners.len();
+        assert!(
+            id < u32::MAX as usize,
+            "2^32 - 1 timer owners on one worker"
+        );
+        inner.owners.push(OwnerState {
+            alive: true,
+            ..OwnerState::default()
+        });
+        TimerOwner {
+            timers: std::rc::Rc::clone(self),
+            id: id as u32,
+        }
+    }
+
+    /// Moves every timer due at or before `now_ns` to its owner's queue; returns how
+    /// many. Timers of owners that are gone are dropped.
+    pub fn advance(&self, now_ns: u64) -> usize {
+        let mut inner = self.inner.borrow_mut();
+        let Shared { wheel, owners } = &mut *inner;
+        let mut moved = 0;
+        while let Some((deadline, (owner, payload))) = wheel.pop_due(now_ns) {
+            let state = &mut owners[owner as usize];
+            if state.alive {
+                state.due.push_back((deadline, payload));
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// The earliest deadline of any timer still in the wheel (not of those already
+    /// moved to their owners' queues: owners report those themselves).
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.inner.borrow().wheel.next_deadline()
+    }
+
+    /// Timers in the wheel, of every owner.
+    pub fn len(&self) -> usize {
+        self.inner.borrow().wheel.len()
+    }
+
+    /// Whether no timer is in the wheel.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl core::fmt::Debug for WorkerTimers {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let inner = self.inner.borrow();
+        f.debug_struct("WorkerTimers")
+            .field("pending", &inner.wheel.len())
+            .field("owners", &inner.owners.len())
+            .finish()
+    }
+}
+
+/// One owner's timers on its worker's [`WorkerTimers`] (one per operator).
+pub struct TimerOwner {
+    timers: std::rc::Rc<WorkerTimers>,
+    id: u32,
+}
+
+impl TimerOwner {
+    /// Schedules `payload` at `deadline_ns`.
+    pub fn schedule(&self, deadline_ns: u64, payload: TimerPayload) -> TimerKey {
+        let mut inner = self.timers.inner.borrow_mut();
+        inner.owners[self.id as usize].pending += 1;
+        inner.wheel.schedule(deadline_ns, (self.id, payload))
+    }
+
+    /// Cancels timer `key` if it is still in the wheel (O(1)); one already moved to this
+    /// owner's queue stays there (see [`WorkerTimers`]).
+    pub fn cancel(&self, key: TimerKey) -> bool {
+        let mut inner = self.timers.inner.borrow_mut();
+        let cancelled = inner.wheel.cancel(key).is_some();
+        if cancelled {
+            inner.owners[self.id as usize].pending -= 1;
+        }
+        cancelled
+    }
+
+    /// The deadline of this owner's earliest timer due at or before `limit_ns`.
+    pub fn peek_due(&self, limit_ns: u64) -> Option<u64> {
+        self.timers.advance(limit_ns);
+        let inner = self.timers.inner.borrow();
+        let (deadline, _) = *inner.owners[self.id as usize].due.front()?;
+        (deadline <= limit_ns).then_some(deadline)
+    }
+
+    /// This owner's earliest timer due at or before `limit_ns`, with its deadline.
+    pub fn pop_due(&self, limit_ns: u64) -> Option<(u64, TimerPayload)> {
+        self.peek_due(limit_ns)?;
+        let mut inner = self.timers.inner.borrow_mut();
+        let state = &mut inner.owners[self.id as usize];
+        state.pending -= 1;
+        state.due.pop_front()
+    }
+
+    /// The deadline of this owner's earliest timer that came due and is waiting in its
+    /// queue (the worker watches the wheel for the rest).
+    pub fn next_due(&self) -> Option<u64> {
+        let inner = self.timers.inner.borrow();
+        inner.owners[self.id as usize].due.front().map(|&(d, _)| d)
+    }
+
+    /// This owner's timers scheduled and not yet popped or cancelled.
+    pub fn len(&self) -> usize {
+        self.timers.inner.borrow().owners[self.id as usize].pending
+    }
+
+    /// Whether this owner has no timer pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for TimerOwner {
+    fn drop(&mut self) {
+        if let Ok(mut inner) = self.timers.inner.try_borrow_mut() {
+            // Its timers still in the wheel are dropped when they come due.
+            let state = &mut inner.owners[self.id as usize];
+            state.alive = false;
+            state.due = std::collections::VecDeque::new();
+        }
+    }
+}
+
+impl core::fmt::Debug for TimerOwner {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TimerOwner")
+            .field("id", &self.id)
+            .field("pending", &self.len())
+            .finish()
+    }
+}
+
 impl<E> core::fmt::Debug for TimerWheel<E> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("TimerWheel")
@@ -375,6 +593,47 @@ impl<E> core::fmt::Debug for TimerWheel<E> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::{TimerPayload, WorkerTimers};
+
+    #[test]
+    fn a_worker_wheel_hands_each_owner_its_own_timers_in_order() {
+        let worker = WorkerTimers::new(1024, 64);
+        let a = worker.register();
+        let b = worker.register();
+        a.schedule(5_000, TimerPayload(1, 0));
+        let cancelled = b.schedule(3_000, TimerPayload(2, 0));
+        b.schedule(4_000, TimerPayload(3, 0));
+        a.schedule(2_000, TimerPayload(4, 0));
+        assert_eq!(worker.next_deadline(), Some(2_000));
+        assert!(b.cancel(cancelled));
+        assert_eq!((a.len(), b.len()), (2, 1));
+        // The worker moves what is due; owners see only theirs, in deadline order.
+        assert_eq!(worker.advance(4_500), 2);
+        assert_eq!(a.next_due(), Some(2_000));
+        assert_eq!(b.pop_due(4_500), Some((4_000, TimerPayload(3, 0))));
+        assert_eq!(b.pop_due(10_000), None);
+        assert_eq!(a.pop_due(4_500), Some((2_000, TimerPayload(4, 0))));
+        assert_eq!(a.pop_due(4_500), None, "5 000 is not due at 4 500");
+        assert_eq!(a.pop_due(6_000), Some((5_000, TimerPayload(1, 0))));
+        assert!(a.is_empty() && b.is_empty() && worker.is_empty());
+    }
+
+    #[test]
+    fn a_dropped_owner_s_timers_are_discarded_when_due() {
+        let worker = WorkerTimers::new(1024, 64);
+        let a = worker.register();
+        let b = worker.register();
+        a.schedule(1_000, TimerPayload(1, 0));
+        b.schedule(2_000, TimerPayload(2, 0));
+        drop(a);
+        assert_eq!(
+            worker.advance(3_000),
+            1,
+            "only the live owner's timer moves"
+        );
+        assert_eq!(b.pop_due(3_000), Some((2_000, TimerPayload(2, 0))));
+    }
+
     use super::*;
 
     #[test]

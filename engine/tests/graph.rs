@@ -401,3 +401,41 @@ fn explicit_placement_is_kept() {
     graph.execute(runtime(2)).expect("runs");
     assert_eq!(counted.records(), 20);
 }
+
+/// Buffer debloating on every gate of a graph: every record still arrives once; bad
+/// debloating settings refuse the graph before any thread starts.
+#[test]
+fn debloating_gates_deliver_everything_and_bad_settings_are_refused() {
+    use weir_engine::exchange::DebloatConfig;
+    use weir_engine::graph::{ExchangeSpec, GraphError};
+    let records = 50_000;
+    let debloat = DebloatConfig {
+        target: std::time::Duration::from_millis(10),
+        period: std::time::Duration::from_millis(5),
+        samples: 2,
+        ..DebloatConfig::new(1)
+    };
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_exchange(ExchangeSpec {
+            debloat: Some(debloat),
+            ..ExchangeSpec::default()
+        });
+    let counted = graph
+        .from_generator(records, None, |n| n)
+        .key_by(|n: &u64| *n)
+        .count();
+    graph.execute(runtime(2)).unwrap();
+    assert_eq!(counted.records(), records);
+
+    let graph = Graph::new().with_exchange(ExchangeSpec {
+        debloat: Some(DebloatConfig {
+            min_size: 0,
+            ..debloat
+        }),
+        ..ExchangeSpec::default()
+    });
+    let _counted = graph.from_generator(10, None, |n| n).rebalance().count();
+    let error = graph.execute(runtime(1)).unwrap_err();
+    assert!(matches!(error, GraphError::Debloat(_)), "{error}");
+}

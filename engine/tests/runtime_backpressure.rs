@@ -30,6 +30,7 @@ fn a_back_pressured_source_is_woken_by_the_recycled_buffer() {
         segment_size: 512,
         segments: 2,
         buffer_timeout: None,
+        debloat: None,
     });
     let counted = graph
         .from_generator(records, None, |n| (n, n % 1_000))

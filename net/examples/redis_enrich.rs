@@ -22,7 +22,9 @@ use weir_engine::async_io::{
     AsyncConfig, AsyncError, AsyncWaitOperator, OutputMode, RetryStrategy,
 };
 use weir_engine::element::StreamElement;
-use weir_engine::runtime::{Cores, DriverEvent, Progress, Runtime, Task, TaskContext, TaskError};
+use weir_engine::runtime::{
+    signal, Cores, DriverEvent, Progress, Runtime, Task, TaskContext, TaskError,
+};
 use weir_net::redis::{
     encode_command, Args, BlockingConnection, Lookup, RedisClient, RedisConfig, RedisError,
     RedisFunction, RedisRequest, RedisUrl, Reply,
@@ -191,10 +193,12 @@ fn main() {
         }
     };
     let results = Arc::new(Mutex::new(Vec::new()));
-    let unparker = runtime.unparker(0);
+    // The operator wakes this task (rings its doorbell) for completions off its thread.
+    let task = runtime.add_task(0);
+    let unparker = runtime.task_unparker(task, signal::COMPLETION);
     let task_results = Arc::clone(&results);
-    runtime.spawn(
-        0,
+    runtime.set_task(
+        task,
         Box::new(move |_driver| -> Result<Box<dyn Task>, TaskError> {
             let client = Rc::new(RefCell::new(RedisClient::with_addr(config, addr)?));
             // Retry lookups whose connection failed; a wrong type or bad credentials

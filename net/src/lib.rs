@@ -16,6 +16,7 @@
     clippy::missing_safety_doc
 )]
 
+pub mod cluster;
 pub mod driver;
 pub mod epoll;
 pub mod error;

@@ -33,7 +33,7 @@ use crate::error::ConfigError;
 use crate::limits::{LATENCY_SAMPLE_EVERY, TIMER_SLOTS, TIMER_TICK_NS};
 use crate::park::Notify;
 use crate::slab::{Key, Slab};
-use crate::timer::{TimerKey, TimerWheel};
+use crate::timer::{TimerKey, TimerOwner, TimerPayload, TimerWheel, WorkerTimers};
 
 enum State<Out> {
     InFlight,
@@ -64,10 +64,97 @@ struct Entry<In, Out> {
     first_invoked_ns: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TimerEvent {
     Timeout(Key),
     Retry(Key, u32),
+}
+
+impl TimerEvent {
+    fn encode(self) -> TimerPayload {
+        match self {
+            TimerEvent::Timeout(key) => TimerPayload(key.to_u64(), 0),
+            // Attempts start at 1 for a retry (the first call is attempt 0).
+            TimerEvent::Retry(key, attempt) => TimerPayload(key.to_u64(), attempt),
+        }
+    }
+
+    fn decode(payload: TimerPayload) -> Self {
+        let key = Key::from_u64(payload.0);
+        match payload.1 {
+            0 => TimerEvent::Timeout(key),
+            attempt => TimerEvent::Retry(key, attempt),
+        }
+    }
+}
+
+/// Where an operator's timers live: its own wheel (an operator driven by hand, as in
+/// the harness and the benchmarks), or its worker's wheel, shared by every operator on
+/// that worker (when built on a runtime worker: see [`WorkerTimers`]).
+enum Timers {
+    Own(TimerWheel<TimerEvent>),
+    Worker(TimerOwner),
+}
+
+impl Timers {
+    fn new() -> Self {
+        match WorkerTimers::current() {
+            Some(worker) => Timers::Worker(worker.register()),
+            None => Timers::Own(TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS)),
+        }
+    }
+
+    #[inline]
+    fn schedule(&mut self, deadline_ns: u64, event: TimerEvent) -> TimerKey {
+        match self {
+            Timers::Own(wheel) => wheel.schedule(deadline_ns, event),
+            Timers::Worker(owner) => owner.schedule(deadline_ns, event.encode()),
+        }
+    }
+
+    #[inline]
+    fn cancel(&mut self, key: TimerKey) {
+        match self {
+            Timers::Own(wheel) => {
+                wheel.cancel(key);
+            }
+            Timers::Worker(owner) => {
+                owner.cancel(key);
+            }
+        }
+    }
+
+    fn peek_due(&mut self, limit_ns: u64) -> Option<u64> {
+        match self {
+            Timers::Own(wheel) => wheel.peek_due(limit_ns),
+            Timers::Worker(owner) => owner.peek_due(limit_ns),
+        }
+    }
+
+    fn pop_due(&mut self, limit_ns: u64) -> Option<(u64, TimerEvent)> {
+        match self {
+            Timers::Own(wheel) => wheel.pop_due(limit_ns),
+            Timers::Worker(owner) => owner
+                .pop_due(limit_ns)
+                .map(|(deadline, payload)| (deadline, TimerEvent::decode(payload))),
+        }
+    }
+
+    /// Own wheel: its earliest deadline. Worker's wheel: the earliest of this
+    /// operator's timers that came due (the worker watches the wheel for the others).
+    fn next_deadline(&self) -> Option<u64> {
+        match self {
+            Timers::Own(wheel) => wheel.next_deadline(),
+            Timers::Worker(owner) => owner.next_due(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Timers::Own(wheel) => wheel.len(),
+            Timers::Worker(owner) => owner.len(),
+        }
+    }
 }
 
 /// Flink's `AsyncWaitOperator`. See the module docs of `async_io` for the semantics.
@@ -88,7 +175,7 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     entries: Slab<Entry<F::In, F::Out>>,
     chains: Chains,
     segments: Segments,
-    timers: TimerWheel<TimerEvent>,
+    timers: Timers,
     completions: CompletionQueue<F::Out>,
     next_sequence: u64,
     closed: bool,
@@ -119,7 +206,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             entries: Slab::new(capacity)?,
             chains: Chains::new(config.mode, capacity),
             segments: Segments::new(capacity),
-            timers: TimerWheel::new(TIMER_TICK_NS, TIMER_SLOTS),
+            timers: Timers::new(),
             completions: CompletionQueue::new(capacity, Box::new(notify)),
             next_sequence: 0,
             closed: false,
@@ -151,7 +238,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     }
 
     /// The earliest pending timer's deadline. Exact (completed records' timers are
-    /// cancelled), and found without scanning the timers.
+    /// cancelled), and found without scanning the timers. On a runtime worker, whose
+    /// wheel this operator shares, only timers already due are reported: the worker
+    /// watches its wheel for the rest.
     pub fn next_timer_deadline(&self) -> Option<u64> {
         self.timers.next_deadline()
     }

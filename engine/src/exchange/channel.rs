@@ -1,22 +1,43 @@
 //! Channels between a result partition's subpartition and an input gate.
 //!
-//! A channel carries filled buffers ([`SharedBuffer`]s) in order. A local channel is an
-//! SPSC [`ring`](crate::ring) between the producer's and the consumer's threads: the
-//! gate reads the producer's segments directly, no copy. A remote channel (TCP, with
-//! credits) implements the same [`InputChannel`] trait on the consumer side, filling
-//! buffers from the gate's own pool.
+//! A channel yields, in order, the bytes its producer published, as read-only
+//! [`SharedBuffer`] views. A local channel is an SPSC [`ring`] of
+//! [`BufferConsumer`]s between the producer's and the consumer's threads: the
+//! subpartition pushes a consumer of each buffer it starts (when it first publishes
+//! into it), and [`InputChannel::poll_buffer`] returns the bytes published into the
+//! oldest unfinished buffer since the last poll, while the producer may still be writing
+//! it (see [`buffer`](crate::exchange::buffer)). The gate reads the producer's segments
+//! in place, no copy; a view holds its segment until it drops. A remote channel (TCP,
+//! with credits) implements the same [`InputChannel`] trait on the consumer side,
+//! filling buffers from the gate's own pool.
+//!
+//! Views split the stream of bytes wherever the producer published, so a record may
+//! span views as it may span buffers; the gate reassembles it.
+//!
+//! Buffer size announcements (debloating) travel the other way: the gate calls
+//! [`InputChannel::announce_buffer_size`], a local channel stores it in a word its
+//! producer reads when it starts a buffer (Relaxed both sides: a size is advice, and a
+//! late one only delays the change by a buffer). A remote channel would carry it in a
+//! frame to the sending process, whose sender reads the subpartition through a local
+//! channel and passes the size on with that channel's `announce_buffer_size`.
+//!
+//! Invariant: the ring holds every consumer the producer can have in flight (its pool's
+//! size plus overdraft), so a push never finds it full (`ResultPartition::new` checks).
 
 use std::sync::Arc;
 
+use crate::exchange::buffer::{BufferConsumer, Read};
 use crate::exchange::pool::SharedBuffer;
 use crate::park::Notify;
 use crate::ring::{self, Consumer, Producer};
+use crate::sync::{AtomicU32, Ordering};
 
 /// The consumer side of a channel, as an input gate sees it.
 pub trait InputChannel: Send {
-    /// The next buffer, if one has arrived.
+    /// The bytes that arrived since the last poll, if any. A view may end inside a
+    /// record; the next one continues it.
     fn poll_buffer(&mut self) -> Option<SharedBuffer>;
-    /// Whether the producer is gone; buffers it sent before may still be waiting.
+    /// Whether the producer is gone; what it published before may still be waiting.
     fn is_disconnected(&self) -> bool;
     /// Why the channel broke, if it did (a remote channel whose connection was lost):
     /// the gate reports this instead of a bare disconnection. A local channel never
@@ -24,17 +45,26 @@ pub trait InputChannel: Send {
     fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {
         None
     }
+    /// Asks the producer to start buffers of at most `size` bytes (0: no limit), as the
+    /// gate's debloater computes it. The default ignores it.
+    fn announce_buffer_size(&mut self, size: usize) {
+        let _ = size;
+    }
 }
 
 /// The producer side of a local channel.
 pub struct ChannelSender {
-    ring: Producer<SharedBuffer>,
+    ring: Producer<BufferConsumer>,
     notify: Option<Arc<dyn Notify>>,
+    buffer_size: Arc<AtomicU32>,
 }
 
 /// The consumer side of a local channel.
 pub struct LocalInputChannel {
-    ring: Consumer<SharedBuffer>,
+    ring: Consumer<BufferConsumer>,
+    /// The buffer being read.
+    current: Option<BufferConsumer>,
+    buffer_size: Arc<AtomicU32>,
 }
 
 /// A local channel holding up to `capacity` buffers (rounded up to a power of two).
@@ -48,23 +78,42 @@ pub fn local_channel(
     notify: Option<Arc<dyn Notify>>,
 ) -> (ChannelSender, LocalInputChannel) {
     let (producer, consumer) = ring::channel(capacity);
+    let buffer_size = Arc::new(AtomicU32::new(0));
     (
         ChannelSender {
             ring: producer,
             notify,
+            buffer_size: Arc::clone(&buffer_size),
         },
-        LocalInputChannel { ring: consumer },
+        LocalInputChannel {
+            ring: consumer,
+            current: None,
+            buffer_size,
+        },
     )
 }
 
 impl ChannelSender {
-    /// Sends a buffer; hands it back if the channel is full.
-    pub(crate) fn send(&mut self, buffer: SharedBuffer) -> Result<(), SharedBuffer> {
-        self.ring.try_push(buffer)?;
+    /// Hands the consumer of a buffer to the reader; gives it back if the channel is
+    /// full. Does not wake the reader: [`notify`](Self::notify) does, once bytes are
+    /// published.
+    pub(crate) fn push(&mut self, consumer: BufferConsumer) -> Result<(), BufferConsumer> {
+        self.ring.try_push(consumer)
+    }
+
+    /// Wakes the reader's task (bytes were published).
+    #[inline]
+    pub(crate) fn notify(&self) {
         if let Some(notify) = &self.notify {
             notify.notify();
         }
-        Ok(())
+    }
+
+    /// The buffer size the reader last announced (0: none).
+    #[inline]
+    pub fn announced_buffer_size(&self) -> usize {
+        // Relaxed: advice only (module docs).
+        self.buffer_size.load(Ordering::Relaxed) as usize
     }
 
     /// Buffers the channel can hold.
@@ -81,11 +130,33 @@ impl ChannelSender {
 impl InputChannel for LocalInputChannel {
     #[inline]
     fn poll_buffer(&mut self) -> Option<SharedBuffer> {
-        self.ring.try_pop()
+        loop {
+            let current = match &mut self.current {
+                Some(current) => current,
+                None => self.current.insert(self.ring.try_pop()?),
+            };
+            match current.read() {
+                Read::Bytes(view) => {
+                    if current.is_spent() {
+                        // The buffer's last bytes: the next poll starts the next buffer.
+                        self.current = None;
+                    }
+                    return Some(view);
+                }
+                Read::Nothing => return None,
+                Read::Finished => self.current = None,
+            }
+        }
     }
 
     fn is_disconnected(&self) -> bool {
         self.ring.is_abandoned()
+    }
+
+    fn announce_buffer_size(&mut self, size: usize) {
+        // Relaxed: advice only (module docs).
+        self.buffer_size
+            .store(size.min(u32::MAX as usize) as u32, Ordering::Relaxed);
     }
 }
 
@@ -100,7 +171,8 @@ impl core::fmt::Debug for ChannelSender {
 impl core::fmt::Debug for LocalInputChannel {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("LocalInputChannel")
-            .field("buffered", &self.ring.len())
+            .field("queued", &self.ring.len())
+            .field("current", &self.current)
             .finish()
     }
 }

@@ -12,12 +12,20 @@
 //!
 //! Fairness: the gate reads one buffer of a channel, then moves on to the next channel
 //! that has data (round robin at buffer granularity, as Flink's gate polls channels).
+//!
+//! Buffers arrive as views of what the producer published (see `channel`); a view may
+//! end inside a record, which the next view of the channel continues.
+//!
+//! Debloating (off unless [`InputGate::set_debloat`]): [`InputGate::poll_next_at`]
+//! feeds the gate's [`Debloater`] its bytes and idle time once per period, and passes
+//! each new buffer size to every channel ([`InputChannel::announce_buffer_size`]).
 
 use std::marker::PhantomData;
 
-use crate::error::{ConfigError, ExchangeError};
+use crate::error::{ConfigError, DebloatError, ExchangeError};
 use crate::exchange::channel::InputChannel;
 use crate::exchange::codec::{Codec, Decoder};
+use crate::exchange::debloat::{DebloatConfig, Debloater};
 use crate::exchange::pool::SharedBuffer;
 use crate::exchange::writer::{END_TAG, WATERMARK_TAG};
 use crate::limits::{EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
@@ -45,10 +53,15 @@ pub struct GateMetrics {
     pub records_in: u64,
     /// Bytes read (records and events, with prefixes).
     pub bytes_in: u64,
-    /// Buffers consumed.
+    /// Buffers consumed: views of the bytes a producer published, so a buffer read
+    /// while it was written counts once per view.
     pub buffers_in: u64,
     /// Nanoseconds the gate had nothing to give (measured by [`InputGate::poll_next_at`]).
     pub idle_ns: u64,
+    /// The buffer size last announced to the channels (debloating; 0: none).
+    pub announced_buffer_size: u64,
+    /// Buffer sizes announced.
+    pub announcements: u64,
 }
 
 /// A frame being reassembled across buffers.
@@ -86,6 +99,7 @@ pub struct InputGate<T: Codec> {
     max_record_size: usize,
     metrics: GateMetrics,
     idle_since_ns: Option<u64>,
+    debloat: Option<Debloater>,
     _records: PhantomData<fn() -> T>,
 }
 
@@ -125,6 +139,7 @@ impl<T: Codec> InputGate<T> {
             max_record_size,
             metrics: GateMetrics::default(),
             idle_since_ns: None,
+            debloat: None,
             _records: PhantomData,
         })
     }
@@ -149,9 +164,25 @@ impl<T: Codec> InputGate<T> {
         self.end_emitted
     }
 
+    /// Turns buffer debloating on: from now on [`poll_next_at`](Self::poll_next_at)
+    /// measures the gate's throughput and announces buffer sizes to the channels.
+    pub fn set_debloat(&mut self, config: DebloatConfig) -> Result<(), DebloatError> {
+        self.debloat = Some(Debloater::new(config)?);
+        Ok(())
+    }
+
+    /// The debloater, when debloating is on.
+    pub fn debloater(&self) -> Option<&Debloater> {
+        self.debloat.as_ref()
+    }
+
     /// Like [`poll_next`](Self::poll_next), also counting idle time by the caller's
-    /// clock: from the first empty poll to the next one that yields something.
+    /// clock (from the first empty poll to the next one that yields something) and
+    /// driving the debloater, when there is one.
     pub fn poll_next_at(&mut self, now_ns: u64) -> Result<Option<GateEvent<T>>, ExchangeError> {
+        if self.debloat.as_ref().is_some_and(|d| d.is_due(now_ns)) {
+            self.debloat_period(now_ns);
+        }
         let next = self.poll_next()?;
         match (&next, self.idle_since_ns) {
             (None, None) => self.idle_since_ns = Some(now_ns),
@@ -162,6 +193,33 @@ impl<T: Codec> InputGate<T> {
             _ => {}
         }
         Ok(next)
+    }
+
+    /// Ends a debloating period: a new size goes to every channel.
+    #[cold]
+    fn debloat_period(&mut self, now_ns: u64) {
+        let idle_ns = self.metrics.idle_ns
+            + self
+                .idle_since_ns
+                .map_or(0, |since| now_ns.saturating_sub(since));
+        let channels = self.channels.len();
+        // Bytes read: taken from the channels, less what waits in the views held.
+        let unread: usize = self
+            .channels
+            .iter()
+            .map(|c| c.buffer.as_ref().map_or(0, |b| b.len() - c.offset))
+            .sum();
+        let bytes = self.metrics.bytes_in - unread as u64;
+        let Some(debloater) = self.debloat.as_mut() else {
+            return;
+        };
+        if let Some(size) = debloater.on_period(now_ns, bytes, idle_ns, channels) {
+            for state in &mut self.channels {
+                state.input.announce_buffer_size(size);
+            }
+            self.metrics.announced_buffer_size = size as u64;
+            self.metrics.announcements += 1;
+        }
     }
 
     /// The next record or event, or `None` if no channel has anything now.

@@ -3,21 +3,27 @@
 //! exhaustion as back-pressure.
 //!
 //! - [`pool`]: the network and local buffer pools and their buffers;
+//! - [`buffer`]: a buffer read while it is written (builder and consumers);
 //! - [`codec`]: how records become bytes;
 //! - [`writer`]: the record writer, channel selectors, in-band events, buffer timeout;
-//! - [`partition`]: subpartitions filling and sending buffers;
+//! - [`partition`]: subpartitions filling buffers and publishing what they wrote;
 //! - [`channel`]: local channels (and the trait a remote one implements);
-//! - [`input`]: the input gate: reassembly, watermark combining, fair polling.
+//! - [`input`]: the input gate: reassembly, watermark combining, fair polling;
+//! - [`debloat`]: buffer sizes from the gate's throughput (buffer debloating).
 
+pub mod buffer;
 pub mod channel;
 pub mod codec;
+pub mod debloat;
 pub(crate) mod free_list;
 pub mod input;
 pub mod partition;
 pub mod pool;
 pub mod writer;
 
+pub use buffer::{BufferBuilder, BufferConsumer, Read};
 pub use channel::{local_channel, ChannelSender, InputChannel, LocalInputChannel};
+pub use debloat::{DebloatConfig, Debloater};
 pub use input::{GateEvent, GateMetrics, InputGate};
 pub use partition::{PartitionMetrics, ResultPartition};
 pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, SharedBuffer};

@@ -1,30 +1,51 @@
 //! The producer side of an exchange: a result partition with one subpartition per
-//! consumer, each filling buffers from the partition's local pool and sending them
-//! down its channel.
+//! consumer, each writing into a buffer from the partition's local pool that its
+//! consumer reads while it is written (Flink's `BufferBuilder` / `BufferConsumer`, see
+//! [`buffer`](crate::exchange::buffer)).
 //!
-//! Buffers become readable when they are *finished*: full, flushed by the buffer
-//! timeout, or closed by an event. The alternative, Flink's readable-while-written
-//! `BufferConsumer`, needs the writer and the reader to share a segment and an atomic
-//! write position per record; finishing keeps each segment with one owner until it is
-//! sent (no atomics per record, one ring push per buffer). Its cost: a flushed,
-//! partly filled buffer ships with unused space, so a buffer timeout of 0 uses a segment
-//! per record (bounded by the pool, which back-pressures as usual).
+//! A subpartition appends records into its current [`BufferBuilder`] with plain
+//! stores: no atomic per record. The bytes become visible when the partition
+//! *publishes* the builder (one Release store of its position, then a notification of
+//! the consumer's task):
+//! - on a flush: the buffer timeout ([`flush_all`](ResultPartition::flush_all), or
+//!   after every record at timeout 0), an event, the end of the partition;
+//! - when the buffer is full, which also finishes it: the builder drops, the next
+//!   record starts a new buffer.
 //!
-//! In broadcast mode the partition fills one buffer and sends a reference-counted
-//! handle of it to every subpartition (Flink's `BroadcastRecordWriter`): serialized and
-//! copied once.
+//! A flush does not cut the buffer: the next records go on filling the same segment,
+//! and the consumer reads them from it. So a timeout of 0 costs a store, a load of
+//! the consumer's gone flag and a notification per record, not a segment per record,
+//! and a subpartition whose consumer keeps up holds at most two segments: the one
+//! being written and the one being read to its end
+//! ([`PartitionMetrics::segments_per_channel_peak`]).
+//!
+//! The consumer of a buffer is pushed to the subpartition's channel when the buffer is
+//! first published, so an empty buffer is never sent. Each publication checks that
+//! the consumer is still there (one load of a flag its channel writes only when it is
+//! dropped) and reports [`ExchangeError::ConsumerGone`] otherwise. A segment is recycled when its builder is gone and its consumer has read all
+//! of it (the shares of `buffer`).
+//!
+//! In broadcast mode the partition fills one buffer and pushes a consumer of it to
+//! every subpartition (Flink's `BroadcastRecordWriter`): serialized and copied once,
+//! each consumer reading at its own pace.
+//!
+//! Buffer sizes: a buffer starts with the capacity its consumer last announced
+//! ([`InputChannel::announce_buffer_size`](crate::exchange::InputChannel::announce_buffer_size),
+//! debloating), capped at the segment size; a broadcast buffer takes the smallest
+//! announcement. The partition reads the announcement only when it starts a buffer.
 //!
 //! Invariants:
-//! 1. An empty buffer is never sent: `send` keeps an empty builder for the next write
-//!    (one is left when a record refused as too large was the first to try a fresh
-//!    buffer).
-//! 2. Bytes are written and buffers sent in the order the writer submits them, per
+//! 1. A consumer is pushed once per buffer and subpartition, before the buffer's first
+//!    byte is published to it; nothing is published to a subpartition whose channel
+//!    does not hold the buffer's consumer.
+//! 2. Bytes are written and published in the order the writer submits them, per
 //!    subpartition, so events are never reordered with the records around them.
 
 use crate::error::{ConfigError, ExchangeError};
+use crate::exchange::buffer::BufferBuilder;
 use crate::exchange::channel::ChannelSender;
 use crate::exchange::codec::{Codec, SliceEncoder};
-use crate::exchange::pool::{Buffer, LocalBufferPool};
+use crate::exchange::pool::LocalBufferPool;
 
 /// Where bytes go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,26 +56,49 @@ pub(crate) enum Dest {
     Shared,
 }
 
-struct Subpartition {
-    channel: ChannelSender,
-    builder: Option<Buffer>,
+/// A buffer being written, and whether its consumer went out (invariant 1).
+#[derive(Default)]
+struct Slot {
+    builder: Option<BufferBuilder>,
+    enqueued: bool,
 }
 
-/// Counters of a partition.
+struct Subpartition {
+    channel: ChannelSender,
+    slot: Slot,
+}
+
+/// Counters and gauges of a partition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PartitionMetrics {
     /// Bytes written (records and events, with their length prefixes).
     pub bytes_out: u64,
-    /// Buffers sent (a broadcast buffer counts once per subpartition).
+    /// Buffers handed to channels (a broadcast buffer counts once per subpartition).
     pub buffers_out: u64,
+    /// Publications that made new bytes visible (a broadcast one counts once).
+    pub publishes: u64,
+    /// The most segments one subpartition held at once (written, or not yet read to
+    /// their end), as seen when it started a buffer (sampled, one buffer start in
+    /// [`GAUGE_EVERY`]): 2 when its consumer keeps up.
+    pub segments_per_channel_peak: u64,
+    /// Buffers started.
+    pub buffers_started: u64,
+    /// Buffer starts at which the segments held were sampled.
+    pub segments_held_samples: u64,
+    /// Segments held at those samples, summed (÷ `segments_held_samples`: the mean
+    /// pool usage per channel).
+    pub segments_held_total: u64,
 }
+
+/// One buffer start in this many samples the segments its subpartition holds.
+pub const GAUGE_EVERY: u64 = 8;
 
 /// A result partition over local (or, later, remote) channels.
 pub struct ResultPartition {
     pool: LocalBufferPool,
     subpartitions: Vec<Subpartition>,
-    shared: Option<Buffer>,
-    /// When the oldest unsent byte was written (for the buffer timeout).
+    shared: Slot,
+    /// When the oldest unpublished byte was written (for the buffer timeout).
     unflushed_since_ns: Option<u64>,
     metrics: PartitionMetrics,
 }
@@ -69,10 +113,9 @@ impl ResultPartition {
             });
         }
         // Every buffer the pool can lend (plus overdraft, bounded by the pool size) may be
-        // in one channel at once; a channel that cannot hold them could refuse a send.
+        // in one channel at once; a channel that cannot hold them could refuse a push.
         let needed = pool.size() + pool.overdraft_max();
-        if let Some(short) = channels.iter().find(|c| c.capacity() < needed) {
-            let _ = short;
+        if channels.iter().any(|c| c.capacity() < needed) {
             return Err(ConfigError::Inconsistent(
                 "each channel must hold the partition pool's size plus overdraft in buffers; \
                  build channels with local_channel(pool size + overdraft, ...)",
@@ -82,13 +125,13 @@ impl ResultPartition {
             .into_iter()
             .map(|channel| Subpartition {
                 channel,
-                builder: None,
+                slot: Slot::default(),
             })
             .collect();
         Ok(ResultPartition {
             pool,
             subpartitions,
-            shared: None,
+            shared: Slot::default(),
             unflushed_since_ns: None,
             metrics: PartitionMetrics::default(),
         })
@@ -109,9 +152,81 @@ impl ResultPartition {
         self.metrics
     }
 
-    /// When the oldest unsent byte was written.
+    /// Segments `subpartition` holds now (the gauge behind
+    /// [`PartitionMetrics::segments_per_channel_peak`]): buffers being written or not yet
+    /// read to their end. In broadcast mode every buffer is charged to subpartition 0.
+    pub fn segments_in_use(&mut self, subpartition: usize) -> usize {
+        self.pool.reclaim();
+        self.pool.held_by(subpartition)
+    }
+
+    /// The buffer size `subpartition`'s consumer announced (0: none), which the next
+    /// buffer started for it takes.
+    pub fn announced_buffer_size(&self, subpartition: usize) -> usize {
+        self.subpartitions[subpartition]
+            .channel
+            .announced_buffer_size()
+    }
+
+    /// When the oldest unpublished byte was written.
     pub fn unflushed_since_ns(&self) -> Option<u64> {
         self.unflushed_since_ns
+    }
+
+    /// Starts a buffer for `dest` (overdraft allowed when `in_record`); `false` when the
+    /// pool has none (back-pressure).
+    fn start(&mut self, dest: Dest, in_record: bool) -> bool {
+        let charge = match dest {
+            Dest::One(sub) => sub,
+            Dest::Shared => 0,
+        };
+        let buffer = match self.pool.request(charge) {
+            Some(buffer) => buffer,
+            None if in_record => match self.pool.request_overdraft(charge) {
+                Some(buffer) => buffer,
+                None => return false,
+            },
+            None => return false,
+        };
+        // The gauge, sampled every `GAUGE_EVERY` buffers: the pool counts a segment back
+        // only when it collects its returns (a swap on the line recyclers push to), so
+        // collect before believing more than two.
+        if self.metrics.buffers_started % GAUGE_EVERY == 0 {
+            let mut held = self.pool.held_by(charge) as u64;
+            if held > 2 {
+                self.pool.reclaim();
+                held = self.pool.held_by(charge) as u64;
+            }
+            let peak = &mut self.metrics.segments_per_channel_peak;
+            *peak = (*peak).max(held);
+            self.metrics.segments_held_samples += 1;
+            self.metrics.segments_held_total += held;
+        }
+        self.metrics.buffers_started += 1;
+        let segment_size = buffer.capacity();
+        let announced = match dest {
+            Dest::One(sub) => self.subpartitions[sub].channel.announced_buffer_size(),
+            Dest::Shared => self
+                .subpartitions
+                .iter()
+                .map(|s| s.channel.announced_buffer_size())
+                .filter(|&size| size > 0)
+                .min()
+                .unwrap_or(0),
+        };
+        let limit = if announced == 0 {
+            segment_size
+        } else {
+            announced.min(segment_size)
+        };
+        let slot = match dest {
+            Dest::One(sub) => &mut self.subpartitions[sub].slot,
+            Dest::Shared => &mut self.shared,
+        };
+        debug_assert!(slot.builder.is_none());
+        slot.builder = Some(BufferBuilder::new(buffer, limit));
+        slot.enqueued = false;
+        true
     }
 
     /// Writes `bytes[offset..]` to `dest`, taking buffers from the pool (and overdraft
@@ -126,50 +241,37 @@ impl ResultPartition {
         now_ns: u64,
     ) -> Result<usize, ExchangeError> {
         while offset < bytes.len() {
-            let charge = match dest {
-                Dest::One(sub) => sub,
-                Dest::Shared => 0,
+            let has_builder = match dest {
+                Dest::One(sub) => self.subpartitions[sub].slot.builder.is_some(),
+                Dest::Shared => self.shared.builder.is_some(),
             };
-            let slot = match dest {
-                Dest::One(sub) => &mut self.subpartitions[sub].builder,
-                Dest::Shared => &mut self.shared,
-            };
-            if slot.is_none() {
-                let in_record = mid_record || offset > 0;
-                let buffer = match self.pool.request(charge) {
-                    Some(buffer) => Some(buffer),
-                    None if in_record => self.pool.request_overdraft(charge),
-                    None => None,
-                };
-                match buffer {
-                    Some(buffer) => *slot = Some(buffer),
-                    None => return Ok(offset),
-                }
+            if !has_builder && !self.start(dest, mid_record || offset > 0) {
+                return Ok(offset);
             }
-            let builder = slot.as_mut().expect("filled above");
-            let start = builder.len();
-            let capacity = builder.capacity();
-            let count = (capacity - start).min(bytes.len() - offset);
-            builder.as_mut_slice()[start..start + count]
-                .copy_from_slice(&bytes[offset..offset + count]);
-            builder.set_len(start + count);
+            let builder = match dest {
+                Dest::One(sub) => self.subpartitions[sub].slot.builder.as_mut(),
+                Dest::Shared => self.shared.builder.as_mut(),
+            }
+            .expect("started above");
+            let count = builder.append(&bytes[offset..]);
+            let full = builder.is_full();
             offset += count;
             self.metrics.bytes_out += count as u64;
             if self.unflushed_since_ns.is_none() {
                 self.unflushed_since_ns = Some(now_ns);
             }
-            if start + count == capacity {
-                self.send(dest)?;
+            if full {
+                self.publish(dest, true)?;
             }
         }
         Ok(offset)
     }
 
     /// Encodes one record straight into `dest`'s current buffer, length prefix first,
-    /// when it fits in the room left (the common case): no scratch copy. Takes a fresh
-    /// buffer if there is none (never overdraft: this is a record's start). Returns
-    /// `Ok(false)`, having written nothing, when there is no buffer or the record does
-    /// not fit (or exceeds `max_size`); the caller then takes the spanning path.
+    /// when it fits in the room left (the common case): no scratch copy. Starts a buffer
+    /// if there is none (never overdraft: this is a record's start). Returns `Ok(false)`,
+    /// having written nothing, when there is no buffer or the record does not fit (or
+    /// exceeds `max_size`); the caller then takes the spanning path.
     #[inline]
     pub(crate) fn try_encode<T: Codec>(
         &mut self,
@@ -178,23 +280,22 @@ impl ResultPartition {
         max_size: usize,
         now_ns: u64,
     ) -> Result<bool, ExchangeError> {
-        let (slot, charge) = match dest {
-            Dest::One(sub) => (&mut self.subpartitions[sub].builder, sub),
-            Dest::Shared => (&mut self.shared, 0),
+        let has_builder = match dest {
+            Dest::One(sub) => self.subpartitions[sub].slot.builder.is_some(),
+            Dest::Shared => self.shared.builder.is_some(),
         };
-        if slot.is_none() {
-            match self.pool.request(charge) {
-                Some(buffer) => *slot = Some(buffer),
-                None => return Ok(false),
-            }
-        }
-        let builder = slot.as_mut().expect("filled above");
-        let start = builder.len();
-        let capacity = builder.capacity();
-        if capacity - start <= 4 {
+        if !has_builder && !self.start(dest, false) {
             return Ok(false);
         }
-        let free = &mut builder.as_mut_slice()[start..];
+        let builder = match dest {
+            Dest::One(sub) => self.subpartitions[sub].slot.builder.as_mut(),
+            Dest::Shared => self.shared.builder.as_mut(),
+        }
+        .expect("started above");
+        let free = builder.free_mut();
+        if free.len() <= 4 {
+            return Ok(false);
+        }
         let (prefix, body) = free.split_at_mut(4);
         let mut encoder = SliceEncoder::new(body);
         record.encode(&mut encoder);
@@ -205,69 +306,114 @@ impl ResultPartition {
             return Ok(false);
         }
         prefix.copy_from_slice(&(size as u32).to_le_bytes());
-        builder.set_len(start + 4 + size);
+        builder.commit(4 + size);
+        let full = builder.is_full();
         self.metrics.bytes_out += 4 + size as u64;
         if self.unflushed_since_ns.is_none() {
             self.unflushed_since_ns = Some(now_ns);
         }
-        if start + 4 + size == capacity {
-            self.send(dest)?;
+        if full {
+            self.publish(dest, true)?;
         }
         Ok(true)
     }
 
-    /// Sends `dest`'s buffer if it holds anything.
-    pub(crate) fn send(&mut self, dest: Dest) -> Result<(), ExchangeError> {
+    /// Makes `dest`'s written bytes visible to its consumers and wakes them; with
+    /// `finish`, also ends the buffer (the next write starts a new one).
+    pub(crate) fn publish(&mut self, dest: Dest, finish: bool) -> Result<(), ExchangeError> {
         match dest {
             Dest::One(sub) => {
-                if self.subpartitions[sub]
-                    .builder
-                    .as_ref()
-                    .is_none_or(|b| b.is_empty())
-                {
+                let subpartition = &mut self.subpartitions[sub];
+                let Some(builder) = subpartition.slot.builder.as_mut() else {
                     return Ok(());
-                }
-                let Some(buffer) = self.subpartitions[sub].builder.take() else {
-                    unreachable!("checked above");
                 };
-                let channel = &mut self.subpartitions[sub].channel;
-                if channel.is_disconnected() {
+                let fresh = builder.has_unpublished();
+                if fresh && subpartition.channel.is_disconnected() {
                     return Err(ExchangeError::ConsumerGone { subpartition: sub });
                 }
-                if channel.send(buffer.into_shared()).is_err() {
-                    unreachable!("channels hold every buffer the pool can lend (checked in new)");
-                }
-                self.metrics.buffers_out += 1;
-            }
-            Dest::Shared => {
-                if self.shared.as_ref().is_none_or(|b| b.is_empty()) {
-                    return Ok(());
-                }
-                let Some(buffer) = self.shared.take() else {
-                    unreachable!("checked above");
-                };
-                let shared = buffer.into_shared();
-                for (sub, subpartition) in self.subpartitions.iter_mut().enumerate() {
-                    if subpartition.channel.is_disconnected() {
-                        return Err(ExchangeError::ConsumerGone { subpartition: sub });
-                    }
-                    if subpartition.channel.send(shared.clone()).is_err() {
+                if fresh && !subpartition.slot.enqueued {
+                    let channel = &mut subpartition.channel;
+                    if channel.push(builder.consumer()).is_err() {
                         unreachable!(
                             "channels hold every buffer the pool can lend (checked in new)"
                         );
                     }
+                    subpartition.slot.enqueued = true;
                     self.metrics.buffers_out += 1;
+                }
+                if finish {
+                    // Dropping the builder publishes everything, finished.
+                    subpartition.slot.builder = None;
+                } else if fresh {
+                    builder.publish();
+                }
+                if fresh {
+                    self.metrics.publishes += 1;
+                    subpartition.channel.notify();
+                }
+            }
+            Dest::Shared => {
+                let Some(builder) = self.shared.builder.as_mut() else {
+                    return Ok(());
+                };
+                let fresh = builder.has_unpublished();
+                if fresh {
+                    for (sub, subpartition) in self.subpartitions.iter().enumerate() {
+                        if subpartition.channel.is_disconnected() {
+                            return Err(ExchangeError::ConsumerGone { subpartition: sub });
+                        }
+                    }
+                }
+                if fresh && !self.shared.enqueued {
+                    for subpartition in &mut self.subpartitions {
+                        if subpartition.channel.push(builder.consumer()).is_err() {
+                            unreachable!(
+                                "channels hold every buffer the pool can lend (checked in new)"
+                            );
+                        }
+                        self.metrics.buffers_out += 1;
+                    }
+                    self.shared.enqueued = true;
+                }
+                if finish {
+                    self.shared.builder = None;
+                } else if fresh {
+                    builder.publish();
+                }
+                if fresh {
+                    self.metrics.publishes += 1;
+                    for subpartition in &self.subpartitions {
+                        subpartition.channel.notify();
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Sends every partly filled buffer (buffer timeout, events, end of input).
+    /// Publishes `dest`'s written bytes (a flush of one destination).
+    #[inline]
+    pub(crate) fn flush(&mut self, dest: Dest) -> Result<(), ExchangeError> {
+        self.publish(dest, false)
+    }
+
+    /// Publishes every buffer's written bytes (buffer timeout, events): the buffers stay
+    /// open for more.
     pub fn flush_all(&mut self) -> Result<(), ExchangeError> {
-        self.send(Dest::Shared)?;
+        self.publish(Dest::Shared, false)?;
         for sub in 0..self.subpartitions.len() {
-            self.send(Dest::One(sub))?;
+            self.publish(Dest::One(sub), false)?;
+        }
+        self.unflushed_since_ns = None;
+        Ok(())
+    }
+
+    /// Publishes and ends every buffer (end of the partition): each segment goes back
+    /// to the pool once its consumers have read it.
+    pub fn finish_all(&mut self) -> Result<(), ExchangeError> {
+        self.publish(Dest::Shared, true)?;
+        for sub in 0..self.subpartitions.len() {
+            self.publish(Dest::One(sub), true)?;
         }
         self.unflushed_since_ns = None;
         Ok(())

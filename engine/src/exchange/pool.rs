@@ -28,8 +28,9 @@
 //!
 //! Invariants:
 //! 1. A segment index is in exactly one place: the network pool's free list, a local
-//!    pool's private stack, its return list, or one `Buffer`. Lists hand each index out
-//!    once.
+//!    pool's private stack, its return list, or one `Buffer` (or the handles sharing it,
+//!    counted in `shares`: `SharedBuffer` views, a `BufferBuilder` and its
+//!    `BufferConsumer`s, see `buffer`). Lists hand each index out once.
 //! 2. `meta[i]` (subpartition and overdraft flag) is written by the requester when it
 //!    lends segment `i` and read by it when `i` comes back; the segment's trip through
 //!    the return list (Release push, Acquire swap) orders the two.
@@ -74,17 +75,21 @@ pub struct NetworkBufferPool {
     inner: Arc<Global>,
 }
 
-struct Global {
-    memory: NonNull<u8>,
+pub(crate) struct Global {
+    pub(crate) memory: NonNull<u8>,
     layout: Layout,
-    segment_size: usize,
+    pub(crate) segment_size: usize,
     segment_count: usize,
     /// Free-list links for every list over these segments (see `free_list`).
     links: Box<[AtomicU32]>,
     /// Per segment: the subpartition it is charged to, and `META_OVERDRAFT`.
     meta: Box<[AtomicU32]>,
-    /// Per segment: the number of `SharedBuffer` handles to it (0 while unshared).
-    shares: Box<[AtomicU32]>,
+    /// Per segment: the number of handles to it (`SharedBuffer`s, and a segment's
+    /// builder and consumers, see `buffer`); 0 while a plain `Buffer` owns it.
+    pub(crate) shares: Box<[AtomicU32]>,
+    /// Per segment: the position its builder published (see `buffer`), on a line of its
+    /// own, since the writer stores to it while the reader polls it.
+    pub(crate) positions: Box<[CachePadded<AtomicU32>]>,
     free: FreeList,
     /// Segments on `free`; kept beside the list for reports and error messages.
     free_count: AtomicUsize,
@@ -110,18 +115,29 @@ impl Global {
         self.free.push(index, &self.links);
     }
 
-    /// The first `len` bytes of segment `index`.
+    /// Bytes `offset..offset + len` of segment `index`.
     ///
     /// # Safety
-    /// No one may write those bytes while the slice lives, and `len` must not exceed
-    /// the segment size.
+    /// No one may write those bytes while the slice lives, and `offset + len` must not
+    /// exceed the segment size.
     #[inline(always)]
-    unsafe fn written(&self, index: u32, len: usize) -> &[u8] {
-        let start = index as usize * self.segment_size;
-        debug_assert!(len <= self.segment_size && start + len <= self.layout.size());
-        // SAFETY: inside the region (index < count, len <= segment size); the caller
-        // guarantees no concurrent writes.
+    pub(crate) unsafe fn written(&self, index: u32, offset: usize, len: usize) -> &[u8] {
+        let start = index as usize * self.segment_size + offset;
+        debug_assert!(offset + len <= self.segment_size);
+        debug_assert!(start + len <= self.layout.size());
+        // SAFETY: inside the region (index < count, offset + len <= segment size); the
+        // caller guarantees no concurrent writes.
         unsafe { core::slice::from_raw_parts(self.memory.as_ptr().add(start), len) }
+    }
+
+    /// The first byte of segment `index`.
+    #[inline(always)]
+    pub(crate) fn segment_start(&self, index: u32) -> NonNull<u8> {
+        let start = index as usize * self.segment_size;
+        assert!(start + self.segment_size <= self.layout.size());
+        // SAFETY: `start` lies inside the region (checked above), so the pointer is in
+        // bounds of the allocation and not null.
+        unsafe { NonNull::new_unchecked(self.memory.as_ptr().add(start)) }
     }
 
     #[inline(always)]
@@ -206,6 +222,9 @@ impl NetworkBufferPool {
         let links: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(NIL)).collect();
         let meta: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
         let shares: Box<[AtomicU32]> = (0..segment_count).map(|_| AtomicU32::new(0)).collect();
+        let positions: Box<[CachePadded<AtomicU32>]> = (0..segment_count)
+            .map(|_| CachePadded::new(AtomicU32::new(0)))
+            .collect();
         let free = FreeList::new();
         // Push in reverse so segment 0 is handed out first (keeps early segments warm).
         for index in (0..segment_count as u32).rev() {
@@ -219,6 +238,7 @@ impl NetworkBufferPool {
             links,
             meta,
             shares,
+            positions,
             free,
             free_count: AtomicUsize::new(segment_count),
             #[cfg(any(debug_assertions, loom))]
@@ -343,9 +363,9 @@ impl LocalPoolConfig {
 }
 
 /// What recyclers and the requester share; freed by whoever drops `refs` to zero.
-struct Shared {
+pub(crate) struct Shared {
     /// Read-mostly fields, read by the requester on every request.
-    global: Arc<Global>,
+    pub(crate) global: Arc<Global>,
     notify: Option<Box<dyn Notify>>,
     /// Written by recyclers on every drop: on lines of their own.
     recycled: CachePadded<Recycled>,
@@ -664,8 +684,8 @@ impl core::fmt::Debug for LocalBufferPool {
 
 /// One segment, owned. Dropping it recycles the segment to its pool, from any thread.
 pub struct Buffer {
-    shared: NonNull<Shared>,
-    segment: u32,
+    pub(crate) shared: NonNull<Shared>,
+    pub(crate) segment: u32,
     len: usize,
 }
 
@@ -677,7 +697,7 @@ unsafe impl Sync for Buffer {}
 
 impl Buffer {
     #[inline(always)]
-    fn global(&self) -> &Global {
+    pub(crate) fn global(&self) -> &Global {
         // SAFETY: this buffer holds a reference to the shared state (invariant 3).
         unsafe { &self.shared.as_ref().global }
     }
@@ -718,7 +738,7 @@ impl Buffer {
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: this buffer owns its segment exclusively (invariant 1), so no one
         // writes it while the slice lives; `len <= capacity` (checked in `set_len`).
-        unsafe { self.global().written(self.segment, self.len) }
+        unsafe { self.global().written(self.segment, 0, self.len) }
     }
 
     /// The whole segment, for writing.
@@ -766,6 +786,7 @@ impl Buffer {
         SharedBuffer {
             shared: this.shared,
             segment: this.segment,
+            offset: 0,
             len: this.len,
         }
     }
@@ -777,7 +798,7 @@ impl Buffer {
 /// The caller owns the segment (invariant 1) and one reference to `shared`
 /// (invariant 3), and uses neither afterwards.
 #[inline]
-unsafe fn recycle(shared: NonNull<Shared>, segment: u32) {
+pub(crate) unsafe fn recycle(shared: NonNull<Shared>, segment: u32) {
     // SAFETY: the caller's reference keeps the shared state alive until `release_refs`.
     let state = unsafe { shared.as_ref() };
     state.global.mark_released(segment);
@@ -798,16 +819,22 @@ impl Drop for Buffer {
     }
 }
 
-/// A read-only, cloneable handle to a filled segment (see [`Buffer::into_shared`]).
-/// The segment is recycled when the last handle drops, on whatever thread.
+/// A read-only, cloneable view of bytes of a segment: a whole filled segment (see
+/// [`Buffer::into_shared`]), or the bytes a writer published since the reader's last
+/// read (see [`BufferConsumer`](crate::exchange::buffer::BufferConsumer)). The segment
+/// is recycled when its last handle (view, builder or consumer) drops, on whatever
+/// thread.
 pub struct SharedBuffer {
-    shared: NonNull<Shared>,
-    segment: u32,
-    len: usize,
+    pub(crate) shared: NonNull<Shared>,
+    pub(crate) segment: u32,
+    /// Where the view starts in the segment.
+    pub(crate) offset: u32,
+    pub(crate) len: usize,
 }
 
-// SAFETY: handles only read the segment, which no one writes while any handle exists;
-// the count and the pool are reached through atomics (as for `Buffer`).
+// SAFETY: handles only read their bytes, which no one writes while any handle exists (a
+// view covers published bytes, which the writer never writes again); the count and the
+// pool are reached through atomics (as for `Buffer`).
 unsafe impl Send for SharedBuffer {}
 // SAFETY: as above.
 unsafe impl Sync for SharedBuffer {}
@@ -819,15 +846,26 @@ impl SharedBuffer {
         unsafe { &self.shared.as_ref().global }
     }
 
-    /// The written bytes.
+    /// The bytes of this view.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the segment is immutable while shared (no `Buffer` holds it), and
-        // `len` came from the buffer it was made from.
-        unsafe { self.global().written(self.segment, self.len) }
+        // SAFETY: the view's bytes are immutable while it lives: either no `Buffer` holds
+        // the segment (a filled buffer made shared), or they lie below the position its
+        // builder published, which the builder never writes again (see `buffer`,
+        // invariant 1); `offset + len` is within the segment (set where the view is made).
+        unsafe {
+            self.global()
+                .written(self.segment, self.offset as usize, self.len)
+        }
     }
 
-    /// Bytes written.
+    /// Where this view starts in its segment (0 for a whole buffer).
+    #[inline]
+    pub fn offset(&self) -> usize {
+        self.offset as usize
+    }
+
+    /// Bytes in this view.
     #[inline]
     pub fn len(&self) -> usize {
         self.len
@@ -853,6 +891,7 @@ impl Clone for SharedBuffer {
         SharedBuffer {
             shared: self.shared,
             segment: self.segment,
+            offset: self.offset,
             len: self.len,
         }
     }
@@ -861,14 +900,30 @@ impl Clone for SharedBuffer {
 impl Drop for SharedBuffer {
     #[inline]
     fn drop(&mut self) {
-        let shares = &self.global().shares[self.segment as usize];
-        // Release: our reads of the segment happen before whoever recycles it.
-        if shares.fetch_sub(1, Ordering::Release) == 1 {
-            // Acquire: pairs with the other handles' Release decrements.
-            fence(Ordering::Acquire);
-            // SAFETY: we were the last handle, so we own the segment and the reference.
-            unsafe { recycle(self.shared, self.segment) };
-        }
+        // SAFETY: this view holds one share of its segment and gives it up here.
+        unsafe { release_share(self.shared, self.segment) };
+    }
+}
+
+/// Gives up one share of `segment` (a view's, a builder's or a consumer's); the last
+/// share recycles it.
+///
+/// # Safety
+/// The caller owns one share of `segment` (counted in `shares`), which keeps `shared`
+/// alive, and uses neither afterwards.
+#[inline]
+pub(crate) unsafe fn release_share(shared: NonNull<Shared>, segment: u32) {
+    // SAFETY: the caller's share keeps the pool reference, hence the shared state, alive.
+    let state = unsafe { shared.as_ref() };
+    let shares = &state.global.shares[segment as usize];
+    // Release: our reads (and a builder's writes) of the segment happen before whoever
+    // recycles it.
+    if shares.fetch_sub(1, Ordering::Release) == 1 {
+        // Acquire: pairs with the other holders' Release decrements.
+        fence(Ordering::Acquire);
+        // SAFETY: we held the last share, so we own the segment and the one pool
+        // reference the shares hold together.
+        unsafe { recycle(shared, segment) };
     }
 }
 
@@ -876,6 +931,7 @@ impl core::fmt::Debug for SharedBuffer {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("SharedBuffer")
             .field("segment", &self.segment)
+            .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()
     }

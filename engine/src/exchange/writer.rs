@@ -16,11 +16,12 @@
 //! pending: the task yields to its mailbox until the pool notifies it, then calls
 //! [`RecordWriter::resume`]. The thread never blocks and no byte is lost.
 //!
-//! Buffer timeout (Flink's output flusher): partly filled buffers are sent at most
-//! `timeout` after their first byte: `Some(0)` sends after every record, `None` only
-//! when full or on an event. The task's timer wheel drives it through
-//! [`RecordWriter::next_flush_deadline`] and [`RecordWriter::on_timer`]; no thread per
-//! writer.
+//! Buffer timeout (Flink's output flusher): written bytes are published (made visible
+//! to the consumer, which reads them from the buffer while it is still being written)
+//! at most `timeout` after the first of them: `Some(0)` publishes after every record,
+//! `None` only when a buffer is full or on an event. A flush does not end the buffer.
+//! The task's timer wheel drives it through [`RecordWriter::next_flush_deadline`] and
+//! [`RecordWriter::on_timer`]; no thread per writer.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -287,7 +288,8 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             {
                 self.metrics.records_out += 1;
                 if self.timeout_ns == Some(0) {
-                    self.partition.flush_all()?;
+                    // Timeout 0: publish this record now (one store and a notification).
+                    self.partition.flush(dest)?;
                 }
                 return Ok(());
             }
@@ -330,7 +332,7 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         Ok(())
     }
 
-    /// Broadcasts a watermark in band and sends the buffers it closes.
+    /// Broadcasts a watermark in band and publishes it with everything before it.
     pub fn emit_watermark(&mut self, timestamp: i64, now_ns: u64) -> Result<(), ExchangeError> {
         self.ready_to_write()?;
         self.scratch.clear();
@@ -347,7 +349,8 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         )
     }
 
-    /// Broadcasts end-of-partition and sends everything. Nothing may be written after.
+    /// Broadcasts end-of-partition, publishes everything and ends every buffer. Nothing
+    /// may be written after.
     /// If it ends pending, [`resume`](Self::resume) completes it.
     pub fn finish(&mut self, now_ns: u64) -> Result<(), ExchangeError> {
         self.ready_to_write()?;
@@ -389,7 +392,7 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         }
     }
 
-    /// Sends partly filled buffers whose timeout has passed at `now_ns`.
+    /// Publishes written bytes whose timeout has passed at `now_ns`.
     pub fn on_timer(&mut self, now_ns: u64) -> Result<(), ExchangeError> {
         if self
             .next_flush_deadline()
@@ -400,7 +403,7 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         Ok(())
     }
 
-    /// Sends every partly filled buffer now.
+    /// Publishes every written byte now (the buffers stay open).
     pub fn flush(&mut self) -> Result<(), ExchangeError> {
         self.partition.flush_all()
     }
@@ -482,7 +485,10 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             return Ok(());
         }
         self.pending = None;
-        if pending.event {
+        if self.finished {
+            // The end-of-partition event is written: end every buffer.
+            self.partition.finish_all()?;
+        } else if pending.event {
             self.partition.flush_all()?;
         }
         Ok(())

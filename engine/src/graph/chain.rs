@@ -20,7 +20,7 @@ use crate::async_io::{AsyncFunction, AsyncWaitOperator};
 use crate::element::StreamElement;
 use crate::exchange::codec::Codec;
 use crate::exchange::{GateEvent, InputGate, RecordWriter};
-use crate::runtime::{DriverEvent, Progress, Task, TaskContext, TaskError};
+use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
 use super::partition::{Selector, Stamped};
 use super::sink::Sink;
@@ -473,6 +473,8 @@ pub(crate) struct StageTask<T> {
     pub(crate) input: StageInput<T>,
     pub(crate) chain: Box<dyn Link<T>>,
     phase: Phase,
+    /// The source was told to stop ([`Control::EndOfInput`]).
+    end_requested: bool,
     wake_at: Option<u64>,
     blocked_since: Option<u64>,
     backpressured_ns: u64,
@@ -492,6 +494,7 @@ impl<T: 'static> StageTask<T> {
             input,
             chain,
             phase: Phase::Running,
+            end_requested: false,
             wake_at: None,
             blocked_since: None,
             backpressured_ns: 0,
@@ -514,6 +517,7 @@ impl<T: 'static> StageTask<T> {
                     break;
                 }
                 let event = match &mut self.input {
+                    StageInput::Source(_) if self.end_requested => SourceEvent::End,
                     StageInput::Source(source) => source.poll_next(now),
                     StageInput::Gate(gate) => gate.next(now)?,
                 };
@@ -574,6 +578,17 @@ impl<T: 'static> Task for StageTask<T> {
 
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
         self.chain.on_io(event)
+    }
+
+    fn on_control(&mut self, control: Control, cx: &mut TaskContext<'_>) -> Result<(), TaskError> {
+        let _ = cx;
+        if control == Control::EndOfInput && matches!(self.input, StageInput::Source(_)) {
+            // Stop with drain: the source reads no more; its end follows as for a bounded
+            // source that ran out, once the chain accepts it (see `poll_stage`).
+            self.end_requested = true;
+            self.wake_at = None;
+        }
+        Ok(())
     }
 
     fn next_deadline(&self) -> Option<u64> {

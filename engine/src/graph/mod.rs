@@ -47,6 +47,7 @@
 //! ```
 
 mod chain;
+pub mod cluster;
 pub mod keys;
 pub mod partition;
 pub mod sink;
@@ -66,15 +67,19 @@ use crate::async_io::futures::{FutureFunction, LocalExecutor};
 use crate::async_io::{AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, AsyncWaitOperator};
 use crate::exchange::codec::Codec;
 use crate::exchange::{
-    local_channel, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig, NetworkBufferPool,
-    RecordWriter, ResultPartition, WriterConfig,
+    local_channel, DebloatConfig, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
+    NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
 };
 use crate::park::Unparker;
-use crate::runtime::{Driver, DriverEvent, RunReport, Runtime, RuntimeError, Task, TaskError};
+use crate::runtime::{
+    signal, Controller, Driver, DriverEvent, RunReport, Running, Runtime, RuntimeError, Task,
+    TaskError, TaskId,
+};
 
 use chain::{
     AsyncLink, FilterLink, FlatMapLink, Link, MapLink, SinkLink, StageInput, StageTask, WriterLink,
 };
+pub use cluster::{Cluster, RemoteChannels};
 pub use keys::KeyHashCode;
 pub use partition::{Partitioner, Partitioning};
 use partition::{Route, Selector, Stamped};
@@ -107,7 +112,8 @@ pub struct SubtaskInfo {
     pub parallelism: usize,
     /// The worker it runs on.
     pub worker: usize,
-    /// Wakes that worker, e.g. when another thread completes a call.
+    /// Wakes this subtask's task (rings its doorbell, so its worker polls it), e.g.
+    /// when another thread completes a call or feeds a source.
     pub unparker: Unparker,
 }
 
@@ -131,6 +137,9 @@ pub struct ExchangeSpec {
     pub segments: usize,
     /// Buffer timeout: `Some(0)` flushes after every record, `None` only when full.
     pub buffer_timeout: Option<Duration>,
+    /// Buffer debloating at every input gate (`None`: off). Its `buffers_per_channel`
+    /// is replaced by the buffers a partition may hold per channel.
+    pub debloat: Option<DebloatConfig>,
 }
 
 impl Default for ExchangeSpec {
@@ -139,6 +148,7 @@ impl Default for ExchangeSpec {
             segment_size: 32 * 1024,
             segments: 64,
             buffer_timeout: Some(Duration::from_millis(1)),
+            debloat: None,
         }
     }
 }
@@ -230,6 +240,17 @@ pub enum GraphError {
         /// The stage.
         stage: String,
     },
+    /// A cluster whose process index is not below its process count.
+    #[error("process {process} of a cluster of {processes}: the index must be below the count (and the count at least 1)")]
+    BadCluster {
+        /// Processes in all.
+        processes: usize,
+        /// This process's index.
+        process: usize,
+    },
+    /// More than 2^32 channels.
+    #[error("the graph needs more than 2^32 channels; lower the parallelism")]
+    TooManyChannels,
     /// Parallelism 0.
     #[error("stage {stage:?} has parallelism 0; give it at least 1")]
     ZeroParallelism {
@@ -296,6 +317,9 @@ pub enum GraphError {
         /// Workers of the runtime.
         workers: usize,
     },
+    /// The exchange's debloating settings are refused.
+    #[error(transparent)]
+    Debloat(#[from] crate::error::DebloatError),
     /// The exchange's allocation or the runtime refused.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -428,6 +452,8 @@ pub(crate) struct Wiring {
     channels: Option<Vec<Box<dyn InputChannel>>>,
     downstream_max_parallelism: usize,
     writer: WriterConfig,
+    /// Debloating for this subtask's input gate, if on.
+    debloat: Option<DebloatConfig>,
     shared: Arc<Shared>,
 }
 
@@ -462,6 +488,7 @@ struct Inner {
 pub struct Graph {
     inner: RefCell<Inner>,
     live: Arc<LiveCounters>,
+    cluster: Option<Cluster>,
 }
 
 impl Default for Graph {
@@ -500,7 +527,17 @@ impl Graph {
                 exchange: ExchangeSpec::default(),
             }),
             live: Arc::new(LiveCounters::default()),
+            cluster: None,
         }
+    }
+
+    /// Runs this process's part of a graph spread over several processes (see
+    /// [`cluster`]): every process builds the same graph and passes its own index.
+    /// Workers are then numbered over the cluster (process `p` holds workers
+    /// `p·W .. (p+1)·W` of `W` each: every process must have as many).
+    pub fn with_cluster(mut self, cluster: Cluster) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 
     /// The parallelism of stages that do not set theirs.
@@ -596,6 +633,9 @@ impl Graph {
         if inner.stages.is_empty() {
             return Err(GraphError::Empty);
         }
+        if let Some(debloat) = inner.exchange.debloat {
+            debloat.validate()?;
+        }
         let mut plans = Vec::with_capacity(inner.stages.len());
         let mut offset = 0usize;
         for stage in &inner.stages {
@@ -685,9 +725,63 @@ impl Graph {
     /// when it cannot start (the graph is refused, the exchange cannot be allocated).
     pub fn execute_to_end(
         self,
-        mut runtime: Runtime,
+        runtime: Runtime,
     ) -> Result<(JobResult, Option<RuntimeError>), GraphError> {
-        let workers = runtime.workers();
+        Ok(self.start(runtime)?.join())
+    }
+
+    /// Starts the graph on `runtime` and returns at once; [`JobRun::join`] waits for
+    /// its end, and [`JobRun::controller`] stops or cancels it from any thread. `Err`
+    /// when it cannot start (the graph is refused, the exchange cannot be allocated).
+    ///
+    /// An unbounded source, stopped with drain once enough was read:
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// use weir_engine::graph::{Graph, Source, SourceEvent, SubtaskInfo};
+    /// use weir_engine::runtime::{Cores, Runtime};
+    ///
+    /// struct Ticks(u64);
+    /// impl Source<u64> for Ticks {
+    ///     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<u64> {
+    ///         self.0 += 1;
+    ///         if self.0 % 100 == 0 {
+    ///             return SourceEvent::Idle { until_ns: Some(now_ns + 50_000) };
+    ///         }
+    ///         SourceEvent::Record(self.0, None)
+    ///     }
+    /// }
+    ///
+    /// let graph = Graph::new();
+    /// let live = graph.live();
+    /// let counted = graph.from_source(|_: &SubtaskInfo| Ticks(0)).rebalance().count();
+    /// let runtime = Runtime::builder().cores(Cores::Count(2)).pin(false).build()?;
+    /// let job = graph.start(runtime)?;
+    /// while live.generated.load(Ordering::Relaxed) < 1_000 {
+    ///     std::thread::sleep(std::time::Duration::from_millis(1));
+    /// }
+    /// job.controller().end_input();
+    /// let (_result, failure) = job.join();
+    /// assert!(failure.is_none());
+    /// assert_eq!(counted.records(), live.generated.load(Ordering::Relaxed));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn start(self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
+        let local_workers = runtime.workers();
+        let (processes, me) = match &self.cluster {
+            Some(cluster) if cluster.processes == 0 || cluster.process >= cluster.processes => {
+                return Err(GraphError::BadCluster {
+                    processes: cluster.processes,
+                    process: cluster.process,
+                })
+            }
+            Some(cluster) => (cluster.processes, cluster.process),
+            None => (1, 0),
+        };
+        // Workers are numbered over the whole cluster: this process holds
+        // `me * local_workers ..` (see `cluster`).
+        let workers = local_workers.saturating_mul(processes);
+        let process_of = |worker: usize| worker / local_workers;
         let plans = self.plan(workers)?;
         let inner = self.inner.into_inner();
         let shared = Arc::new(Shared {
@@ -705,7 +799,23 @@ impl Graph {
             .iter()
             .map(|p| (0..p.parallelism).map(|_| Vec::new()).collect())
             .collect();
+        // Every subtask's place first (this process's only), so that wiring can name the
+        // task each channel, pool and operator wakes (its doorbell), not just its worker.
+        let ids: Vec<Vec<Option<TaskId>>> = plans
+            .iter()
+            .map(|p| {
+                p.workers
+                    .iter()
+                    .map(|&w| (process_of(w) == me).then(|| runtime.add_task(w % local_workers)))
+                    .collect()
+            })
+            .collect();
         let mut networks = Vec::new();
+        // Per stage: its input gate's debloating, with the buffers per channel its
+        // producers' partitions may hold.
+        let mut debloat: Vec<Option<DebloatConfig>> = vec![None; plans.len()];
+        // Channel ids, numbered identically in every process.
+        let mut next_channel: u32 = 0;
         for edge in &inner.edges {
             let (from, to) = (&plans[edge.from], &plans[edge.to]);
             let fan_out = (0..from.parallelism)
@@ -717,27 +827,98 @@ impl Graph {
                 .unwrap_or(1);
             let sizing = inner.exchange.sizing(from.parallelism, fan_out);
             let per_partition = sizing.segments_per_partition;
-            let network = NetworkBufferPool::new(sizing.network_segments, sizing.segment_size)
-                .map_err(RuntimeError::from)?;
-            for (i, &from_worker) in from.workers.iter().enumerate() {
+            debloat[edge.to] = inner.exchange.debloat.map(|config| DebloatConfig {
+                buffers_per_channel: per_partition,
+                max_size: sizing.segment_size.max(config.min_size),
+                ..config
+            });
+            // What crosses processes on this edge: channel ids by (consumer, producer's
+            // process), and the ids this process serves.
+            let mut remote_in: std::collections::BTreeMap<(usize, usize), Vec<u32>> =
+                Default::default();
+            let mut ids_of_edge = Vec::with_capacity(from.parallelism);
+            for i in 0..from.parallelism {
                 let targets =
                     partition::connected(edge.partitioning, from.parallelism, to.parallelism, i);
-                let config = LocalPoolConfig::new(per_partition, targets.len())
+                let mut row = Vec::with_capacity(targets.len());
+                for j in targets {
+                    let id = next_channel;
+                    next_channel = next_channel
+                        .checked_add(1)
+                        .ok_or(GraphError::TooManyChannels)?;
+                    let (pi, pj) = (process_of(from.workers[i]), process_of(to.workers[j]));
+                    if pj == me && pi != me {
+                        remote_in.entry((j, pi)).or_default().push(id);
+                    }
+                    row.push((j, id));
+                }
+                ids_of_edge.push(row);
+            }
+            let mine = (0..from.parallelism)
+                .filter(|&i| process_of(from.workers[i]) == me)
+                .count();
+            let receive: usize = match &self.cluster {
+                Some(cluster) => remote_in
+                    .values()
+                    .map(|ids| cluster.remote.receive_segments(ids.len()))
+                    .sum(),
+                None => 0,
+            };
+            let network_segments = mine
+                .saturating_mul(per_partition + overdraft)
+                .saturating_add(receive)
+                .saturating_add(8);
+            let network = NetworkBufferPool::new(network_segments, sizing.segment_size)
+                .map_err(RuntimeError::from)?;
+            for (i, row) in ids_of_edge.into_iter().enumerate() {
+                let Some(producer) = ids[edge.from][i] else {
+                    continue;
+                };
+                let config = LocalPoolConfig::new(per_partition, row.len())
                     .with_max_per_subpartition(per_partition)
                     .with_overdraft(overdraft);
-                let pool =
-                    LocalBufferPool::with_notify(&network, config, runtime.unparker(from_worker))
-                        .map_err(RuntimeError::from)?;
-                let mut senders = Vec::with_capacity(targets.len());
-                for j in targets {
-                    let notify: Arc<dyn crate::park::Notify> =
-                        Arc::new(runtime.unparker(to.workers[j]));
-                    let (sender, receiver) = local_channel(sizing.channel_capacity, Some(notify));
-                    senders.push(sender);
-                    gates[edge.to][j].push(Box::new(receiver));
+                let pool = LocalBufferPool::with_notify(
+                    &network,
+                    config,
+                    runtime.task_unparker(producer, signal::OUTPUT),
+                )
+                .map_err(RuntimeError::from)?;
+                let mut senders = Vec::with_capacity(row.len());
+                for (j, id) in row {
+                    match (ids[edge.to][j], &self.cluster) {
+                        (Some(consumer), _) => {
+                            let notify: Arc<dyn crate::park::Notify> =
+                                Arc::new(runtime.task_unparker(consumer, signal::INPUT));
+                            let (sender, receiver) =
+                                local_channel(sizing.channel_capacity, Some(notify));
+                            senders.push(sender);
+                            gates[edge.to][j].push(Box::new(receiver));
+                        }
+                        (None, Some(cluster)) => {
+                            let (sender, receiver) = local_channel(
+                                sizing.channel_capacity,
+                                Some(cluster.remote.producer_notify()),
+                            );
+                            senders.push(sender);
+                            cluster.remote.serve(id, receiver);
+                        }
+                        (None, None) => unreachable!("one process runs every subtask"),
+                    }
                 }
                 partitions[edge.from][i] =
                     Some(ResultPartition::new(pool, senders).map_err(RuntimeError::from)?);
+            }
+            if let Some(cluster) = &self.cluster {
+                for ((j, process), channel_ids) in remote_in {
+                    let consumer = ids[edge.to][j].expect("a consumer of this process");
+                    let notify: Arc<dyn crate::park::Notify> =
+                        Arc::new(runtime.task_unparker(consumer, signal::INPUT));
+                    let channels = cluster
+                        .remote
+                        .consume(process, &channel_ids, &network, notify)
+                        .map_err(RuntimeError::Setup)?;
+                    gates[edge.to][j].extend(channels);
+                }
             }
             networks.push(network);
         }
@@ -756,30 +937,75 @@ impl Graph {
                     plans[inner.edges[e].to].max_parallelism
                 });
             for (i, &worker) in plan.workers.iter().enumerate() {
+                let Some(task) = ids[s][i] else {
+                    // Another process runs this subtask.
+                    continue;
+                };
                 let mut wiring = Wiring {
                     info: SubtaskInfo {
                         stage: plan.name.clone(),
                         index: i,
                         parallelism: plan.parallelism,
                         worker,
-                        unparker: runtime.unparker(worker),
+                        unparker: runtime.task_unparker(task, signal::COMPLETION),
                     },
                     stage: s,
                     partition: partitions[s][i].take(),
                     channels: stage.input.map(|_| std::mem::take(&mut gates[s][i])),
                     downstream_max_parallelism,
                     writer,
+                    debloat: debloat[s],
                     shared: Arc::clone(&shared),
                 };
                 let build = Arc::clone(&build);
-                runtime.spawn(
-                    worker,
+                runtime.set_task(
+                    task,
                     Box::new(move |_driver: &mut dyn Driver| build(&mut wiring)),
                 );
             }
         }
-        let drivers: Vec<&'static str> = (0..workers).map(|w| runtime.driver_name(w)).collect();
-        let (run, failure) = match runtime.run() {
+        let drivers: Vec<&'static str> =
+            (0..local_workers).map(|w| runtime.driver_name(w)).collect();
+        let running = runtime.start()?;
+        Ok(JobRun {
+            running,
+            shared,
+            plans,
+            networks,
+            drivers,
+        })
+    }
+}
+
+/// A job started with [`Graph::start`]: stop it, cancel it, or wait for its end.
+pub struct JobRun {
+    running: Running,
+    shared: Arc<Shared>,
+    plans: Vec<StagePlan>,
+    networks: Vec<NetworkBufferPool>,
+    drivers: Vec<&'static str>,
+}
+
+impl JobRun {
+    /// Sends control mail to the job's tasks from any thread: [`Controller::end_input`]
+    /// stops the sources and lets what they emitted drain (Flink's stop with drain; the
+    /// way to end a job over an unbounded source), [`Controller::cancel`] stops every
+    /// task at once.
+    pub fn controller(&self) -> Controller {
+        self.running.controller()
+    }
+
+    /// Waits for the job's end, successful or not: a run that fails still reports what
+    /// its tasks had done, with the error beside it.
+    pub fn join(self) -> (JobResult, Option<RuntimeError>) {
+        let JobRun {
+            running,
+            shared,
+            plans,
+            networks,
+            drivers,
+        } = self;
+        let (run, failure) = match running.join() {
             Ok(run) => (run, None),
             Err(error) => {
                 let root = lock(&shared.first_failure).take();
@@ -810,7 +1036,15 @@ impl Graph {
                 async_metrics: stats.async_metrics,
             })
             .collect();
-        Ok((JobResult { run, stages }, failure))
+        (JobResult { run, stages }, failure)
+    }
+}
+
+impl core::fmt::Debug for JobRun {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("JobRun")
+            .field("stages", &self.plans.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -1100,7 +1334,10 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
             stage,
             open: Arc::new(move |wiring: &mut Wiring, chain| {
                 let channels = wiring.channels.take().ok_or_else(|| missing("input"))?;
-                let gate = InputGate::<Stamped<T>>::new(channels)?;
+                let mut gate = InputGate::<Stamped<T>>::new(channels)?;
+                if let Some(config) = wiring.debloat {
+                    gate.set_debloat(config)?;
+                }
                 Ok(Box::new(StageTask::new(
                     StageInput::Gate(Box::new(gate)),
                     chain,

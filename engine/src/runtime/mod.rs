@@ -1,19 +1,40 @@
 //! The thread-per-core runtime: one worker thread per chosen core, tasks placed on
 //! workers for good, and each worker's loop.
 //!
+//! Every task has a mailbox ([`Inbox`]) and a [`Doorbell`]. Whatever concerns a task from
+//! outside its own poll arrives as mail: control ([`Control`]: cancel, end of input) as
+//! messages through the inbox (a foreign queue for the controlling thread, SPSC rings
+//! for wired senders, see [`Runtime::connect_mail`]); availability — a buffer arrived
+//! on an input channel, the pool has buffers again for a waiting writer, a call
+//! completed on another thread, a future was woken — as coalescing signals that ring a
+//! bit of the task's doorbell ([`signal`]). A signal carries no payload (the data is
+//! already in the channel, the pool or the operator's completion queue), so ringing a
+//! rung bit costs one read-modify-write and no wake-up, and a burst of buffers is one
+//! piece of mail: the role of Flink's availability futures, without a ring slot per
+//! buffer. The handles that ring them are [`Unparker`]s made by
+//! [`Runtime::task_unparker`]: channels, pools and operators take them as they would a
+//! worker's.
+//!
 //! A worker's loop, one turn:
-//! 1. poll every live task (its default action: take input, drain its mailboxes, fire
-//!    its timers) with the turn's clock reading;
+//! 1. poll each task that has something to do: its doorbell rang (its control mail is
+//!    handed to [`Task::on_control`] first), it was busy last turn, a driver event was
+//!    its, or its deadline ([`Task::next_deadline`]) has come; other tasks are not
+//!    touched, so a worker with many idle tasks spends nothing on them;
 //! 2. let the driver submit queued I/O and reap completions without blocking, handing
 //!    each event to the task that owns the connection;
 //! 3. if no task made progress, park in the driver until the earliest task deadline,
-//!    I/O, or a wake-up from another thread (channels, pools and foreign completions
-//!    notify the worker's [`Unparker`]); the [`Parker`](crate::park::Parker) protocol
-//!    makes the check-then-park race-free. Each wake-up is counted by its cause
-//!    ([`Wakeups`]), so a test or a report can show what woke a worker.
+//!    I/O, or a wake-up from another thread; the [`Parker`](crate::park::Parker)
+//!    protocol makes the check-then-park race-free. Each wake-up is counted by its cause
+//!    ([`Wakeups`]), so a test or a report can show what woke a worker. A wake-up from
+//!    the worker's own unparker ([`Runtime::unparker`], which names no task) makes the
+//!    next turn poll every task: coarse, never lost.
+//!
+//! Each worker has one timer wheel ([`WorkerTimers`]) shared by the timers of all its
+//! tasks' operators: the worker's next deadline is one O(1) look, and a timer that comes
+//! due is moved to its operator's queue, which makes its task due for a poll.
 //!
 //! Drivers and parkers are made before the threads start, so wiring (channels, pools)
-//! can name every worker's [`Unparker`]; tasks are built on their worker's thread by a
+//! can name every task's unparker; tasks are built on their worker's thread by a
 //! factory, so they may hold `!Send` state (an `Rc`, the operator).
 
 pub mod driver;
@@ -25,7 +46,51 @@ use std::time::{Duration, Instant};
 pub use driver::{ConnId, Driver, DriverEvent, NoIo};
 
 use crate::error::ConfigError;
-use crate::park::{UnboundParker, Unparker, Wakeup};
+use crate::limits::{TIMER_SLOTS, TIMER_TICK_NS};
+use crate::mailbox::{ForeignSender, Inbox, MailSender};
+use crate::park::{Doorbell, UnboundParker, Unparker, Wakeup};
+use crate::timer::WorkerTimers;
+
+/// The doorbell bits of a task (see the module docs). A task's unparker rings one of
+/// them; the worker takes them all before it polls the task.
+pub mod signal {
+    /// A buffer arrived on one of the task's input channels.
+    pub const INPUT: u32 = 1 << 0;
+    /// The task's output pool has buffers again (its writer was waiting).
+    pub const OUTPUT: u32 = 1 << 1;
+    /// A call completed on a thread outside the runtime, or a future was woken.
+    pub const COMPLETION: u32 = 1 << 2;
+    /// Control mail is waiting in the task's inbox.
+    pub const MAIL: u32 = 1 << 3;
+    /// Anything else a task's own code wants to be polled for.
+    pub const USER: u32 = 1 << 4;
+}
+
+/// Control mail for a task (Flink's cancel and stop-with-drain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Control {
+    /// Stop now: the task hears of it ([`Task::on_control`]) and is dropped; the run
+    /// ends with [`RuntimeError::Cancelled`].
+    Cancel,
+    /// End of input: a source stops reading and finishes as if its input had ended; what
+    /// it read still flows through the job (stop with drain).
+    EndOfInput,
+}
+
+/// Names a task placed with [`Runtime::add_task`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    worker: usize,
+    index: usize,
+}
+
+impl TaskId {
+    /// The worker the task runs on.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+}
 
 /// Builds a worker's driver (called once per worker, before the threads start).
 pub type DriverFactory = Arc<dyn Fn() -> std::io::Result<Box<dyn Driver>> + Send + Sync>;
@@ -69,6 +134,13 @@ pub trait Task {
     /// When the task next needs polling even without input (a timer), by the clock.
     fn next_deadline(&self) -> Option<u64> {
         None
+    }
+    /// Takes control mail. After [`Control::Cancel`] the task is dropped whatever this
+    /// returns (release what must not wait for the drop here); after
+    /// [`Control::EndOfInput`] it is polled as usual.
+    fn on_control(&mut self, control: Control, cx: &mut TaskContext<'_>) -> Result<(), TaskError> {
+        let _ = (control, cx);
+        Ok(())
     }
 }
 
@@ -143,6 +215,7 @@ impl RuntimeBuilder {
                 core,
                 driver,
                 parker,
+                anonymous: Doorbell::new(),
                 tasks: Vec::new(),
             });
         }
@@ -158,7 +231,17 @@ struct WorkerSlot {
     core: Option<usize>,
     driver: Box<dyn Driver>,
     parker: UnboundParker,
-    tasks: Vec<TaskFactory>,
+    /// Rung by the worker's own unparkers ([`Runtime::unparker`]), which name no task:
+    /// the worker then polls every task.
+    anonymous: Arc<Doorbell>,
+    tasks: Vec<TaskSlot>,
+}
+
+/// A task placed on a worker: its factory (once given) and its mailbox.
+struct TaskSlot {
+    factory: Option<TaskFactory>,
+    inbox: Inbox<Control>,
+    doorbell: Arc<Doorbell>,
 }
 
 /// Why a run failed.
@@ -181,6 +264,22 @@ pub enum RuntimeError {
         worker: usize,
         /// The task's error.
         error: TaskError,
+    },
+    /// The run was cancelled ([`Controller::cancel`]) before every task finished.
+    #[error("the run was cancelled; {tasks} task(s) stopped before they finished")]
+    Cancelled {
+        /// Tasks dropped by the cancellation.
+        tasks: usize,
+    },
+    /// A task was placed with [`Runtime::add_task`] but never given a factory.
+    #[error(
+        "task {index} on worker {worker} was added but never given its factory (Runtime::set_task)"
+    )]
+    Unset {
+        /// The worker.
+        worker: usize,
+        /// The task's index on it.
+        index: usize,
     },
     /// A worker thread panicked.
     #[error("worker {worker} panicked: {message}")]
@@ -230,6 +329,8 @@ pub struct RunReport {
     pub parks: Vec<u64>,
     /// Why each worker woke from its parks.
     pub wakeups: Vec<Wakeups>,
+    /// Task polls per worker (a task with nothing to do is not polled).
+    pub polls: Vec<u64>,
 }
 
 /// Workers with their drivers, ready to run tasks.
@@ -260,7 +361,8 @@ impl Runtime {
 
     /// The handle that wakes worker `worker` (for wiring channels and pools).
     pub fn unparker(&self, worker: usize) -> Unparker {
-        self.workers[worker].parker.unparker()
+        let slot = &self.workers[worker];
+        slot.parker.unparker().with_doorbell(&slot.anonymous, 1)
     }
 
     /// The driver name of worker `worker`.
@@ -269,20 +371,87 @@ impl Runtime {
     }
 
     /// Places a task on `worker` (modulo the worker count).
-    pub fn spawn(&mut self, worker: usize, task: TaskFactory) {
-        let count = self.workers.len();
-        self.workers[worker % count].tasks.push(task);
+    pub fn spawn(&mut self, worker: usize, task: TaskFactory) -> TaskId {
+        let id = self.add_task(worker);
+        self.set_task(id, task);
+        id
+    }
+
+    /// Places a task on `worker` (modulo the worker count) whose factory comes later
+    /// ([`set_task`](Self::set_task)), so that wiring can name its unparkers and mail
+    /// senders first.
+    pub fn add_task(&mut self, worker: usize) -> TaskId {
+        let worker = worker % self.workers.len();
+        let slot = &mut self.workers[worker];
+        let doorbell = Doorbell::new();
+        let unparker = slot
+            .parker
+            .unparker()
+            .with_doorbell(&doorbell, signal::MAIL);
+        slot.tasks.push(TaskSlot {
+            factory: None,
+            inbox: Inbox::new(unparker),
+            doorbell,
+        });
+        TaskId {
+            worker,
+            index: slot.tasks.len() - 1,
+        }
+    }
+
+    /// Gives task `id` its factory (replacing any earlier one).
+    pub fn set_task(&mut self, id: TaskId, task: TaskFactory) {
+        self.workers[id.worker].tasks[id.index].factory = Some(task);
+    }
+
+    /// A handle that wakes task `id`'s worker and rings `bit` ([`signal`]) of the task's
+    /// doorbell, so the worker polls that task: what channels, pools and operators
+    /// feeding the task should be given.
+    pub fn task_unparker(&self, id: TaskId, bit: u32) -> Unparker {
+        let slot = &self.workers[id.worker];
+        slot.parker
+            .unparker()
+            .with_doorbell(&slot.tasks[id.index].doorbell, bit)
+    }
+
+    /// Wires a sending thread to task `id`'s inbox: an SPSC ring of `capacity` slots
+    /// (one per sending thread; the sender is `Send`, for the thread that will use it).
+    pub fn connect_mail(&mut self, id: TaskId, capacity: usize) -> MailSender<Control> {
+        self.workers[id.worker].tasks[id.index]
+            .inbox
+            .connect(capacity)
     }
 
     /// Runs every placed task to completion on its worker; the first failure stops all.
     pub fn run(self) -> Result<RunReport, RuntimeError> {
+        self.start()?.join()
+    }
+
+    /// Starts the workers and returns at once: the run goes on until every task is done,
+    /// a task fails, or the [`Controller`] cancels it; [`Running::join`] waits for it.
+    pub fn start(self) -> Result<Running, RuntimeError> {
         let epoch = Instant::now();
         let abort = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::new(AtomicBool::new(false));
         let failure: Arc<Mutex<Option<RuntimeError>>> = Arc::new(Mutex::new(None));
         let unparkers: Vec<Unparker> = self.workers.iter().map(|w| w.parker.unparker()).collect();
+        let mut controls = Vec::new();
+        for (worker, slot) in self.workers.iter().enumerate() {
+            for (index, task) in slot.tasks.iter().enumerate() {
+                if task.factory.is_none() {
+                    return Err(RuntimeError::Unset { worker, index });
+                }
+                controls.push(task.inbox.foreign_sender());
+            }
+        }
+        let controller = Controller {
+            tasks: Arc::new(controls),
+            cancelled: Arc::clone(&cancelled),
+        };
         let mut handles = Vec::new();
         for (index, slot) in self.workers.into_iter().enumerate() {
             let abort = Arc::clone(&abort);
+            let cancelled = Arc::clone(&cancelled);
             let failure = Arc::clone(&failure);
             let unparkers = unparkers.clone();
             let options = WorkerOptions {
@@ -297,14 +466,20 @@ impl Runtime {
                         pinned: false,
                         turns: 0,
                         parks: 0,
+                        polls: 0,
+                        cancelled: 0,
                         wakeups: Wakeups::default(),
                     };
                     // The tasks outlive the loop until a failure is recorded: dropping
                     // them first would disconnect their channels, and another worker's
                     // "producer gone" could then be taken for the cause.
                     let mut tasks = Vec::new();
+                    let flags = Flags {
+                        abort: &abort,
+                        cancelled: &cancelled,
+                    };
                     let result =
-                        worker_main(index, slot, options, epoch, &abort, &mut stats, &mut tasks);
+                        worker_main(index, slot, options, epoch, flags, &mut stats, &mut tasks);
                     match result {
                         Ok(()) => {}
                         Err(error) => {
@@ -324,8 +499,70 @@ impl Runtime {
                 .map_err(RuntimeError::Driver)?;
             handles.push(handle);
         }
+        Ok(Running {
+            handles,
+            failure,
+            controller,
+        })
+    }
+}
+
+/// A started run ([`Runtime::start`]).
+pub struct Running {
+    handles: Vec<std::thread::JoinHandle<WorkerStats>>,
+    failure: Arc<Mutex<Option<RuntimeError>>>,
+    controller: Controller,
+}
+
+/// Sends control mail to every task of a run, from any thread (cloneable, `Send`).
+#[derive(Clone)]
+pub struct Controller {
+    tasks: Arc<Vec<ForeignSender<Control>>>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Controller {
+    /// Cancels the run (Flink's cancel): every task gets [`Control::Cancel`] and is
+    /// dropped; errors that the cancellation itself causes (a channel whose producer was
+    /// dropped first) are not reported. The run ends with [`RuntimeError::Cancelled`]
+    /// unless every task had finished already.
+    pub fn cancel(&self) {
+        // Release: a worker that sees the flag sees that a cancel was asked for.
+        self.cancelled.store(true, Ordering::Release);
+        for task in self.tasks.iter() {
+            task.send(Control::Cancel);
+        }
+    }
+
+    /// Ends the input (stop with drain): every task gets [`Control::EndOfInput`], sources
+    /// stop and finish, and what they emitted drains through the job, which then ends
+    /// normally.
+    pub fn end_input(&self) {
+        for task in self.tasks.iter() {
+            task.send(Control::EndOfInput);
+        }
+    }
+}
+
+impl core::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Controller")
+            .field("tasks", &self.tasks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// The run's controller.
+    pub fn controller(&self) -> Controller {
+        self.controller.clone()
+    }
+
+    /// Waits for every worker to finish and reports the run.
+    pub fn join(self) -> Result<RunReport, RuntimeError> {
         let mut report = RunReport::default();
-        for (worker, handle) in handles.into_iter().enumerate() {
+        let mut cancelled = 0;
+        for (worker, handle) in self.handles.into_iter().enumerate() {
             match handle.join() {
                 Ok(stats) => {
                     report.drivers.push(stats.driver);
@@ -333,6 +570,8 @@ impl Runtime {
                     report.turns.push(stats.turns);
                     report.parks.push(stats.parks);
                     report.wakeups.push(stats.wakeups);
+                    report.polls.push(stats.polls);
+                    cancelled += stats.cancelled;
                 }
                 Err(panic) => {
                     let message = panic
@@ -340,18 +579,31 @@ impl Runtime {
                         .cloned()
                         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                         .unwrap_or_else(|| "unknown panic".into());
-                    let mut first = failure.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
                     if first.is_none() {
                         *first = Some(RuntimeError::Panic { worker, message });
                     }
                 }
             }
         }
-        let failure = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let failure = self
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         match failure {
             Some(error) => Err(error),
+            None if cancelled > 0 => Err(RuntimeError::Cancelled { tasks: cancelled }),
             None => Ok(report),
         }
+    }
+}
+
+impl core::fmt::Debug for Running {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Running")
+            .field("workers", &self.handles.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -360,26 +612,49 @@ struct WorkerStats {
     pinned: bool,
     turns: u64,
     parks: u64,
+    polls: u64,
+    cancelled: usize,
     wakeups: Wakeups,
+}
+
+/// The run's shared flags, as a worker reads them.
+#[derive(Clone, Copy)]
+struct Flags<'a> {
+    /// A worker failed: stop at once.
+    abort: &'a AtomicBool,
+    /// The run is being cancelled: task errors from now on are its consequences.
+    cancelled: &'a AtomicBool,
+}
+
+/// A live task on its worker, with what the worker knows about whether to poll it.
+struct Entry {
+    task: Option<Box<dyn Task>>,
+    inbox: Inbox<Control>,
+    doorbell: Arc<Doorbell>,
+    /// It made progress last time, or an I/O event was its: poll it next turn.
+    due: bool,
 }
 
 /// Longest an idle worker parks without a task deadline: a safety net, since every
 /// source of work wakes the worker explicitly.
 const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 
-/// One driver turn, handing each event to the task that owns its connection; returns
-/// how many events there were.
+/// One driver turn, handing each event to the task that owns its connection (which is
+/// then polled next turn); returns how many events there were.
 fn turn(
     driver: &mut dyn Driver,
-    tasks: &mut [Option<Box<dyn Task>>],
+    tasks: &mut [Entry],
     timeout: Option<Duration>,
 ) -> std::io::Result<usize> {
     let mut events = 0;
     driver.turn(timeout, &mut |event: DriverEvent<'_>| {
         events += 1;
-        for task in tasks.iter_mut().flatten() {
-            if task.on_io(&event) {
-                break;
+        for entry in tasks.iter_mut() {
+            if let Some(task) = entry.task.as_mut() {
+                if task.on_io(&event) {
+                    entry.due = true;
+                    break;
+                }
             }
         }
     })?;
@@ -394,20 +669,51 @@ struct WorkerOptions {
     spin: Duration,
 }
 
+/// What a task's control mail asked for.
+enum AfterMail {
+    Poll,
+    Drop,
+}
+
+/// Hands `entry`'s control mail to its task.
+fn deliver_mail(entry: &mut Entry, cx: &mut TaskContext<'_>) -> Result<AfterMail, TaskError> {
+    let mut mail = [None; 4];
+    let mut after = AfterMail::Poll;
+    loop {
+        let mut taken = 0;
+        entry.inbox.drain(mail.len(), |control| {
+            mail[taken] = Some(control);
+            taken += 1;
+        });
+        if taken == 0 {
+            return Ok(after);
+        }
+        for control in mail.iter_mut().take(taken).filter_map(Option::take) {
+            if let Some(task) = entry.task.as_mut() {
+                task.on_control(control, cx)?;
+            }
+            if control == Control::Cancel {
+                after = AfterMail::Drop;
+            }
+        }
+    }
+}
+
 fn worker_main(
     index: usize,
     slot: WorkerSlot,
     WorkerOptions { pin, spin }: WorkerOptions,
     epoch: Instant,
-    abort: &AtomicBool,
+    flags: Flags<'_>,
     stats: &mut WorkerStats,
-    tasks: &mut Vec<Option<Box<dyn Task>>>,
+    tasks: &mut Vec<Entry>,
 ) -> Result<(), RuntimeError> {
     let WorkerSlot {
         core,
         mut driver,
         parker,
-        tasks: factories,
+        anonymous,
+        tasks: slots,
     } = slot;
     let parker = parker.into_parker();
     if pin {
@@ -418,10 +724,21 @@ fn worker_main(
             }
         }
     }
-    tasks.reserve(factories.len());
-    for factory in factories {
+    // The worker's one timer wheel, found by the operators its tasks build.
+    let timers = WorkerTimers::new(TIMER_TICK_NS, TIMER_SLOTS);
+    let _current = timers.install();
+    tasks.reserve(slots.len());
+    for slot in slots {
+        let factory = slot
+            .factory
+            .expect("start() checked every task has its factory");
         match factory(driver.as_mut()) {
-            Ok(task) => tasks.push(Some(task)),
+            Ok(task) => tasks.push(Entry {
+                task: Some(task),
+                inbox: slot.inbox,
+                doorbell: slot.doorbell,
+                due: true,
+            }),
             Err(error) => {
                 return Err(RuntimeError::Task {
                     worker: index,
@@ -434,28 +751,71 @@ fn worker_main(
     let spin_ns = spin.as_nanos().min(u128::from(u64::MAX)) as u64;
     // When a task or the driver last did something.
     let mut progress_ns = epoch.elapsed().as_nanos() as u64;
+    // Poll every task this turn (after a wake-up that rang no doorbell).
+    let mut sweep = false;
     while live > 0 {
-        if abort.load(Ordering::Acquire) {
+        if flags.abort.load(Ordering::Acquire) {
             return Ok(());
         }
         stats.turns += 1;
+        // A wake-up that named no task: look at them all.
+        sweep |= anonymous.take() != 0;
         let now_ns = epoch.elapsed().as_nanos() as u64;
+        // Timers that came due go to their operators' queues, which makes those
+        // operators' tasks report a deadline that has come: they are polled below.
+        timers.advance(now_ns);
         let mut busy = false;
-        for task in tasks.iter_mut() {
-            let Some(running) = task.as_mut() else {
+        for entry in tasks.iter_mut() {
+            let Some(running) = entry.task.as_mut() else {
                 continue;
             };
+            let rung = entry.doorbell.take();
+            let due = core::mem::take(&mut entry.due)
+                || rung != 0
+                || sweep
+                || running.next_deadline().is_some_and(|d| d <= now_ns);
+            if !due {
+                continue;
+            }
+            stats.polls += 1;
             let mut cx = TaskContext {
                 now_ns,
                 driver: driver.as_mut(),
                 worker: index,
             };
-            match running.poll(&mut cx) {
-                Ok(Progress::Busy) => busy = true,
+            let outcome = if rung & signal::MAIL != 0 || sweep {
+                deliver_mail(entry, &mut cx)
+            } else {
+                Ok(AfterMail::Poll)
+            };
+            let outcome = match outcome {
+                Ok(AfterMail::Drop) => {
+                    entry.task = None;
+                    live -= 1;
+                    stats.cancelled += 1;
+                    busy = true;
+                    continue;
+                }
+                Ok(AfterMail::Poll) => entry.task.as_mut().expect("a live entry").poll(&mut cx),
+                Err(error) => Err(error),
+            };
+            match outcome {
+                Ok(Progress::Busy) => {
+                    busy = true;
+                    entry.due = true;
+                }
                 Ok(Progress::Idle) => {}
                 Ok(Progress::Done) => {
-                    *task = None;
+                    entry.task = None;
                     live -= 1;
+                    busy = true;
+                }
+                Err(_) if flags.cancelled.load(Ordering::Acquire) => {
+                    // A consequence of the cancellation (say, an upstream task dropped
+                    // before this one heard of it): the task stops like the others.
+                    entry.task = None;
+                    live -= 1;
+                    stats.cancelled += 1;
                     busy = true;
                 }
                 Err(error) => {
@@ -466,11 +826,12 @@ fn worker_main(
                 }
             }
         }
+        sweep = false;
         let events = match turn(driver.as_mut(), tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
             Err(error) => return Err(RuntimeError::Driver(error)),
         };
-        // I/O events complete calls on this thread (no wake-up): poll the tasks again.
+        // I/O events complete calls on this thread (no wake-up): poll their tasks again.
         if busy || events > 0 || live == 0 {
             progress_ns = now_ns;
             continue;
@@ -482,8 +843,9 @@ fn worker_main(
         let now_ns = epoch.elapsed().as_nanos() as u64;
         let deadline = tasks
             .iter()
-            .flatten()
+            .filter_map(|e| e.task.as_ref())
             .filter_map(|t| t.next_deadline())
+            .chain(timers.next_deadline())
             .min();
         let (timeout, by_deadline) = match deadline {
             Some(deadline) if deadline <= now_ns => continue,
@@ -498,7 +860,7 @@ fn worker_main(
         let mut io_events = 0;
         let wakeup = parker.park_with(
             Some(timeout),
-            || abort.load(Ordering::Acquire),
+            || flags.abort.load(Ordering::Acquire),
             |timeout| match turn(driver.as_mut(), tasks, timeout) {
                 Ok(events) => io_events = events,
                 Err(error) => turn_error = Some(error),
@@ -509,10 +871,16 @@ fn worker_main(
         }
         let cause = &mut stats.wakeups;
         match wakeup {
+            // The bells say which tasks to poll: a task's own, or the worker's
+            // anonymous one (every task), taken at the top of the next turn.
             Wakeup::Notified | Wakeup::Ready => cause.notified += 1,
             Wakeup::TimedOut if io_events > 0 => cause.io += 1,
             Wakeup::TimedOut if by_deadline => cause.deadline += 1,
-            Wakeup::TimedOut => cause.idle += 1,
+            Wakeup::TimedOut => {
+                cause.idle += 1;
+                // The idle safety net: look at every task.
+                sweep = true;
+            }
         }
     }
     Ok(())

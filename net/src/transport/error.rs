@@ -128,6 +128,16 @@ pub enum TransportError {
         #[source]
         cause: Arc<TransportError>,
     },
+    /// Served channels were still open when [`Transport::drain`](super::Transport::drain)
+    /// gave up.
+    #[error(
+        "served channels still open after {timeout:?}: a consumer never requested its \
+         channel, or stopped reading (is every process of the job running?)"
+    )]
+    DrainTimeout {
+        /// How long it waited.
+        timeout: Duration,
+    },
     /// An invalid setting.
     #[error("invalid transport setting: {0}")]
     Config(String),

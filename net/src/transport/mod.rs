@@ -305,6 +305,29 @@ impl Transport {
         Ok(remotes)
     }
 
+    /// Waits until every channel served so far was requested by its consumer, sent to
+    /// its end, and its end-of-partition frame written: what a producer process does
+    /// before it exits, so that its consumers get everything. Fails after `timeout`
+    /// (a consumer that never asked, or a peer that stopped reading).
+    pub fn drain(&self, timeout: Duration) -> Result<(), TransportError> {
+        use std::sync::atomic::Ordering;
+        let deadline = std::time::Instant::now() + timeout;
+        // Two full turns after this call: the second began after every earlier command
+        // (a serve) was queued, so its verdict covers them.
+        let start = self.control.turns.load(Ordering::Acquire);
+        loop {
+            let turns = self.control.turns.load(Ordering::Acquire);
+            if turns >= start + 2 && self.control.drained.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(TransportError::DrainTimeout { timeout });
+            }
+            self.unparker.unpark();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn command(&self, command: Command) {
         self.control
             .commands

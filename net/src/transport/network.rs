@@ -61,6 +61,11 @@ pub(crate) enum Command {
 pub(crate) struct Control {
     pub(crate) commands: Commands,
     pub(crate) stop: AtomicBool,
+    /// Whether, at the end of the last turn, every served channel had been requested,
+    /// sent to its end and its end-of-partition frame written (see `Transport::drain`).
+    pub(crate) drained: AtomicBool,
+    /// Turns completed (after `drained` is stored).
+    pub(crate) turns: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn peer_name(process: u32, addr: SocketAddr) -> String {
@@ -502,6 +507,18 @@ impl Net {
         let mut progress_at = Instant::now();
         while !self.control.stop.load(Ordering::Acquire) {
             let busy = self.turn() | std::mem::take(&mut self.completed);
+            // Nothing served is left unrequested, unsent or unwritten (a frame queued, or
+            // one an io_uring write still owns, is not yet written).
+            let drained = self.served.is_empty()
+                && self.conns.iter().flatten().all(|c| {
+                    c.dead
+                        || (c.outgoing.is_empty()
+                            && c.out.is_empty()
+                            && c.staged.is_empty()
+                            && !c.ops.write)
+                });
+            self.control.drained.store(drained, Ordering::Release);
+            self.control.turns.fetch_add(1, Ordering::Release);
             let now = Instant::now();
             let timeout = if busy {
                 progress_at = now;
