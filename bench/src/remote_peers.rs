@@ -11,9 +11,10 @@
 //! The consumers spin briefly and then park when they have nothing to read, woken by
 //! their channels, and the producers park while their pool is exhausted, woken when the
 //! network thread has sent a buffer, as workers do: on two cores, threads that spin or
-//! yield take the time the network threads need (measured: 2→2 at 100 bytes went from
-//! about 75 to 34 ns per record when the consumers parked, 1→1 at 1000 bytes from about
-//! 600 to 285 when the producers did too).
+//! yield take the time the network threads need (2→2 at 100 bytes on epoll took 70.9 ns
+//! per record with spinning consumers and producers, `results/2026-12-01-remote-9a14b2d-quiet.md`,
+//! and 44.6–45.2 with parking ones, `results/2026-12-01-remote-f34aedd.md`; 1→1 at 1000
+//! bytes 595 and 360–365).
 //!
 //! The raw TCP ceiling moves the same bytes as a competent user would by hand: the
 //! writer fills a 32 KiB buffer with the same length-prefixed records (the records'
