@@ -178,20 +178,7 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     let summary = summarize(launch, &peers, &statuses, &reports);
-    println!("{}", render(&summary));
-    if let Some(path) = launch.json {
-        std::fs::write(
-            path,
-            serde_json::to_vec_pretty(&summary).unwrap_or_default(),
-        )
-        .map_err(|source| RunError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    }
-    let ok =
-        summary["outcome"] == "completed" && summary["lost"] == 0 && summary["duplicated"] == 0;
-    Ok(if ok { 0 } else { 1 })
+    publish(&summary, launch.json)
 }
 
 /// `weir summarize`: the summary of processes' reports written by `--process` runs;
@@ -240,16 +227,20 @@ pub fn summarize_files(paths: &[PathBuf], json: Option<&Path>) -> Result<i32, Ru
     let mut summary = summarize(&launch, &[], &statuses, &reports);
     summary["peers"] = json!(peers);
     summary["processes"] = json!(reports.len());
-    println!("{}", render(&summary));
+    publish(&summary, json)
+}
+
+/// Prints the summary, writes its JSON if asked; the exit status (0: completed, nothing
+/// lost or duplicated).
+fn publish(summary: &Value, json: Option<&Path>) -> Result<i32, RunError> {
+    println!("{}", render(summary));
     if let Some(path) = json {
-        std::fs::write(
-            path,
-            serde_json::to_vec_pretty(&summary).unwrap_or_default(),
-        )
-        .map_err(|source| RunError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        std::fs::write(path, serde_json::to_vec_pretty(summary).unwrap_or_default()).map_err(
+            |source| RunError::Json {
+                path: path.to_path_buf(),
+                source,
+            },
+        )?;
     }
     let ok =
         summary["outcome"] == "completed" && summary["lost"] == 0 && summary["duplicated"] == 0;
