@@ -123,6 +123,14 @@ pub struct TaskContext<'a> {
 }
 
 /// A unit of work placed on one worker.
+///
+/// A task is polled when it has something to do: it returned [`Progress::Busy`], its
+/// doorbell rang (an unparker from [`Runtime::task_unparker`], which is what its
+/// channels, pools and operators must be given), a driver event was its, or its
+/// [`next_deadline`](Task::next_deadline) came. A task that returns
+/// [`Progress::Idle`] without having arranged one of these is polled again only when
+/// its worker sweeps every task (after a wake-up through [`Runtime::unparker`], or at
+/// the idle safety net, 100 ms).
 pub trait Task {
     /// Runs the task's default action for a bounded while.
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError>;
