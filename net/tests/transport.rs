@@ -681,3 +681,30 @@ fn a_peer_of_another_process_id_is_refused_on() {
         "{message}"
     );
 }
+
+/// A request for a channel its producer never serves fails after the request timeout,
+/// at the consumer, naming the channel (instead of waiting forever).
+#[test]
+fn a_channel_never_served_fails_after_the_request_timeout() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        a_channel_never_served_fails_after_the_request_timeout_on();
+    }
+}
+
+fn a_channel_never_served_fails_after_the_request_timeout_on() {
+    let mut producer_config = config(1);
+    producer_config.request_timeout = Duration::from_millis(200);
+    let producer = Transport::start(producer_config).expect("transport");
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(producer.peer(), &[42], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let error = failure_of(&channel);
+    let text = error.to_string();
+    assert!(text.contains("channel 42"), "{text}");
+    assert!(text.contains("not served"), "{text}");
+}

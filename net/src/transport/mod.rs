@@ -84,6 +84,9 @@
 //!   handshake), fails its connection the same way; the peer gets an error frame first.
 //! - A peer that does not complete the handshake in time fails the connection with
 //!   [`TransportError::HandshakeTimeout`].
+//! - A partition request for a channel the producer does not serve within
+//!   [`TransportConfig::request_timeout`] (60 s) gets an error frame naming the channel,
+//!   which fails that channel at its consumer (Flink's "partition not found").
 //! - Dropping a [`RemoteInputChannel`] cancels it at the producer; dropping the
 //!   [`Transport`] stops its thread and fails what is still open.
 
@@ -125,6 +128,11 @@ pub struct TransportConfig {
     /// The network thread's I/O: io_uring (`Auto` falls back to epoll where the kernel
     /// refuses it, and says so on stderr) or epoll.
     pub driver: DriverKind,
+    /// How long a partition request for a channel this process does not serve (yet)
+    /// waits for it before the consumer gets an error (Flink's "partition not found"):
+    /// processes of one job serve their channels as they start, so a request that waits
+    /// longer names a channel no process will serve (different job settings, say).
+    pub request_timeout: Duration,
     /// How long the network thread keeps polling with nothing to do before it parks
     /// (0: it parks at once). Latency for idle CPU, as a worker's spin.
     pub spin: Duration,
@@ -140,6 +148,7 @@ impl TransportConfig {
             exclusive_buffers: 2,
             floating_buffers: 8,
             driver: DriverKind::Auto,
+            request_timeout: Duration::from_secs(60),
             spin: Duration::ZERO,
         }
     }

@@ -439,8 +439,10 @@ pub(crate) struct Net {
     conns: Vec<Option<Conn>>,
     gates: Vec<Option<Gate>>,
     served: HashMap<u32, Box<dyn InputChannel>>,
-    /// Requests for channels not served yet: (connection, channel, credit).
+    /// Requests for channels not served yet: (connection, channel, credit), and when
+    /// each was made (it fails after `request_timeout`).
     waiting: Vec<(usize, u32, u32)>,
+    waiting_since: Vec<Instant>,
 }
 
 impl Net {
@@ -490,6 +492,7 @@ impl Net {
             gates: Vec::new(),
             served: HashMap::new(),
             waiting: Vec::new(),
+            waiting_since: Vec::new(),
         })
     }
 
@@ -702,17 +705,65 @@ impl Net {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
+        let request = self
+            .waiting_since
+            .iter()
+            .min()
+            .map(|&since| since + self.config.request_timeout);
         self.conns
             .iter()
             .flatten()
             .filter_map(|c| c.handshake_deadline)
+            .chain(request)
             .min()
+    }
+
+    /// Drops the waiting requests that `drop` picks.
+    fn forget_waiting(&mut self, drop: impl Fn(&(usize, u32, u32)) -> bool) {
+        let mut at = 0;
+        while at < self.waiting.len() {
+            if drop(&self.waiting[at]) {
+                self.waiting.swap_remove(at);
+                self.waiting_since.swap_remove(at);
+            } else {
+                at += 1;
+            }
+        }
+    }
+
+    /// Fails the requests that waited past `request_timeout` for their channel: the
+    /// consumer gets an error frame naming it.
+    fn expire_requests(&mut self, now: Instant) -> bool {
+        let timeout = self.config.request_timeout;
+        let mut expired = false;
+        let mut at = 0;
+        while at < self.waiting.len() {
+            if now.saturating_duration_since(self.waiting_since[at]) < timeout {
+                at += 1;
+                continue;
+            }
+            let (slot, channel, _) = self.waiting.swap_remove(at);
+            self.waiting_since.swap_remove(at);
+            if let Some(conn) = self.conns[slot].as_mut() {
+                let message = format!(
+                    "channel {channel} is not served by process {} (waited {timeout:?}): do \
+                     all processes run the same job with the same settings?",
+                    self.config.process
+                );
+                queue_error(conn, channel, &message);
+            }
+            expired = true;
+        }
+        expired
     }
 
     /// One turn; `true` if it did anything.
     fn turn(&mut self) -> bool {
         let mut busy = self.commands();
         let now = Instant::now();
+        if !self.waiting.is_empty() {
+            busy |= self.expire_requests(now);
+        }
         for slot in 0..self.conns.len() {
             let Some(mut conn) = self.conns[slot].take() else {
                 continue;
@@ -755,6 +806,7 @@ impl Net {
 
     fn serve(&mut self, channel: u32, input: Box<dyn InputChannel>) {
         if let Some(at) = self.waiting.iter().position(|&(_, c, _)| c == channel) {
+            self.waiting_since.swap_remove(at);
             let (slot, _, credit) = self.waiting.swap_remove(at);
             if let Some(conn) = self.conns[slot].as_mut() {
                 conn.outgoing.push(SendChannel {
@@ -1334,6 +1386,7 @@ impl Net {
                     });
                 } else {
                     self.waiting.push((slot, channel, header.arg0));
+                    self.waiting_since.push(Instant::now());
                 }
             }
             FrameKind::AddCredit => {
@@ -1358,7 +1411,7 @@ impl Net {
             }
             FrameKind::Cancel => {
                 conn.outgoing.retain(|c| c.id != channel);
-                self.waiting.retain(|w| !(w.0 == slot && w.1 == channel));
+                self.forget_waiting(|w| w.0 == slot && w.1 == channel);
             }
             FrameKind::EndOfPartition => {
                 let Some(&(gate, index)) = conn.incoming.get(&channel) else {
@@ -1498,7 +1551,7 @@ impl Net {
                 *gate = None;
             }
         }
-        self.waiting.retain(|w| w.0 != slot);
+        self.forget_waiting(|w| w.0 == slot);
         if let Backend::Epoll { poll, .. } = &self.backend {
             let _ = poll
                 .registry()
