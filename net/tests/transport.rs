@@ -708,3 +708,37 @@ fn a_channel_never_served_fails_after_the_request_timeout_on() {
     assert!(text.contains("channel 42"), "{text}");
     assert!(text.contains("not served"), "{text}");
 }
+
+/// A buffer size the consuming gate announces (debloating) reaches the producer's
+/// subpartition in a buffer-size frame.
+#[test]
+fn an_announced_buffer_size_reaches_the_producer() {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        an_announced_buffer_size_reaches_the_producer_on();
+    }
+}
+
+fn an_announced_buffer_size_reaches_the_producer_on() {
+    let producer = transport(1);
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(16, 1)).expect("local pool");
+    let (sender, input) = local_channel(16 + pool.overdraft_max(), Some(producer.notify()));
+    producer.serve(5, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let receive = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let mut channel = consumer
+        .consume(producer.peer(), &[5], &receive, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    for size in [1024, 2048] {
+        channel.announce_buffer_size(size);
+        let started = Instant::now();
+        while partition.announced_buffer_size(0) != size {
+            assert!(started.elapsed() < GUARD, "the size never arrived");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

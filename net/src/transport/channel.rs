@@ -11,6 +11,7 @@
 //! channel disconnected (the producer dropped, Acquire) then reads `failure` under its
 //! lock: set if the connection failed, empty after a clean end of partition.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use weir_engine::exchange::{InputChannel, SharedBuffer};
@@ -21,6 +22,10 @@ use super::error::TransportError;
 /// Where the network thread leaves a channel's failure for its consumer.
 pub(crate) type FailureSlot = Arc<Mutex<Option<Arc<TransportError>>>>;
 
+/// The buffer size the consuming gate announces (debloating), for the network thread to
+/// send to the producer when it changes.
+pub(crate) type BufferSizeSlot = Arc<AtomicU32>;
+
 /// A channel fed by a remote producer over the transport (Flink's
 /// `RemoteInputChannel`). Give it to an [`InputGate`](weir_engine::exchange::InputGate)
 /// beside local channels. Dropping it cancels the channel at the producer.
@@ -29,6 +34,7 @@ pub struct RemoteInputChannel {
     peer: String,
     ring: Consumer<SharedBuffer>,
     failure: FailureSlot,
+    buffer_size: BufferSizeSlot,
 }
 
 impl RemoteInputChannel {
@@ -37,12 +43,14 @@ impl RemoteInputChannel {
         peer: String,
         ring: Consumer<SharedBuffer>,
         failure: FailureSlot,
+        buffer_size: BufferSizeSlot,
     ) -> Self {
         RemoteInputChannel {
             channel,
             peer,
             ring,
             failure,
+            buffer_size,
         }
     }
 
@@ -78,6 +86,13 @@ impl InputChannel for RemoteInputChannel {
 
     fn is_disconnected(&self) -> bool {
         self.ring.is_abandoned()
+    }
+
+    fn announce_buffer_size(&mut self, size: usize) {
+        // Relaxed: advice; the network thread sends it in a buffer-size frame at its next
+        // turn for this channel's connection.
+        self.buffer_size
+            .store(size.min(u32::MAX as usize) as u32, Ordering::Relaxed);
     }
 
     fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {

@@ -16,7 +16,7 @@ pub const HEADER_SIZE: usize = 20;
 /// "WEIR" in ASCII, little-endian: the handshake's first field.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
 pub const ERROR_MESSAGE_MAX: usize = 4096;
 /// The channel value of an error frame about the whole connection.
@@ -40,6 +40,9 @@ pub enum FrameKind {
     Cancel = 6,
     /// Either way: a channel (or the connection) failed, with a message.
     Error = 7,
+    /// Consumer → producer: start buffers of at most this many bytes (0: no limit), as
+    /// the consumer's gate debloats (version 2).
+    BufferSize = 8,
 }
 
 impl FrameKind {
@@ -52,6 +55,7 @@ impl FrameKind {
             5 => FrameKind::EndOfPartition,
             6 => FrameKind::Cancel,
             7 => FrameKind::Error,
+            8 => FrameKind::BufferSize,
             other => return Err(FrameError::UnknownType(other)),
         })
     }
@@ -66,6 +70,7 @@ impl FrameKind {
             FrameKind::EndOfPartition => "end-of-partition",
             FrameKind::Cancel => "cancel",
             FrameKind::Error => "error",
+            FrameKind::BufferSize => "buffer-size",
         }
     }
 }
@@ -175,7 +180,9 @@ impl Header {
         // version, and a frame must re-encode to the bytes it came from.
         let (arg0_used, arg1_used) = match kind {
             FrameKind::Handshake | FrameKind::Buffer => (true, true),
-            FrameKind::PartitionRequest | FrameKind::AddCredit => (true, false),
+            FrameKind::PartitionRequest | FrameKind::AddCredit | FrameKind::BufferSize => {
+                (true, false)
+            }
             FrameKind::EndOfPartition | FrameKind::Cancel | FrameKind::Error => (false, false),
         };
         if (!arg0_used && header.arg0 != 0) || (!arg1_used && header.arg1 != 0) {
@@ -261,6 +268,13 @@ pub enum Frame<'a> {
         /// The message (UTF-8 by convention; read lossily).
         message: &'a [u8],
     },
+    /// See [`FrameKind::BufferSize`].
+    BufferSize {
+        /// The channel.
+        channel: u32,
+        /// Bytes per buffer the producer should start (0: no limit).
+        size: u32,
+    },
 }
 
 impl<'a> Frame<'a> {
@@ -290,6 +304,9 @@ impl<'a> Frame<'a> {
                 Header::control(FrameKind::EndOfPartition, channel, 0)
             }
             Frame::Cancel { channel } => Header::control(FrameKind::Cancel, channel, 0),
+            Frame::BufferSize { channel, size } => {
+                Header::control(FrameKind::BufferSize, channel, size)
+            }
             Frame::Error { channel, message } => Header {
                 kind: FrameKind::Error,
                 len: message.len() as u32,
@@ -349,6 +366,10 @@ impl<'a> Frame<'a> {
                 channel: header.channel,
                 message: payload,
             },
+            FrameKind::BufferSize => Frame::BufferSize {
+                channel: header.channel,
+                size: header.arg0,
+            },
         };
         Ok(Some((frame, total)))
     }
@@ -363,7 +384,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u32, u32, u32, Vec<u8>)> {
         (
-            1u8..=7,
+            1u8..=8,
             any::<u32>(),
             1u32..,
             any::<u32>(),
@@ -457,10 +478,10 @@ mod tests {
             Err(FrameError::UnknownType(99))
         ));
         let mut bytes = Header::handshake(7).encode();
-        bytes[16] = 2;
+        bytes[16] = 1;
         assert!(matches!(
             Header::decode(&bytes, MAX),
-            Err(FrameError::UnsupportedVersion { theirs: 2, .. })
+            Err(FrameError::UnsupportedVersion { theirs: 1, .. })
         ));
         let mut bytes = Header::handshake(7).encode();
         bytes[12] = 0;

@@ -37,15 +37,19 @@
 //!
 //! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
 //!
-//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error |
-//! |---|---|---|---|---|---|---|---|---|
-//! | 0–3 | length | 0 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 |
-//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 |
-//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) |
-//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 |
-//! | 16–19 | arg1 | version (1) | 0 | backlog | 0 | 0 | 0 | 0 |
-//! | 20– | payload | | | the buffer's bytes | | | | UTF-8 message |
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size |
+//! |---|---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 0 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) |
+//! | 16–19 | arg1 | version (2) | 0 | backlog | 0 | 0 | 0 | 0 | 0 |
+//! | 20– | payload | | | the buffer's bytes | | | | UTF-8 message | |
+//!
+//! The buffer-size frame (consumer → producer, version 2) carries the size the consuming
+//! gate's debloater announced for a channel; the producer's subpartition starts its next
+//! buffers at that size. It is sent when the size changes, from the network thread's turn.
 //!
 //! Each side sends its handshake first and expects the peer's as the first frame within
 //! [`TransportConfig::handshake_timeout`]. Records, watermarks and the in-band
@@ -291,17 +295,20 @@ impl Transport {
         for &channel in channels {
             let (producer, consumer) = weir_engine::ring::channel(size);
             let failure: channel::FailureSlot = Arc::default();
+            let buffer_size: channel::BufferSizeSlot = Arc::default();
             receivers.push(RecvChannel::new(
                 channel,
                 producer,
                 notify.clone(),
                 Arc::clone(&failure),
+                Arc::clone(&buffer_size),
             ));
             remotes.push(RemoteInputChannel::new(
                 channel,
                 peer_name.clone(),
                 consumer,
                 failure,
+                buffer_size,
             ));
         }
         self.command(Command::Consume(Gate::new(

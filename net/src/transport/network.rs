@@ -26,7 +26,7 @@ use weir_engine::exchange::{Buffer, InputChannel, LocalBufferPool, SharedBuffer}
 use weir_engine::park::{Notify, Parker};
 use weir_engine::ring::Producer;
 
-use super::channel::FailureSlot;
+use super::channel::{BufferSizeSlot, FailureSlot};
 use super::error::{FrameError, TransportError};
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX, HEADER_SIZE};
 use super::uring::{self, Uring, UringOps, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
@@ -85,6 +85,9 @@ pub(crate) struct RecvChannel {
     ring: Option<Producer<SharedBuffer>>,
     notify: Option<Arc<dyn Notify>>,
     failure: FailureSlot,
+    /// The buffer size the consumer's gate announced (0: none), and the last one sent.
+    buffer_size: BufferSizeSlot,
+    buffer_size_sent: u32,
     state: ChannelState,
     credit: u32,
     announce: u32,
@@ -98,12 +101,15 @@ impl RecvChannel {
         ring: Producer<SharedBuffer>,
         notify: Option<Arc<dyn Notify>>,
         failure: FailureSlot,
+        buffer_size: BufferSizeSlot,
     ) -> Self {
         RecvChannel {
             id,
             ring: Some(ring),
             notify,
             failure,
+            buffer_size,
+            buffer_size_sent: 0,
             state: ChannelState::Open,
             credit: 0,
             announce: 0,
@@ -212,6 +218,16 @@ impl Gate {
         }
         self.rotate = (self.rotate + 1) % count;
         for channel in &mut self.channels {
+            // Relaxed: advice, sent when it changes (the gate announces it rarely).
+            let size = channel.buffer_size.load(Ordering::Relaxed);
+            if channel.state == ChannelState::Open && size != channel.buffer_size_sent {
+                conn.queue(
+                    Header::control(FrameKind::BufferSize, channel.id, size),
+                    None,
+                );
+                channel.buffer_size_sent = size;
+                queued = true;
+            }
             if channel.announce > 0 {
                 conn.queue(
                     Header::control(FrameKind::AddCredit, channel.id, channel.announce),
@@ -1438,6 +1454,13 @@ impl Net {
                 }
             }
             FrameKind::Buffer => self.buffer(conn, header)?,
+            FrameKind::BufferSize => {
+                // The consumer's gate debloated: the subpartition starts its next
+                // buffers at this size. A channel not sent (yet, or any more) ignores it.
+                if let Some(sender) = conn.outgoing.iter_mut().find(|c| c.id == channel) {
+                    sender.input.announce_buffer_size(header.arg0 as usize);
+                }
+            }
         }
         Ok(())
     }
@@ -1681,7 +1704,8 @@ mod tests {
             .map(|id| {
                 let (producer, consumer) = weir_engine::ring::channel(size);
                 consumers.push(consumer);
-                let mut channel = RecvChannel::new(id as u32, producer, None, Arc::default());
+                let mut channel =
+                    RecvChannel::new(id as u32, producer, None, Arc::default(), Arc::default());
                 channel.credit = exclusive;
                 channel
             })
@@ -1765,7 +1789,7 @@ mod tests {
             .with_overdraft(0);
         let pool = LocalBufferPool::new(&network, config).expect("pool");
         let (producer, consumer) = weir_engine::ring::channel(size);
-        let channel = RecvChannel::new(7, producer, None, Arc::default());
+        let channel = RecvChannel::new(7, producer, None, Arc::default(), Arc::default());
         let peer = Peer {
             process: 2,
             addr: SocketAddr::from(([127, 0, 0, 1], 1)),
