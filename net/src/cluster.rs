@@ -32,13 +32,13 @@
 //! ```
 //!
 //! Processes are started by whatever the deployment uses (a shell, systemd, a container
-//! orchestrator); each needs the peer list and its index. The processes find each other
-//! at start ([`TransportChannels::wait_for_peers`]), a producer keeps its transport up
+//! orchestrator); each needs the peer list and its index. The processes connect at
+//! start, one connection per pair ([`TransportChannels::wait_for_peers`]), a producer keeps its transport up
 //! until its consumers have everything ([`TransportChannels::drain`]), and a process
 //! that dies fails the channels it fed at each consumer with an error naming the
 //! channel and the peer.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -117,35 +117,56 @@ impl TransportChannels {
         }
     }
 
+    /// Connections to other processes opened so far (one per peer when each pair shares
+    /// one, as [`wait_for_peers`](Self::wait_for_peers) arranges).
+    pub fn connections_opened(&self) -> usize {
+        self.transport.connections_opened()
+    }
+
     /// The address this process's transport listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.transport.local_addr()
     }
 
-    /// Waits until every other process's transport accepts connections (they may start
-    /// in any order); fails after `timeout` naming the first peer still missing.
+    /// Connects this process to every other one (they may start in any order) and
+    /// waits until each connection completed its handshake; fails after `timeout`
+    /// naming the first peer still missing. Process `i` dials the peers after it and
+    /// waits for those before it to dial, so each pair of processes shares one
+    /// connection, which every channel between them then uses, both ways.
     pub fn wait_for_peers(&self, timeout: Duration) -> Result<(), TransportError> {
         let deadline = Instant::now() + timeout;
-        for peer in &self.peers {
-            if peer.process as usize == self.process {
-                continue;
-            }
-            loop {
-                match TcpStream::connect_timeout(&peer.addr, Duration::from_millis(200)) {
-                    // A probe: closed at once, before any handshake (the peer drops it).
-                    Ok(_) => break,
-                    Err(error) if Instant::now() >= deadline => {
-                        return Err(TransportError::Io {
-                            what: "waiting for a peer process to listen",
-                            peer: format!("process {} at {}", peer.process, peer.addr),
-                            source: error,
-                        })
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
+        let mut dialed = Instant::now();
+        for peer in &self.peers[self.process + 1..] {
+            self.transport.connect(*peer);
         }
-        Ok(())
+        loop {
+            let missing = self.peers.iter().find(|p| {
+                p.process as usize != self.process && !self.transport.is_connected(p.process)
+            });
+            let Some(missing) = missing else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(TransportError::Io {
+                    what: "waiting for a peer process to connect",
+                    peer: format!("process {} at {}", missing.process, missing.addr),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection within {timeout:?}; is it running?"),
+                    ),
+                });
+            }
+            if dialed.elapsed() >= Duration::from_millis(50) {
+                // A peer that was not listening yet refused the dial: dial again.
+                for peer in &self.peers[self.process + 1..] {
+                    if !self.transport.is_connected(peer.process) {
+                        self.transport.connect(*peer);
+                    }
+                }
+                dialed = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Waits until every channel this process serves was sent to its end (see

@@ -1,6 +1,7 @@
 //! A job graph over two processes on loopback (two runtimes and two transports in this
 //! test process): the keyed exchange crosses the transport, every record arrives once on
-//! the subtask its key group names, and a producer's drain waits for its consumers.
+//! the subtask its key group names, a producer's drain waits for its consumers, and the
+//! two processes share one connection.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -44,6 +45,8 @@ fn run_process(process: usize, peers: Vec<SocketAddr>, per: u64) -> Vec<Vec<u64>
     channels
         .drain(Duration::from_secs(20))
         .expect("consumers took everything");
+    // Both ways, every channel between the two processes on one connection.
+    assert_eq!(channels.connections_opened(), 1, "process {process}");
     out.by_subtask()
         .into_iter()
         .map(|s| {

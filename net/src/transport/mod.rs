@@ -321,6 +321,32 @@ impl Transport {
         Ok(remotes)
     }
 
+    /// Dials `peer` unless this process has a connection to it already (dialed or
+    /// accepted), without waiting; a failed dial is dropped (ask again).
+    /// [`is_connected`](Self::is_connected) says when the handshake completed. Processes
+    /// that dial each other before they consume keep one connection per pair: consuming
+    /// reuses it.
+    pub fn connect(&self, peer: Peer) {
+        self.command(Command::Connect(peer));
+    }
+
+    /// Connections whose handshake completed since the transport started, dialed or
+    /// accepted.
+    pub fn connections_opened(&self) -> usize {
+        self.control
+            .opened
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a connection to process `process` has completed its handshake.
+    pub fn is_connected(&self, process: u32) -> bool {
+        self.control
+            .connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&process)
+    }
+
     /// Waits until every channel served so far was requested by its consumer, sent to
     /// its end, and its end-of-partition frame written: what a producer process does
     /// before it exits, so that its consumers get everything. Fails after `timeout`

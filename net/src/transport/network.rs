@@ -54,6 +54,8 @@ pub(crate) enum Command {
     },
     /// Request channels from a peer into a gate's receive pool.
     Consume(Gate),
+    /// Dial a peer unless a connection to it exists already.
+    Connect(Peer),
 }
 
 /// Shared between the API and the network thread.
@@ -66,6 +68,10 @@ pub(crate) struct Control {
     pub(crate) drained: AtomicBool,
     /// Turns completed (after `drained` is stored).
     pub(crate) turns: std::sync::atomic::AtomicU64,
+    /// Processes with a connection whose handshake completed.
+    pub(crate) connected: std::sync::Mutex<std::collections::HashSet<u32>>,
+    /// Connections whose handshake completed, since the start.
+    pub(crate) opened: std::sync::atomic::AtomicUsize,
 }
 
 pub(crate) fn peer_name(process: u32, addr: SocketAddr) -> String {
@@ -815,9 +821,39 @@ impl Net {
             match command {
                 Command::Serve { channel, input } => self.serve(channel, input),
                 Command::Consume(gate) => self.consume(gate),
+                Command::Connect(peer) => {
+                    // A failed dial is dropped: the caller waits for the connection and
+                    // asks again (`TransportChannels::wait_for_peers`).
+                    let _ = self.connection_to(peer);
+                }
             }
         }
         any
+    }
+
+    /// The connection to `peer`: one that exists (dialed or accepted), else a new one,
+    /// dialed without waiting (a non-blocking connect).
+    fn connection_to(&mut self, peer: Peer) -> Result<usize, (&'static str, io::Error)> {
+        let found = self.conns.iter().position(|c| {
+            c.as_ref().is_some_and(|c| {
+                !c.dead
+                    && (c.process == Some(peer.process)
+                        || (c.process.is_none() && c.addr == peer.addr))
+            })
+        });
+        if let Some(slot) = found {
+            return Ok(slot);
+        }
+        let stream = mio::net::TcpStream::connect(peer.addr).map_err(|e| ("connecting", e))?;
+        let stream = TcpStream::from(OwnedFd::from(stream));
+        let slot = self.free_slot();
+        self.register(&stream, slot)
+            .map_err(|e| ("registering a connection", e))?;
+        let mut conn = Conn::new(stream, peer.addr, true, self.config.process);
+        conn.expected = Some(peer.process);
+        conn.handshake_deadline = Some(Instant::now() + self.config.handshake_timeout);
+        self.conns[slot] = Some(conn);
+        Ok(slot)
     }
 
     fn serve(&mut self, channel: u32, input: Box<dyn InputChannel>) {
@@ -842,35 +878,12 @@ impl Net {
 
     fn consume(&mut self, mut gate: Gate) {
         let peer = gate.peer;
-        let found = self.conns.iter().position(|c| {
-            c.as_ref().is_some_and(|c| {
-                !c.dead
-                    && (c.process == Some(peer.process)
-                        || (c.process.is_none() && c.addr == peer.addr))
-            })
-        });
-        let slot = match found {
-            Some(slot) => slot,
-            // A non-blocking connect: the thread never waits for a peer.
-            None => match mio::net::TcpStream::connect(peer.addr) {
-                Ok(stream) => {
-                    let stream = TcpStream::from(OwnedFd::from(stream));
-                    let slot = self.free_slot();
-                    if let Err(error) = self.register(&stream, slot) {
-                        self.fail_gate(gate, peer, "registering a connection", error);
-                        return;
-                    }
-                    let mut conn = Conn::new(stream, peer.addr, true, self.config.process);
-                    conn.expected = Some(peer.process);
-                    conn.handshake_deadline = Some(Instant::now() + self.config.handshake_timeout);
-                    self.conns[slot] = Some(conn);
-                    slot
-                }
-                Err(error) => {
-                    self.fail_gate(gate, peer, "connecting", error);
-                    return;
-                }
-            },
+        let slot = match self.connection_to(peer) {
+            Ok(slot) => slot,
+            Err((what, error)) => {
+                self.fail_gate(gate, peer, what, error);
+                return;
+            }
         };
         let index = self
             .gates
@@ -1383,6 +1396,12 @@ impl Net {
             }
             conn.process = Some(header.channel);
             conn.handshake_deadline = None;
+            self.control
+                .connected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(header.channel);
+            self.control.opened.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         let channel = header.channel;
@@ -1539,6 +1558,20 @@ impl Net {
     /// Ends a connection: fails its open channels (or closes them cleanly).
     fn end(&mut self, slot: usize, mut conn: Conn, ending: Ending) {
         let name = conn.name();
+        if let Some(process) = conn.process {
+            let other = self
+                .conns
+                .iter()
+                .flatten()
+                .any(|c| !c.dead && c.process == Some(process));
+            if !other {
+                self.control
+                    .connected
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&process);
+            }
+        }
         let cause = match ending {
             Ending::Closed => TransportError::ConnectionLost {
                 peer: name.clone(),
