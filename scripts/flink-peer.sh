@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Apache Flink as a peer of `weir compare async` and `weir compare exchange`: installs
-# what is missing (Java 17 from the Debian packages, Flink's jars from the PyPI package
-# apache-flink-libraries into target/flink-venv), compiles bench/flink/WeirFlinkPeer.java
-# and runs the same configurations as Flink jobs on one in-process MiniCluster, start-up
-# excluded and reported apart. Writes the same JSON as `weir compare --json`:
+# Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
+# `weir compare remote`: installs what is missing (Java 17 from the Debian packages,
+# Flink's jars from the PyPI package apache-flink-libraries into target/flink-venv),
+# compiles bench/flink/WeirFlinkPeer.java and runs the same configurations as Flink jobs
+# on an in-process MiniCluster (for remote: 2 task managers, the producers on one and the
+# consumers on the other), start-up excluded and reported apart. Writes the same JSON as
+# `weir compare --json`:
 #
-#   results/report/flink-async.json, results/report/flink-exchange.json
+#   results/report/flink-async.json, flink-exchange.json, flink-remote.json
 #
-#   scripts/flink-peer.sh           7 rounds at full size (about 70 seconds on 2 cores)
-#   scripts/flink-peer.sh --quick   3 rounds at 0.15 of the size (about 20 seconds)
+#   scripts/flink-peer.sh                  all three at full size, 7 rounds
+#   scripts/flink-peer.sh --quick          3 rounds at 0.15 of the size
+#   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange, remote)
 #
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the
@@ -24,17 +27,34 @@ if [ "${1:-}" = "--quick" ]; then
   rounds=3
   scale=0.15
   quick=" --quick"
+  shift
+fi
+suites=("$@")
+if [ ${#suites[@]} -eq 0 ]; then
+  suites=(async exchange remote)
+fi
+for suite in "${suites[@]}"; do
+  case "$suite" in
+    async | exchange | remote) ;;
+    *)
+      echo "flink-peer: unknown suite $suite (async, exchange, remote)" >&2
+      exit 2
+      ;;
+  esac
+done
+if [ ${#suites[@]} -lt 3 ]; then
+  quick="$quick ${suites[*]}"
 fi
 data=${FLINK_PEER_DATA:-results/report}
 venv=target/flink-venv
 build=target/flink-peer
 mkdir -p "$data" "$build"
 
-# Writes the "unavailable" JSON for both suites.
+# Writes the "unavailable" JSON for every suite asked for.
 mark_unavailable() {
   local reason
   reason=$(printf '%s' "$1" | tr -d '"\\' | tr '\n\t' '  ')
-  for suite in async exchange; do
+  for suite in "${suites[@]}"; do
     printf '{\n  "peer": "Apache Flink",\n  "command": "scripts/flink-peer.sh%s",\n  "unavailable": "%s",\n  "results": []\n}\n' \
       "$quick" "$reason" > "$data/flink-$suite.json"
   done
@@ -114,7 +134,7 @@ for module in java.lang java.lang.reflect java.io java.net java.nio java.text ja
 done
 
 status=0
-for suite in async exchange; do
+for suite in "${suites[@]}"; do
   echo "== flink $suite" >&2
   json=$data/flink-$suite.json
   rm -f "$json"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates results/REPORT.md and results/plots/ end to end: every comparison suite
 # (Weir and its peers, interleaved), Redis against redis-rs and fred when a redis-server
-# can be started (scripts/redis.sh install), Apache Flink on the async and exchange
+# can be started (scripts/redis.sh install), Apache Flink on the async, exchange and remote
 # suites (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each
 # written as JSON to results/report/ first.
 #
@@ -41,7 +41,7 @@ if scripts/redis.sh install >/dev/null 2>&1 && command -v redis-benchmark >/dev/
 else
   echo "no redis-server here (scripts/redis.sh install failed); the redis suite is skipped" >&2
 fi
-echo "== Apache Flink (async and exchange)" >&2
+echo "== Apache Flink (async, exchange and remote)" >&2
 # Its own step: installs Java 17 and Flink if missing, and writes flink-*.json even when
 # it cannot run, so the report says why; a failed Flink job does not stop the report.
 scripts/flink-peer.sh $quick || echo "scripts/flink-peer.sh failed; the report says so" >&2

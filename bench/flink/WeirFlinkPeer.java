@@ -1,6 +1,7 @@
-// Apache Flink as a peer of `weir compare async` and `weir compare exchange`.
+// Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
+// `weir compare remote`.
 //
-// Runs the same configurations as those suites as Flink DataStream jobs on one
+// Runs the same configurations as those suites as Flink DataStream jobs on an
 // in-process MiniCluster (started once, reused by every job), and writes the same JSON
 // as `weir compare --json`. Built and run by scripts/flink-peer.sh against the jars of
 // the `apache-flink-libraries` package.
@@ -12,6 +13,14 @@
 //   from a ScheduledExecutorService L after asyncInvoke.
 // - exchange: DataGeneratorSource of N-byte records → rebalance or keyBy → sink, with
 //   the producers' and consumers' parallelism and the buffer timeout of Weir's case.
+// - remote: the exchange job on a MiniCluster of 2 task managers with P slots each
+//   (P = the producers' parallelism = the consumers'), the source in slot sharing group
+//   "producers" and the sink in "consumers", so that all P producers fill one task
+//   manager and all P consumers the other and every record crosses Flink's Netty
+//   network stack (credit-based, over loopback TCP) between the two. After each run the
+//   placement is read back from the job's archived execution graph (the task manager of
+//   every subtask's execution attempt); a run whose producers and consumers share a
+//   task manager is discarded and run again, and the JSON records the placement.
 //
 // Every job is configured for throughput as Flink's documentation describes: object
 // reuse on, no checkpointing, streaming mode, 128 MiB of network memory, 32 KiB
@@ -60,10 +69,13 @@ import org.apache.flink.configuration.MemorySize;
 import org.apache.flink.configuration.TaskManagerOptions;
 import org.apache.flink.connector.datagen.source.DataGeneratorSource;
 import org.apache.flink.connector.datagen.source.GeneratorFunction;
+import org.apache.flink.runtime.executiongraph.AccessExecutionGraph;
+import org.apache.flink.runtime.executiongraph.AccessExecutionVertex;
 import org.apache.flink.runtime.jobgraph.JobGraph;
 import org.apache.flink.runtime.jobmaster.JobResult;
 import org.apache.flink.runtime.minicluster.MiniCluster;
 import org.apache.flink.runtime.minicluster.MiniClusterConfiguration;
+import org.apache.flink.runtime.taskmanager.TaskManagerLocation;
 import org.apache.flink.runtime.util.EnvironmentInformation;
 import org.apache.flink.streaming.api.datastream.AsyncDataStream;
 import org.apache.flink.streaming.api.datastream.DataStream;
@@ -352,13 +364,19 @@ public final class WeirFlinkPeer {
         void build(StreamExecutionEnvironment env, long n);
     }
 
+    /** `slots` > 0: a remote case, run on 2 task managers of `slots` slots each. */
     record Case(
             String experiment,
             String implementation,
             long ops,
             Double limit,
             String job,
-            Build build) {}
+            Build build,
+            int slots) {
+        Case(String experiment, String implementation, long ops, Double limit, String job, Build build) {
+            this(experiment, implementation, ops, limit, job, build, 0);
+        }
+    }
 
     static long ops(double ops) {
         return Math.max((long) ops, 1);
@@ -442,7 +460,8 @@ public final class WeirFlinkPeer {
             int consumers,
             boolean keyed,
             long timeoutMs,
-            long rate) {
+            long rate,
+            boolean remote) {
         env.setBufferTimeout(timeoutMs);
         long intervalNs = rate > 0 ? 1_000_000_000L / rate : 0;
         DataGeneratorSource<byte[]> generator =
@@ -450,12 +469,19 @@ public final class WeirFlinkPeer {
                         new Records(size, intervalNs),
                         n,
                         PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO);
-        DataStream<byte[]> records =
+        var source =
                 env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records")
                         .setParallelism(producers);
+        if (remote) {
+            source.slotSharingGroup("producers");
+        }
+        DataStream<byte[]> records = source;
         DataStream<byte[]> routed =
                 keyed ? records.keyBy(new SeqKey(), Types.LONG) : records.rebalance();
-        routed.sinkTo(new BytesSink()).setParallelism(consumers).name("sink");
+        var sink = routed.sinkTo(new BytesSink()).setParallelism(consumers).name("sink");
+        if (remote) {
+            sink.slotSharingGroup("consumers");
+        }
     }
 
     static Case exchange(
@@ -474,7 +500,7 @@ public final class WeirFlinkPeer {
                 "DataGeneratorSource(" + size + "-byte records, parallelism " + producers + ") → "
                         + (keyed ? "keyBy" : "rebalance") + " → sink(parallelism " + consumers
                         + "), buffer timeout " + timeoutMs + " ms",
-                (env, n) -> exchangeJob(env, n, size, producers, consumers, keyed, timeoutMs, 0));
+                (env, n) -> exchangeJob(env, n, size, producers, consumers, keyed, timeoutMs, 0, false));
     }
 
     /** The configurations of `weir compare exchange` that a Flink job can express. */
@@ -495,13 +521,146 @@ public final class WeirFlinkPeer {
                         ops(Math.max(rate * 0.5 * scale, 1000.0)),
                         (double) rate,
                         "DataGeneratorSource(100-byte records, each generated at its intended send time, 10 k/s) → rebalance → sink, buffer timeout 0 ms; latency from the intended send time",
-                        (env, n) -> exchangeJob(env, n, 100, 1, 1, false, 0, rate)));
+                        (env, n) -> exchangeJob(env, n, 100, 1, 1, false, 0, rate, false)));
+        return cases;
+    }
+
+    /** The remote exchange: `pairs` producers on one task manager, as many consumers on the other. */
+    static Case remote(String experiment, double ops, int size, int pairs, long timeoutMs, long rate) {
+        String job =
+                "DataGeneratorSource(" + size + "-byte records, parallelism " + pairs
+                        + (rate > 0 ? ", each generated at its intended send time, " + rate / 1000 + " k/s" : "")
+                        + ", slot sharing group producers) → rebalance → sink(parallelism " + pairs
+                        + ", slot sharing group consumers), buffer timeout " + timeoutMs
+                        + " ms; 2 task managers of " + pairs + " slot" + (pairs > 1 ? "s" : "")
+                        + " each, producers on one, consumers on the other (Netty over loopback TCP)"
+                        + (rate > 0 ? "; latency from the intended send time" : "");
+        return new Case(
+                experiment,
+                "flink remote exchange, 2 task managers",
+                ops(ops),
+                rate > 0 ? (double) rate : null,
+                job,
+                (env, n) -> exchangeJob(env, n, size, pairs, pairs, false, timeoutMs, rate, true),
+                pairs);
+    }
+
+    /** The configurations of `weir compare remote` that a Flink job can express. */
+    static List<Case> remoteCases(double scale) {
+        List<Case> cases = new ArrayList<>();
+        for (int pairs : new int[] {1, 2}) {
+            String shape = "remote " + pairs + "→" + pairs + ", ";
+            cases.add(remote(shape + "8-byte records, timeout 100 ms", 2_000_000.0 * scale, 8, pairs, 100, 0));
+            cases.add(remote(shape + "100-byte records, timeout 100 ms", 1_000_000.0 * scale, 100, pairs, 100, 0));
+            cases.add(remote(shape + "1000-byte records, timeout 100 ms", 200_000.0 * scale, 1000, pairs, 100, 0));
+        }
+        long rate = 10_000;
+        cases.add(
+                remote(
+                        "remote latency, open loop 10 k records/s, 100-byte records, timeout 0",
+                        Math.max(rate * 0.5 * scale, 1000.0),
+                        100,
+                        1,
+                        0,
+                        rate));
         return cases;
     }
 
     // ---------------------------------------------------------------- the harness
 
-    record Turn(double nsPerOp, double startupNs, double finishNs, long[] latency, int latencies) {}
+    record Turn(
+            double nsPerOp,
+            double startupNs,
+            double finishNs,
+            long[] latency,
+            int latencies,
+            Placement placement) {}
+
+    /**
+     * Where a run's subtasks ran: each subtask's task manager (resource id and Netty data
+     * port) from the archived execution graph, and whether no producer shared a task
+     * manager with a consumer.
+     */
+    record Placement(List<String> subtasks, boolean remote, int taskManagers) {
+        String describe() {
+            return String.join("; ", subtasks);
+        }
+    }
+
+    static Placement placement(AccessExecutionGraph graph) {
+        List<String> subtasks = new ArrayList<>();
+        java.util.Set<String> producers = new java.util.TreeSet<>();
+        java.util.Set<String> consumers = new java.util.TreeSet<>();
+        java.util.Set<String> all = new java.util.TreeSet<>();
+        for (AccessExecutionVertex v : graph.getAllExecutionVertices()) {
+            TaskManagerLocation at = v.getCurrentExecutionAttempt().getAssignedResourceLocation();
+            String tm =
+                    at == null
+                            ? "unassigned"
+                            : "task manager " + at.getResourceID().getResourceIdString() + " (data port " + at.dataPort() + ")";
+            String name = v.getTaskNameWithSubtaskIndex();
+            subtasks.add(name + " on " + tm);
+            all.add(tm);
+            if (name.contains("records")) {
+                producers.add(tm);
+            } else {
+                consumers.add(tm);
+            }
+        }
+        Collections.sort(subtasks);
+        boolean apart = !producers.isEmpty() && !consumers.isEmpty() && !all.contains("unassigned");
+        for (String tm : producers) {
+            apart &= !consumers.contains(tm);
+        }
+        return new Placement(subtasks, apart, all.size());
+    }
+
+    /**
+     * The placement of a running job once every subtask has a slot, or null where the job
+     * ended first.
+     */
+    static Placement placementWhenAssigned(MiniCluster cluster, JobID id) throws Exception {
+        while (true) {
+            AccessExecutionGraph graph;
+            try {
+                graph = cluster.getExecutionGraph(id).get();
+            } catch (Exception ended) {
+                return null;
+            }
+            if (graph.getState().isGloballyTerminalState()) {
+                return null;
+            }
+            // Before scheduling the graph may have no vertices yet.
+            boolean assigned = graph.getAllExecutionVertices().iterator().hasNext();
+            for (AccessExecutionVertex v : graph.getAllExecutionVertices()) {
+                assigned &= v.getCurrentExecutionAttempt().getAssignedResourceLocation() != null;
+            }
+            if (assigned) {
+                return placement(graph);
+            }
+            Thread.sleep(1);
+        }
+    }
+
+    /**
+     * Runs a case. Flink's scheduler places the 2 producer and 2 consumer slots of a 2→2
+     * job on the 2 task managers in any order, so a remote run whose producers and
+     * consumers share a task manager is cancelled as soon as its slots are assigned and
+     * submitted again (up to 40 times); only runs placed apart are measured.
+     */
+    static Turn run(MiniCluster cluster, Case c, int[] retried) throws Exception {
+        for (int attempt = 1; ; attempt++) {
+            Turn turn = runOnce(cluster, c);
+            if (c.slots == 0 || turn.placement.remote) {
+                return turn;
+            }
+            retried[0]++;
+            if (attempt == 40) {
+                throw new IllegalStateException(
+                        c.experiment + ": producers and consumers shared a task manager in 40 runs: " + turn.placement.describe());
+            }
+        }
+    }
 
     static Turn runOnce(MiniCluster cluster, Case c) throws Exception {
         Configuration jobConf = new Configuration();
@@ -515,6 +674,14 @@ public final class WeirFlinkPeer {
         SINKS_READY.set(Long.MIN_VALUE);
         long submitted = System.nanoTime();
         JobID id = cluster.submitJob(graph).get().getJobID();
+        if (c.slots > 0) {
+            Placement early = placementWhenAssigned(cluster, id);
+            if (early != null && !early.remote) {
+                cluster.cancelJob(id).get();
+                cluster.requestJobResult(id).get();
+                return new Turn(Double.NaN, 0, 0, new long[0], 0, early);
+            }
+        }
         JobResult result = cluster.requestJobResult(id).get();
         long done = System.nanoTime();
         if (!result.isSuccess()) {
@@ -556,7 +723,9 @@ public final class WeirFlinkPeer {
             start = first;
         }
         double nsPerOp = (double) (last - start) / count;
-        return new Turn(nsPerOp, start - submitted, done - last, latency, latencies);
+        // The evidence: where each subtask's execution attempt ran, from the finished job.
+        Placement where = c.slots > 0 ? placement(cluster.getArchivedExecutionGraph(id).get()) : null;
+        return new Turn(nsPerOp, start - submitted, done - last, latency, latencies, where);
     }
 
     static double median(List<Double> samples) {
@@ -649,59 +818,98 @@ public final class WeirFlinkPeer {
                 switch (suite) {
                     case "async" -> asyncCases(scale);
                     case "exchange" -> exchangeCases(scale);
+                    case "remote" -> remoteCases(scale);
                     default -> throw new IllegalArgumentException("unknown suite " + suite);
                 };
 
-        long clusterStart = System.nanoTime();
-        Configuration conf = new Configuration();
-        conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
-        conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
-        conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
-        MiniClusterConfiguration config =
-                new MiniClusterConfiguration.Builder()
-                        .setConfiguration(conf)
-                        .setNumTaskManagers(1)
-                        .setNumSlotsPerTaskManager(SLOTS)
-                        .withRandomPorts()
-                        .build();
+        boolean remote = suite.equals("remote");
         List<List<Double>> samples = new ArrayList<>();
         List<List<Double>> startups = new ArrayList<>();
         List<List<Double>> finishes = new ArrayList<>();
         List<long[]> latencies = new ArrayList<>();
-        double clusterStartMs;
-        try (MiniCluster cluster = new MiniCluster(config)) {
-            cluster.start();
-            clusterStartMs = (System.nanoTime() - clusterStart) / 1e6;
-            System.err.printf(Locale.ROOT, "flink %s: MiniCluster up in %.0f ms%n", EnvironmentInformation.getVersion(), clusterStartMs);
-            for (Case c : cases) {
-                samples.add(new ArrayList<>());
-                startups.add(new ArrayList<>());
-                finishes.add(new ArrayList<>());
-                latencies.add(new long[0]);
+        List<Placement> placements = new ArrayList<>();
+        int[] verified = new int[cases.size()];
+        int[][] retried = new int[cases.size()][1];
+        for (Case c : cases) {
+            samples.add(new ArrayList<>());
+            startups.add(new ArrayList<>());
+            finishes.add(new ArrayList<>());
+            latencies.add(new long[0]);
+            placements.add(null);
+        }
+        // One MiniCluster per shape: 1 task manager of SLOTS slots, or (remote) 2 task
+        // managers of P slots each for the cases of parallelism P.
+        List<Integer> shapes = new ArrayList<>();
+        for (Case c : cases) {
+            if (!shapes.contains(c.slots)) {
+                shapes.add(c.slots);
             }
-            // The first `warmup` rounds warm the JIT and are discarded.
-            for (int round = 1 - warmup; round <= rounds; round++) {
-                for (int k = 0; k < cases.size(); k++) {
-                    Case c = cases.get(k);
-                    Turn turn = runOnce(cluster, c);
-                    System.err.printf(
-                            Locale.ROOT,
-                            "%s %-70s %-16s %12.0f records/s  start-up %5.0f ms%n",
-                            round <= 0 ? "warm-up " : "round " + round + " ",
-                            c.experiment,
-                            c.implementation,
-                            1e9 / turn.nsPerOp,
-                            turn.startupNs / 1e6);
-                    if (round <= 0) {
-                        continue;
+        }
+        List<String> clusterStarts = new ArrayList<>();
+        double clusterStartMs = 0;
+        for (int shape : shapes) {
+            int taskManagers = shape > 0 ? 2 : 1;
+            int slots = shape > 0 ? shape : SLOTS;
+            long clusterStart = System.nanoTime();
+            Configuration conf = new Configuration();
+            conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
+            conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
+            conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
+            MiniClusterConfiguration config =
+                    new MiniClusterConfiguration.Builder()
+                            .setConfiguration(conf)
+                            .setNumTaskManagers(taskManagers)
+                            .setNumSlotsPerTaskManager(slots)
+                            .withRandomPorts()
+                            .build();
+            try (MiniCluster cluster = new MiniCluster(config)) {
+                cluster.start();
+                double ms = (System.nanoTime() - clusterStart) / 1e6;
+                clusterStartMs += ms;
+                clusterStarts.add(String.format(Locale.ROOT, "%d × %d slots: %.0f ms", taskManagers, slots, ms));
+                System.err.printf(
+                        Locale.ROOT,
+                        "flink %s: MiniCluster of %d task manager%s with %d slot%s each up in %.0f ms%n",
+                        EnvironmentInformation.getVersion(),
+                        taskManagers,
+                        taskManagers > 1 ? "s" : "",
+                        slots,
+                        slots > 1 ? "s" : "",
+                        ms);
+                // The first `warmup` rounds warm the JIT and are discarded.
+                for (int round = 1 - warmup; round <= rounds; round++) {
+                    for (int k = 0; k < cases.size(); k++) {
+                        Case c = cases.get(k);
+                        if (c.slots != shape) {
+                            continue;
+                        }
+                        Turn turn = run(cluster, c, retried[k]);
+                        System.err.printf(
+                                Locale.ROOT,
+                                "%s %-70s %-16s %12.0f records/s  start-up %5.0f ms%n",
+                                round <= 0 ? "warm-up " : "round " + round + " ",
+                                c.experiment,
+                                c.implementation,
+                                1e9 / turn.nsPerOp,
+                                turn.startupNs / 1e6);
+                        if (turn.placement != null) {
+                            if (placements.get(k) == null) {
+                                System.err.println("  placement: " + turn.placement.describe());
+                            }
+                            placements.set(k, turn.placement);
+                            verified[k]++;
+                        }
+                        if (round <= 0) {
+                            continue;
+                        }
+                        samples.get(k).add(turn.nsPerOp);
+                        startups.get(k).add(turn.startupNs / 1e6);
+                        finishes.get(k).add(turn.finishNs / 1e6);
+                        long[] all = latencies.get(k);
+                        long[] merged = Arrays.copyOf(all, all.length + turn.latencies);
+                        System.arraycopy(turn.latency, 0, merged, all.length, turn.latencies);
+                        latencies.set(k, merged);
                     }
-                    samples.get(k).add(turn.nsPerOp);
-                    startups.get(k).add(turn.startupNs / 1e6);
-                    finishes.get(k).add(turn.finishNs / 1e6);
-                    long[] all = latencies.get(k);
-                    long[] merged = Arrays.copyOf(all, all.length + turn.latencies);
-                    System.arraycopy(turn.latency, 0, merged, all.length, turn.latencies);
-                    latencies.set(k, merged);
                 }
             }
         }
@@ -715,9 +923,19 @@ public final class WeirFlinkPeer {
                 .append(str(System.getProperty("java.vm.name") + " " + System.getProperty("java.runtime.version")))
                 .append(",\n");
         out.append("  \"cluster_start_ms\": ").append(num(clusterStartMs)).append(",\n");
+        if (clusterStarts.size() > 1) {
+            out.append("  \"cluster_starts\": ").append(str(String.join(", ", clusterStarts))).append(",\n");
+        }
         out.append("  \"setup\": ")
-                .append(str("one in-process MiniCluster (1 task manager, " + SLOTS + " slots, "
-                        + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments), "
+                .append(str((remote
+                                ? "in-process MiniClusters of 2 task managers (P slots each for the cases of parallelism P; "
+                                        + NETWORK_MEMORY.getMebiBytes() + " MiB network memory each, 32 KiB segments, "
+                                        + "default buffers per channel and floating buffers), the producers in one slot "
+                                        + "sharing group and the consumers in another, so that each fills one task manager "
+                                        + "and every record crosses Flink's Netty stack over loopback TCP (placement read "
+                                        + "back after every run from the execution graph, see each row's placement), "
+                                : "one in-process MiniCluster (1 task manager, " + SLOTS + " slots, "
+                                        + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments), ")
                         + "object reuse on, no checkpointing, streaming mode; " + warmup + " warm-up runs per "
                         + "configuration, then " + rounds + " rounds; each run's time is from the first "
                         + "record entering the job to the end of input at the sink, start-up "
@@ -753,6 +971,19 @@ public final class WeirFlinkPeer {
             out.append("      \"startup_ms\": {\"median\": ").append(num(median(startups.get(k))))
                     .append(", \"samples\": ").append(list(startups.get(k))).append("},\n");
             out.append("      \"finish_ms\": {\"median\": ").append(num(median(finishes.get(k)))).append("},\n");
+            Placement where = placements.get(k);
+            if (where != null) {
+                out.append("      \"placement\": {\"producers_and_consumers_on_different_task_managers\": ")
+                        .append(where.remote)
+                        .append(", \"task_managers\": ").append(where.taskManagers)
+                        .append(", \"runs_checked\": ").append(verified[k])
+                        .append(", \"runs_placed_together_and_repeated\": ").append(retried[k][0])
+                        .append(", \"subtasks\": [");
+                for (int i = 0; i < where.subtasks.size(); i++) {
+                    out.append(i > 0 ? ", " : "").append(str(where.subtasks.get(i)));
+                }
+                out.append("]},\n");
+            }
             long[] l = latencies.get(k);
             if (l.length == 0) {
                 out.append("      \"latency_ns\": null\n");

@@ -1,7 +1,9 @@
-//! Apache Flink's rows in `weir report`: `scripts/flink-peer.sh` runs the async and
-//! exchange suites' configurations as Flink jobs and writes `flink-async.json` and
-//! `flink-exchange.json` beside the suites' JSON, in the same schema as `weir compare`
-//! (plus the Flink version and each configuration's start-up time). [`merge`] puts
+//! Apache Flink's rows in `weir report`: `scripts/flink-peer.sh` runs the async,
+//! exchange and remote suites' configurations as Flink jobs and writes
+//! `flink-async.json`, `flink-exchange.json` and `flink-remote.json` beside the suites'
+//! JSON, in the same schema as `weir compare` (plus the Flink version, each
+//! configuration's start-up time and, for remote, where each subtask ran: the producers
+//! on one task manager, the consumers on the other). [`merge`] puts
 //! those rows beside Weir's and the other peers', with their time over Weir's, and says
 //! plainly when the file is missing or says that Java or Flink was unavailable.
 
@@ -11,7 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 
 /// The suites that have a Flink peer.
-pub const SUITES: [&str; 2] = ["async", "exchange"];
+pub const SUITES: [&str; 3] = ["async", "exchange", "remote"];
 
 /// The file `scripts/flink-peer.sh` writes for `suite`.
 pub fn file_name(suite: &str) -> String {
@@ -69,6 +71,7 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
             .and_then(|r| r["median_ns_per_op"].as_f64())
     };
     let mut startups = Vec::new();
+    let mut placements = Vec::new();
     for mut row in flink_rows {
         let experiment = row["experiment"].as_str().unwrap_or("?").to_string();
         let implementation = row["implementation"].as_str().unwrap_or("?").to_string();
@@ -78,6 +81,9 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
             row["median_ns_per_op"].as_f64(),
         ) {
             row["peer_over_weir"] = Value::from(flink / weir);
+        }
+        if row["placement"].is_object() {
+            placements.push((experiment.clone(), row["placement"].clone()));
         }
         startups.push((
             experiment.clone(),
@@ -143,7 +149,40 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
         let startup = startup.map_or("—".into(), |ms| format!("{ms:.0}"));
         let _ = writeln!(note, "| {job} | {experiment} | {startup} |");
     }
-    if let Some(ms) = flink["cluster_start_ms"].as_f64() {
+    if !placements.is_empty() {
+        let _ = writeln!(
+            note,
+            "\nWhere Flink's subtasks ran, read back from each run's execution graph (the task manager of every subtask's execution attempt; a run whose producers and consumers shared a task manager was cancelled once its slots were assigned and submitted again, and is not measured):\n\n| experiment | producers and consumers on different task managers | measured runs checked | runs placed together and submitted again | the last run's subtasks |\n|---|---|---:|---:|---|"
+        );
+        for (experiment, p) in &placements {
+            let apart = match p["producers_and_consumers_on_different_task_managers"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "?",
+            };
+            let subtasks = p["subtasks"]
+                .as_array()
+                .map(|s| {
+                    s.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                note,
+                "| {experiment} | {apart} | {} | {} | {subtasks} |",
+                p["runs_checked"].as_u64().unwrap_or(0),
+                p["runs_placed_together_and_repeated"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    if let Some(starts) = flink["cluster_starts"].as_str() {
+        let _ = writeln!(
+            note,
+            "\nThe MiniClusters themselves started in {starts} (task managers × slots; once per shape, before its first job)."
+        );
+    } else if let Some(ms) = flink["cluster_start_ms"].as_f64() {
         let _ = writeln!(
             note,
             "\nThe MiniCluster itself started in {ms:.0} ms (once per suite, before the first job)."
@@ -284,6 +323,49 @@ mod tests {
         assert!(note.contains("not measured in this run"), "{note}");
         assert!(note.contains("Java 17 is not installed"), "{note}");
         assert_eq!(value, suite());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn remote_rows_carry_their_placement() {
+        let dir = scratch("remote");
+        let experiment = "remote 1→1, 100-byte records, timeout 100 ms";
+        let mut flink_row = row(
+            experiment,
+            "flink remote exchange, 2 task managers",
+            false,
+            500.0,
+        );
+        flink_row["placement"] = json!({
+            "producers_and_consumers_on_different_task_managers": true,
+            "task_managers": 2,
+            "runs_checked": 9,
+            "runs_placed_together_and_repeated": 0,
+            "subtasks": ["Source: records (1/1) on task manager a", "sink: Writer (1/1) on task manager b"],
+        });
+        let mut flink = flink();
+        flink["results"] = json!([flink_row]);
+        flink["cluster_starts"] = json!("2 × 1 slots: 3000 ms, 2 × 2 slots: 1500 ms");
+        std::fs::write(dir.join("flink-remote.json"), flink.to_string()).expect("write");
+        let mut value = suite();
+        value["results"] = json!([
+            row(experiment, "weir remote exchange, epoll", true, 50.0),
+            row(
+                experiment,
+                "raw TCP ceiling (32 KiB blocking writes and reads)",
+                false,
+                40.0
+            ),
+        ]);
+        let note = merge(&dir, "remote", &mut value).expect("remote has a Flink peer");
+        let rows = value["results"].as_array().expect("rows");
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[2]["peer_over_weir"].as_f64(), Some(10.0));
+        assert!(
+            note.contains(&format!("| {experiment} | yes | 9 | 0 | Source: records (1/1) on task manager a; sink: Writer (1/1) on task manager b |")),
+            "{note}"
+        );
+        assert!(note.contains("2 × 2 slots: 1500 ms"), "{note}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
