@@ -316,3 +316,51 @@ fn cluster_flags_that_cannot_work_are_one_line_errors() {
     ]));
     assert!(stderr.contains("one or the other"), "{stderr}");
 }
+
+#[test]
+fn a_process_killed_mid_run_fails_the_others_with_the_channel_and_peer_named() {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        })
+        .collect();
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let start = |process: &str| {
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "run",
+                "--process",
+                process,
+                "--peers",
+                &peers,
+                "--records",
+                "50000000",
+                "--cores",
+                "1",
+                "--oversubscribe",
+                "--quiet",
+            ])
+            .env_remove("WEIR_DRIVER")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("weir starts")
+    };
+    let survivor = start("0");
+    let mut victim = start("1");
+    // Let the job get going (not a timing assertion: the kill may come at any point).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    victim.kill().expect("kill");
+    let _ = victim.wait();
+    let output = survivor.wait_with_output().expect("the survivor ends");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("process 1"), "{stderr}");
+    assert!(
+        stderr.contains("remote channel") || stderr.contains("waiting for a peer"),
+        "{stderr}"
+    );
+}
