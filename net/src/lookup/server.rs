@@ -6,7 +6,6 @@
 //! answers leave out of order. Fault injection: error responses, connection resets,
 //! stalls (a request is never answered) and malformed frames, each at a rate.
 
-use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -156,8 +155,8 @@ impl LookupServer {
             timer,
             buffer: vec![0; 64 * 1024].into_boxed_slice(),
             listener,
-            connections: HashMap::new(),
-            next_token: FIRST_CONNECTION,
+            connections: slab::Slab::new(),
+            next_generation: 0,
             timers: TimerWheel::new(65_536, 4096),
             epoch: Instant::now(),
             rng: Rng::new(config.seed),
@@ -327,8 +326,10 @@ struct EventLoop {
     /// Receive buffer, reused (zeroing 64 KiB per read showed up in profiles).
     buffer: Box<[u8]>,
     listener: TcpListener,
-    connections: HashMap<usize, Connection>,
-    next_token: usize,
+    /// Connections by mio token − `FIRST_CONNECTION` (a slab: no hashing per request;
+    /// a reused slot gets a new generation, which stale timers are checked against).
+    connections: slab::Slab<Connection>,
+    next_generation: u64,
     timers: TimerWheel<(usize, u64, u64, u64)>,
     epoch: Instant,
     rng: Rng,
@@ -400,7 +401,7 @@ impl EventLoop {
                 self.connections
                     .iter()
                     .filter(|(_, c)| !c.outbox.is_empty())
-                    .map(|(t, _)| *t),
+                    .map(|(slot, _)| slot + FIRST_CONNECTION),
             );
             for &token in &tokens {
                 self.flush(token);
@@ -438,8 +439,9 @@ impl EventLoop {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    let token = self.next_token;
-                    self.next_token += 1;
+                    let token = self.connections.vacant_key() + FIRST_CONNECTION;
+                    let generation = self.next_generation;
+                    self.next_generation += 1;
                     if self
                         .poll
                         .registry()
@@ -450,15 +452,12 @@ impl EventLoop {
                         )
                         .is_ok()
                     {
-                        self.connections.insert(
-                            token,
-                            Connection {
-                                stream,
-                                generation: token as u64,
-                                inbox: Vec::new(),
-                                outbox: Vec::new(),
-                            },
-                        );
+                        self.connections.insert(Connection {
+                            stream,
+                            generation,
+                            inbox: Vec::new(),
+                            outbox: Vec::new(),
+                        });
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -471,14 +470,20 @@ impl EventLoop {
     }
 
     fn close(&mut self, token: usize) {
-        if let Some(mut connection) = self.connections.remove(&token) {
+        if let Some(mut connection) = self
+            .connections
+            .try_remove(token.wrapping_sub(FIRST_CONNECTION))
+        {
             let _ = self.poll.registry().deregister(&mut connection.stream);
         }
     }
 
     fn read(&mut self, token: usize) {
         loop {
-            let Some(connection) = self.connections.get_mut(&token) else {
+            let Some(connection) = self
+                .connections
+                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+            else {
                 return;
             };
             match connection.stream.read(&mut self.buffer) {
@@ -492,7 +497,10 @@ impl EventLoop {
         let now = self.now_ns();
         let mut offset = 0;
         loop {
-            let Some(connection) = self.connections.get_mut(&token) else {
+            let Some(connection) = self
+                .connections
+                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+            else {
                 return;
             };
             let generation = connection.generation;
@@ -529,7 +537,10 @@ impl EventLoop {
                 }
             }
         }
-        if let Some(connection) = self.connections.get_mut(&token) {
+        if let Some(connection) = self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        {
             connection.inbox.drain(..offset);
         }
     }
@@ -549,7 +560,10 @@ impl EventLoop {
             }
             self.value_key = Some(key);
         }
-        let Some(connection) = self.connections.get_mut(&token) else {
+        let Some(connection) = self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        else {
             return;
         };
         if connection.generation != generation {
@@ -574,7 +588,10 @@ impl EventLoop {
     }
 
     fn flush(&mut self, token: usize) {
-        let Some(connection) = self.connections.get_mut(&token) else {
+        let Some(connection) = self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        else {
             return;
         };
         if crate::driver::flush_outbox(&mut connection.stream, &mut connection.outbox).is_err() {
