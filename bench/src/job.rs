@@ -901,6 +901,8 @@ pub struct JobReport {
     pub backpressured_ns: u64,
     /// The runtime's report.
     pub run: RunReport,
+    /// Over several processes: why connections to other processes broke, if any did.
+    pub lost_connections: Vec<String>,
 }
 
 /// Builds and runs the job; returns its report and wall time, or why it failed.
@@ -1125,6 +1127,10 @@ fn execute(
         async_metrics: result.async_metrics(),
         backpressured_ns: result.stages.first().map_or(0, |s| s.backpressured_ns),
         run: result.run,
+        lost_connections: transport
+            .as_ref()
+            .map(|t| t.lost_connections())
+            .unwrap_or_default(),
     };
     for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
         report.received += sink.received;
@@ -1343,6 +1349,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         "unique": report.unique,
         "duplicated": report.duplicates,
         "process": settings.cluster.as_ref().map(|c| c.process),
+        "lost_connections": report.lost_connections,
         "processes": settings.cluster.as_ref().map_or(1, |c| c.peers.len()),
         "elapsed_s": elapsed.as_secs_f64(),
         "throughput_records_per_s": report.received as f64 / elapsed.as_secs_f64(),

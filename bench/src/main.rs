@@ -778,6 +778,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             Some(hint) => eprintln!("error: the job failed: {error}; {hint}"),
             None => eprintln!("error: the job failed: {error}"),
         }
+        for lost in &finished.report.lost_connections {
+            eprintln!("error: another process of the job went away: {lost}");
+        }
         return Ok(1);
     }
     let report = &finished.report;

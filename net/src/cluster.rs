@@ -123,6 +123,12 @@ impl TransportChannels {
         self.transport.connections_opened()
     }
 
+    /// Why connections to other processes ended with channels open (see
+    /// [`Transport::lost_connections`]).
+    pub fn lost_connections(&self) -> Vec<String> {
+        self.transport.lost_connections()
+    }
+
     /// The address this process's transport listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.transport.local_addr()

@@ -338,6 +338,17 @@ impl Transport {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Why each connection that ended with channels still open ended (a peer killed, a
+    /// reset, a malformed frame), oldest first: what a producer whose consumer went away
+    /// with the connection can report.
+    pub fn lost_connections(&self) -> Vec<String> {
+        self.control
+            .lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Whether a connection to process `process` has completed its handshake.
     pub fn is_connected(&self, process: u32) -> bool {
         self.control

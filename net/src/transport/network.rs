@@ -72,6 +72,8 @@ pub(crate) struct Control {
     pub(crate) connected: std::sync::Mutex<std::collections::HashSet<u32>>,
     /// Connections whose handshake completed, since the start.
     pub(crate) opened: std::sync::atomic::AtomicUsize,
+    /// Why each connection that ended with channels open ended.
+    pub(crate) lost: std::sync::Mutex<Vec<String>>,
 }
 
 pub(crate) fn peer_name(process: u32, addr: SocketAddr) -> String {
@@ -1591,6 +1593,15 @@ impl Net {
                 error
             }
         };
+        if !conn.incoming.is_empty() || !conn.outgoing.is_empty() {
+            // Channels broke: say which peer and why, for the producers whose consumers
+            // it took away (they see only their consumer gone).
+            self.control
+                .lost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(cause.to_string());
+        }
         let cause = Arc::new(cause);
         for (&channel, &(gate, index)) in &conn.incoming {
             if let Some(gate) = self.gates[gate].as_mut() {
