@@ -40,6 +40,14 @@ fn drivers() -> Vec<DriverKind> {
     }
 }
 
+/// Runs `test` once per driver in [`drivers`], with [`config`] picking it.
+fn on_each_driver(test: fn()) {
+    for driver in drivers() {
+        DRIVER.with(|d| d.set(driver));
+        test();
+    }
+}
+
 fn config(process: u32) -> TransportConfig {
     let mut config = TransportConfig::new(process);
     config.driver = DRIVER.with(|d| d.get());
@@ -131,10 +139,7 @@ fn boxed(channels: Vec<RemoteInputChannel>) -> Vec<Box<dyn InputChannel>> {
 /// in the same gate.
 #[test]
 fn records_cross_exactly_once_beside_a_local_channel() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        records_cross_exactly_once_beside_a_local_channel_on();
-    }
+    on_each_driver(records_cross_exactly_once_beside_a_local_channel_on);
 }
 
 fn records_cross_exactly_once_beside_a_local_channel_on() {
@@ -187,10 +192,7 @@ fn records_cross_exactly_once_beside_a_local_channel_on() {
 /// the slow one is read, complete.
 #[test]
 fn a_slow_channel_back_pressures_only_itself() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_slow_channel_back_pressures_only_itself_on();
-    }
+    on_each_driver(a_slow_channel_back_pressures_only_itself_on);
 }
 
 fn a_slow_channel_back_pressures_only_itself_on() {
@@ -230,10 +232,7 @@ fn a_slow_channel_back_pressures_only_itself_on() {
 /// same gate is unaffected and still delivers everything.
 #[test]
 fn a_killed_peer_fails_its_channels_and_no_other() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_killed_peer_fails_its_channels_and_no_other_on();
-    }
+    on_each_driver(a_killed_peer_fails_its_channels_and_no_other_on);
 }
 
 fn a_killed_peer_fails_its_channels_and_no_other_on() {
@@ -373,10 +372,7 @@ fn failure_of(channel: &RemoteInputChannel) -> Arc<TransportError> {
 /// backlog without anyone reading, and a buffer beyond the credit fails the connection.
 #[test]
 fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on();
-    }
+    on_each_driver(credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on);
 }
 
 fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on() {
@@ -458,10 +454,7 @@ fn credits_follow_the_rules_and_a_buffer_without_credit_is_refused_on() {
 /// frame error, before anything is read into memory.
 #[test]
 fn malformed_and_oversized_frames_fail_the_connection() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        malformed_and_oversized_frames_fail_the_connection_on();
-    }
+    on_each_driver(malformed_and_oversized_frames_fail_the_connection_on);
 }
 
 fn malformed_and_oversized_frames_fail_the_connection_on() {
@@ -529,10 +522,7 @@ fn malformed_and_oversized_frames_fail_the_connection_on() {
 /// handshake timeout.
 #[test]
 fn a_silent_peer_times_out_in_the_handshake() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_silent_peer_times_out_in_the_handshake_on();
-    }
+    on_each_driver(a_silent_peer_times_out_in_the_handshake_on);
 }
 
 fn a_silent_peer_times_out_in_the_handshake_on() {
@@ -565,10 +555,7 @@ fn a_silent_peer_times_out_in_the_handshake_on() {
 /// consumer gone.
 #[test]
 fn dropping_a_remote_channel_cancels_it() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        dropping_a_remote_channel_cancels_it_on();
-    }
+    on_each_driver(dropping_a_remote_channel_cancels_it_on);
 }
 
 fn dropping_a_remote_channel_cancels_it_on() {
@@ -612,10 +599,7 @@ fn dropping_a_remote_channel_cancels_it_on() {
 /// part already read is dropped), naming the channel and the peer.
 #[test]
 fn a_peer_dying_mid_frame_fails_the_channel() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_peer_dying_mid_frame_fails_the_channel_on();
-    }
+    on_each_driver(a_peer_dying_mid_frame_fails_the_channel_on);
 }
 
 fn a_peer_dying_mid_frame_fails_the_channel_on() {
@@ -656,10 +640,7 @@ fn a_peer_dying_mid_frame_fails_the_channel_on() {
 /// connection, saying which.
 #[test]
 fn a_peer_of_another_process_id_is_refused() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_peer_of_another_process_id_is_refused_on();
-    }
+    on_each_driver(a_peer_of_another_process_id_is_refused_on);
 }
 
 fn a_peer_of_another_process_id_is_refused_on() {
@@ -686,10 +667,7 @@ fn a_peer_of_another_process_id_is_refused_on() {
 /// at the consumer, naming the channel (instead of waiting forever).
 #[test]
 fn a_channel_never_served_fails_after_the_request_timeout() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        a_channel_never_served_fails_after_the_request_timeout_on();
-    }
+    on_each_driver(a_channel_never_served_fails_after_the_request_timeout_on);
 }
 
 fn a_channel_never_served_fails_after_the_request_timeout_on() {
@@ -713,10 +691,7 @@ fn a_channel_never_served_fails_after_the_request_timeout_on() {
 /// subpartition in a buffer-size frame.
 #[test]
 fn an_announced_buffer_size_reaches_the_producer() {
-    for driver in drivers() {
-        DRIVER.with(|d| d.set(driver));
-        an_announced_buffer_size_reaches_the_producer_on();
-    }
+    on_each_driver(an_announced_buffer_size_reaches_the_producer_on);
 }
 
 fn an_announced_buffer_size_reaches_the_producer_on() {
