@@ -2,7 +2,12 @@
 //! reach for: `futures::StreamExt::buffered` / `buffer_unordered` on a tokio
 //! current-thread runtime, doing the same work.
 //!
-//! - latency 0: the call completes inside `invoke` (operator overhead per record);
+//! - latency 0: the call completes inside `invoke` (operator overhead per record of a
+//!   call that completes at once, e.g. from a cache);
+//! - completed in batches: the calls of a full operator complete together on the
+//!   task's thread, later (operator overhead per record of a call that returns
+//!   through the completion queue, as an I/O client's do); tokio's calls await a
+//!   `oneshot` fired by a completer task on the same thread;
 //! - cross-thread: another thread completes each call (Flink's
 //!   `AsyncWaitOperatorBenchmark` set-up: capacity 100, no timeout);
 //! - timer-driven latency L with capacity C: a closed loop whose physical limit is
@@ -138,6 +143,110 @@ pub fn tokio_immediate(ordered: bool, capacity: usize, n: u64) -> Measurement {
                 .await
         };
         let elapsed = start.elapsed();
+        check(&CountingSink { count, sum }, n);
+        elapsed.into()
+    })
+}
+
+/// Keeps each call's handle; the driving loop completes them in a batch, on the
+/// operator's thread (how an I/O client on the task's own driver completes calls).
+struct Batched {
+    pending: Calls,
+}
+
+/// Calls waiting for the loop to complete them, with their inputs.
+type Calls = Rc<RefCell<Vec<(u64, ResultFuture<u64>)>>>;
+
+impl AsyncFunction for Batched {
+    type In = u64;
+    type Out = u64;
+    #[inline]
+    fn invoke(&mut self, input: &u64, result: ResultFuture<u64>) {
+        self.pending.borrow_mut().push((*input, result));
+    }
+    #[inline]
+    fn key(&self, input: &u64) -> u64 {
+        *input & 63
+    }
+}
+
+/// `n` records whose calls complete after the operator filled up: the loop invokes
+/// `capacity` calls, completes them all in input order on this thread, drains the
+/// operator, and so on. Every record takes the operator's whole path (entry stored,
+/// completion queued, emitted on drain).
+pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
+    let parker = Parker::current();
+    let config = AsyncConfig::new(mode, capacity);
+    let pending = Rc::new(RefCell::new(Vec::with_capacity(capacity)));
+    let function = Batched {
+        pending: Rc::clone(&pending),
+    };
+    let mut operator =
+        AsyncWaitOperator::new(function, config, parker.unparker()).expect("valid config");
+    let mut sink = CountingSink { count: 0, sum: 0 };
+    let mut batch = Vec::with_capacity(capacity);
+    let start = Instant::now();
+    let mut next = 0;
+    while next < n {
+        while next < n && !operator.is_full() {
+            operator
+                .process_record(next, None, 0, &mut sink)
+                .expect("no failure");
+            next += 1;
+        }
+        std::mem::swap(&mut batch, &mut *pending.borrow_mut());
+        for (input, result) in batch.drain(..) {
+            result.complete([input]);
+        }
+        operator.drain(0, &mut sink).expect("no failure");
+    }
+    let elapsed = start.elapsed();
+    check(&sink, n);
+    elapsed.into()
+}
+
+/// The same with `buffered(C)` (or `buffer_unordered(C)`) on a tokio current-thread
+/// runtime: each call is a future awaiting a `oneshot` whose sender a completer task
+/// (on the same thread, in a `LocalSet`) fires in a batch when woken, as a tokio I/O
+/// task completes the calls it carries.
+pub fn tokio_batched(ordered: bool, capacity: usize, n: u64) -> Measurement {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        type Senders = Rc<RefCell<Vec<(u64, tokio::sync::oneshot::Sender<u64>)>>>;
+        let pending: Senders = Rc::new(RefCell::new(Vec::with_capacity(capacity)));
+        let wake = Rc::new(tokio::sync::Notify::new());
+        let completer = {
+            let pending = Rc::clone(&pending);
+            let wake = Rc::clone(&wake);
+            tokio::task::spawn_local(async move {
+                let mut batch = Vec::with_capacity(capacity);
+                loop {
+                    wake.notified().await;
+                    std::mem::swap(&mut batch, &mut *pending.borrow_mut());
+                    for (input, sender) in batch.drain(..) {
+                        let _ = sender.send(input);
+                    }
+                }
+            })
+        };
+        let start = Instant::now();
+        let calls = futures::stream::iter(0..n).map(|i| {
+            let (sender, receiver) = tokio::sync::oneshot::channel();
+            pending.borrow_mut().push((i, sender));
+            wake.notify_one();
+            async move { receiver.await.expect("the completer answers every call") }
+        });
+        let fold = |(c, s): (u64, u64), v: u64| async move { (c + 1, s.wrapping_add(v)) };
+        let (count, sum) = if ordered {
+            calls.buffered(capacity).fold((0u64, 0u64), fold).await
+        } else {
+            calls.buffer_unordered(capacity).fold((0u64, 0u64), fold).await
+        };
+        let elapsed = start.elapsed();
+        completer.abort();
         check(&CountingSink { count, sum }, n);
         elapsed.into()
     })

@@ -250,6 +250,45 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
             None,
         ));
     }
+    let batched = [
+        (
+            "async completed in batches on the task's thread, capacity 100, ordered",
+            OutputMode::Ordered,
+            "weir ordered",
+            true,
+            "tokio buffered",
+        ),
+        (
+            "async completed in batches on the task's thread, capacity 100, unordered",
+            OutputMode::Unordered,
+            "weir unordered",
+            false,
+            "tokio buffer_unordered",
+        ),
+        (
+            "async completed in batches on the task's thread, capacity 100, keyed-ordered",
+            OutputMode::KeyedOrdered,
+            "weir keyed-ordered",
+            true,
+            "tokio buffered",
+        ),
+    ];
+    for (experiment, mode, weir, ordered, tokio) in batched {
+        cases.push(workload(
+            experiment,
+            weir,
+            immediate / 2.0,
+            Arc::new(move |n| async_peers::weir_batched(mode, 100, n)),
+            None,
+        ));
+        cases.push(workload(
+            experiment,
+            tokio,
+            immediate / 2.0,
+            Arc::new(move |n| async_peers::tokio_batched(ordered, 100, n)),
+            None,
+        ));
+    }
     let cross = 300_000.0 * scale;
     for (mode, name) in [
         (OutputMode::Ordered, "weir ordered"),

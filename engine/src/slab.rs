@@ -127,6 +127,17 @@ impl<T> Slab<T> {
         })
     }
 
+    /// The key the next [`try_insert`](Self::try_insert) returns, or `None` when full:
+    /// lets a caller hand out a value's key before the value exists.
+    #[inline]
+    pub fn next_key(&self) -> Option<Key> {
+        let entry = self.entries.get(self.free_head as usize)?;
+        Some(Key {
+            index: self.free_head,
+            generation: entry.generation,
+        })
+    }
+
     /// Removes and returns the value named by `key`, or `None` if the key is stale or
     /// names no value.
     #[inline]

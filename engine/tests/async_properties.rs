@@ -28,6 +28,8 @@ struct Driven {
     pending: Pending,
     /// At end of input, complete every call at once with one result.
     finishing: Rc<Cell<bool>>,
+    /// Complete the next call inside `invoke`: with this many results, or (`true`) an error.
+    inline: Rc<Cell<Option<(u32, bool)>>>,
     delivered: Delivered,
 }
 
@@ -48,6 +50,13 @@ impl AsyncFunction for Driven {
         if self.finishing.get() {
             self.deliver(input.0, 1);
             result.complete([input.0 * 10]);
+        } else if let Some((count, fail)) = self.inline.take() {
+            if fail {
+                result.complete_err(AsyncError::call("injected inline"));
+            } else {
+                self.deliver(input.0, count);
+                result.complete((0..count).map(|j| input.0 * 10 + j));
+            }
         } else {
             self.pending.borrow_mut().push((*input, result));
         }
@@ -67,6 +76,13 @@ enum Action {
     Record {
         key: u32,
     },
+    /// A record whose call completes inside `invoke` (a cache hit): `count` results, or
+    /// an error.
+    InlineRecord {
+        key: u32,
+        count: u32,
+        fail: bool,
+    },
     Watermark,
     /// Complete the `pick`-th pending call with `count` results, or fail it.
     Complete {
@@ -82,6 +98,8 @@ enum Action {
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         4 => (0u32..3).prop_map(|key| Action::Record { key }),
+        2 => (0u32..3, 0u32..3, prop::bool::weighted(0.1))
+            .prop_map(|(key, count, fail)| Action::InlineRecord { key, count, fail }),
         1 => Just(Action::Watermark),
         5 => (any::<usize>(), 0u32..3, prop::bool::weighted(0.15))
             .prop_map(|(pick, count, fail)| Action::Complete { pick, count, fail }),
@@ -132,6 +150,14 @@ proptest! {
                     next_id += 1;
                     keys.insert(id, key);
                     watermarks_before.insert(id, watermarks_in);
+                    h.process_record((id, key), Some(i64::from(id)))
+                }
+                Action::InlineRecord { key, count, fail } if h.in_flight() < capacity => {
+                    let id = next_id;
+                    next_id += 1;
+                    keys.insert(id, key);
+                    watermarks_before.insert(id, watermarks_in);
+                    function.inline.set(Some((count, fail)));
                     h.process_record((id, key), Some(i64::from(id)))
                 }
                 Action::Watermark if h.in_flight() < capacity => {

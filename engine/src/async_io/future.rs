@@ -1,8 +1,10 @@
 //! `ResultFuture`: how a call's outcome gets back to its operator.
 //!
 //! The operator and its handles share one `Completions` block:
-//! - `local` (a `VecDeque`), `credits` and `alive` belong to the owner thread (the
-//!   operator's) and are touched only after checking `thread_token() == owner`;
+//! - `local` (a `VecDeque`), `inline`, `credits` and `alive` belong to the owner thread
+//!   (the operator's) and are touched only after checking `thread_token() == owner`;
+//!   `inline` takes the outcome of a call completed inside `invoke` while nothing else
+//!   waits in `local`, so the operator can emit it without queueing it;
 //! - `foreign` (a lock-free MPSC queue) takes completions from any other thread, which
 //!   then counts it in `foreign_sent` and wakes the owner through `notify`; the owner
 //!   compares that count with what it took before touching the queue;
@@ -85,9 +87,21 @@ pub(crate) struct Completion<T> {
     pub(crate) outcome: Outcome<T>,
 }
 
+/// No key packs to this: slot indices stay below `u32::MAX`.
+const DISARMED: u64 = u64::MAX;
+
+/// The slot a call completed inside `invoke` lands in (owner-only).
+struct Inline<T> {
+    /// The entry (`Key::to_u64`) whose first attempt's handle is being passed to a
+    /// call, or `DISARMED`.
+    armed: u64,
+    outcome: Option<Outcome<T>>,
+}
+
 pub(crate) struct Completions<T> {
     owner: u64,
     local: UnsafeCell<VecDeque<Completion<T>>>,
+    inline: UnsafeCell<Inline<T>>,
     credits: UnsafeCell<usize>,
     alive: UnsafeCell<bool>,
     foreign: ForeignQueue<Completion<T>>,
@@ -130,6 +144,10 @@ impl<T> CompletionQueue<T> {
         let block = Box::new(Completions {
             owner: thread_token(),
             local: UnsafeCell::new(VecDeque::with_capacity(capacity)),
+            inline: UnsafeCell::new(Inline {
+                armed: DISARMED,
+                outcome: None,
+            }),
             credits: UnsafeCell::new(0),
             alive: UnsafeCell::new(true),
             foreign: ForeignQueue::new(),
@@ -199,6 +217,38 @@ impl<T> CompletionQueue<T> {
         completion
     }
 
+    /// Arms the inline slot for the handle of `key`'s first attempt, about to be passed
+    /// to a call: if the call completes it on this thread before returning, while no
+    /// other same-thread completion waits, its outcome lands in the slot instead of the
+    /// queue (see [`take_inline`](Self::take_inline)).
+    #[inline]
+    pub(crate) fn arm_inline(&mut self, key: Key) {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread; no reference into it is live.
+        block.inline.with_mut(|slot| unsafe { (*slot).armed = key.to_u64() });
+    }
+
+    /// Disarms the inline slot and takes the outcome that landed in it, if any. It
+    /// completed before any completion still in the queue.
+    #[inline]
+    pub(crate) fn take_inline(&mut self) -> Option<Outcome<T>> {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread; no reference into it is live.
+        block.inline.with_mut(|slot| unsafe {
+            (*slot).armed = DISARMED;
+            (*slot).outcome.take()
+        })
+    }
+
+    /// Queues a completion taken from the inline slot that cannot be handled at once,
+    /// ahead of the completions that came after it.
+    #[inline]
+    pub(crate) fn push_front(&mut self, completion: Completion<T>) {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread; no reference into it is live.
+        block.local.with_mut(|q| unsafe { (*q).push_front(completion) });
+    }
+
     /// Whether another thread pushed a completion the owner has not taken.
     #[inline]
     fn foreign_waiting(&self) -> bool {
@@ -238,6 +288,7 @@ impl<T> Drop for CompletionQueue<T> {
         let credits = unsafe {
             block.alive.with_mut(|a| *a = false);
             block.local.with_mut(|q| (*q).clear());
+            block.inline.with_mut(|slot| (*slot).outcome = None);
             block.credits.with(|c| *c)
         };
         // SAFETY: we own our reference and `credits` unspent ones.
@@ -266,6 +317,7 @@ impl<T> ResultFuture<T> {
     /// Completes the call with `results` (none, one or several), each emitted with the
     /// input's timestamp. The first completion of an element wins; late ones (after a
     /// timeout or retry took over) are ignored.
+    #[inline]
     pub fn complete<I: IntoIterator<Item = T>>(self, results: I) {
         let results = Results::collect(results);
         self.deliver(Outcome::Results(results));
@@ -276,19 +328,16 @@ impl<T> ResultFuture<T> {
         self.deliver(Outcome::Error(error));
     }
 
+    #[inline]
     fn deliver(self, outcome: Outcome<T>) {
         let this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; we own its reference.
-        unsafe {
-            send(
-                this.shared,
-                Completion {
-                    key: this.key,
-                    attempt: this.attempt,
-                    outcome,
-                },
-            )
+        let completion = Completion {
+            key: this.key,
+            attempt: this.attempt,
+            outcome,
         };
+        // SAFETY: `this` is never used or dropped again; we own its reference.
+        unsafe { send(this.shared, completion) };
     }
 }
 
@@ -317,22 +366,49 @@ impl<T> core::fmt::Debug for ResultFuture<T> {
 ///
 /// # Safety
 /// The caller owns one reference to `shared` (a live handle's) and gives it up.
+#[inline]
 unsafe fn send<T>(shared: NonNull<Completions<T>>, completion: Completion<T>) {
     // SAFETY: the handle's reference keeps the block alive.
     let block = unsafe { shared.as_ref() };
-    if thread_token() == block.owner {
-        // SAFETY: owner-only fields, on the owner thread, with no other borrow live (the
-        // operator holds none across calls into user code).
-        let alive = block.alive.with(|a| unsafe { *a });
-        if alive {
-            // SAFETY: as above.
-            unsafe {
-                block.local.with_mut(|q| (*q).push_back(completion));
-                block.credits.with_mut(|c| *c += 1);
-            }
-            // The reference went back to the operator as a credit.
-            return;
+    if thread_token() == block.owner
+        // SAFETY: owner-only field read on the owner thread (checked just before), with
+        // no other borrow live: the operator holds none across calls into user code.
+        && block.alive.with(|a| unsafe { *a })
+    {
+        // SAFETY: as above.
+        unsafe {
+            block.inline.with_mut(|inline| {
+                let inline = &mut *inline;
+                if inline.armed == completion.key.to_u64()
+                    && completion.attempt == 0
+                    && block.local.with(|q| (*q).is_empty())
+                {
+                    inline.armed = DISARMED;
+                    inline.outcome = Some(completion.outcome);
+                } else {
+                    block.local.with_mut(|q| (*q).push_back(completion));
+                }
+            });
+            // The reference goes back to the operator as a credit.
+            block.credits.with_mut(|c| *c += 1);
         }
+        return;
+    }
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { send_elsewhere(shared, completion) };
+}
+
+/// [`send`] from another thread, or after the operator is gone.
+///
+/// # Safety
+/// As for [`send`].
+#[cold]
+#[inline(never)]
+unsafe fn send_elsewhere<T>(shared: NonNull<Completions<T>>, completion: Completion<T>) {
+    // SAFETY: the handle's reference keeps the block alive.
+    let block = unsafe { shared.as_ref() };
+    if thread_token() == block.owner {
+        // The operator is gone (checked by `send`): the outcome has nowhere to go.
         drop(completion);
     } else {
         block.foreign.push(completion);

@@ -19,6 +19,14 @@
 //!
 //! [`pending_timers`]: AsyncWaitOperator::pending_timers
 //!
+//! A call that completes inside `invoke` (on the operator's thread, before anything
+//! else completes) and may leave at once — no watermark pending, and in ordered mode no
+//! record held, in keyed-ordered mode none of its key, and no retry applies to its
+//! results — is emitted without an entry: the call is made with the input borrowed
+//! before the entry would be stored, so such a record costs no slab slot, chain link,
+//! timer or queue round trip. Any other outcome is queued ahead of later completions
+//! and applied to the stored entry like every completion.
+//!
 //! Owned by one thread (the operator is not `Send`): construct it on the task's thread.
 
 use std::marker::PhantomData;
@@ -271,12 +279,18 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     }
 
     /// Err if the operator has failed.
+    #[inline]
     pub fn check(&self) -> Result<(), OperatorError> {
         match &self.failure {
-            Some(cause) => Err(OperatorError::Failed {
-                cause: cause.clone(),
-            }),
+            Some(cause) => Err(Self::failed(cause)),
             None => Ok(()),
+        }
+    }
+
+    #[cold]
+    fn failed(cause: &str) -> OperatorError {
+        OperatorError::Failed {
+            cause: cause.to_owned(),
         }
     }
 
@@ -302,12 +316,33 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             OutputMode::KeyedOrdered => self.function.key(&value),
             OutputMode::Ordered | OutputMode::Unordered => 0,
         };
+        let Some(slot) = self.entries.next_key() else {
+            unreachable!("slab has a slot per unit of capacity and the operator is not full");
+        };
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        // The call is made before the entry is stored, with the input borrowed from
+        // here: a call that completes inside `invoke` (a cache hit, a computed answer)
+        // and may leave at once never touches the slab, the chains or the wheel.
+        self.completions.arm_inline(slot);
+        let handle = self.completions.issue(slot, 0);
+        self.function.invoke(&value, handle);
+        if let Some(outcome) = self.completions.take_inline() {
+            match self.emit_completed_inline(key, outcome, timestamp, sequence, out) {
+                None => return self.drain_if_waiting(now_ns, out),
+                Some(outcome) => self.completions.push_front(Completion {
+                    key: slot,
+                    attempt: 0,
+                    outcome,
+                }),
+            }
+        }
         let epoch = self.segments.tail_epoch();
         let entry = Entry {
             input: value,
             timestamp,
             key,
-            sequence: self.next_sequence,
+            sequence,
             epoch,
             attempt: 0,
             invocations: 1,
@@ -319,14 +354,12 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             next_parked: None,
             first_invoked_ns: now_ns,
         };
-        self.next_sequence += 1;
-        let Ok(slot) = self.entries.try_insert(entry) else {
-            unreachable!("slab has a slot per unit of capacity and the operator is not full");
-        };
+        let inserted = self.entries.try_insert(entry);
+        debug_assert_eq!(inserted.ok(), Some(slot), "next_key names the next slot");
         if let Some(previous) = self.chains.append(key, slot) {
             self.entry_mut(previous).next_in_chain = Some(slot);
         }
-        self.segments.get_mut(epoch).remaining += 1;
+        self.segments.tail_mut().remaining += 1;
         if let Some(timeout_ns) = self.timeout_ns {
             let timer = self
                 .timers
@@ -334,11 +367,49 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.entry_mut(slot).timeout_timer = Some(timer);
             self.note_timers();
         }
-        let handle = self.completions.issue(slot, 0);
-        let input = &self.entries.get(slot).expect("just inserted").input;
-        self.function.invoke(input, handle);
-        self.drain(now_ns, out)?;
-        Ok(())
+        self.drain_if_waiting(now_ns, out)
+    }
+
+    /// The fast path of a call completed inside `invoke`, before its entry was stored:
+    /// emits its results now if nothing the mode orders before it is held (no pending
+    /// watermark; in ordered mode no record at all, in keyed-ordered mode none of its
+    /// key) and no retry applies to them. Otherwise hands the completion back, to be
+    /// applied to the stored entry like any other.
+    #[inline]
+    fn emit_completed_inline(
+        &mut self,
+        key: u64,
+        outcome: Outcome<F::Out>,
+        timestamp: Option<i64>,
+        sequence: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Option<Outcome<F::Out>> {
+        let emittable = self.segments.list.len() == 1
+            && match self.mode {
+                OutputMode::Unordered => true,
+                OutputMode::Ordered => self.entries.is_empty(),
+                OutputMode::KeyedOrdered => !self.chains.has_chain(key),
+            };
+        let results = match outcome {
+            Outcome::Results(results) if emittable => results,
+            outcome => return Some(outcome),
+        };
+        if self.may_retry(1, false)
+            && self
+                .retry
+                .as_ref()
+                .is_some_and(|r| r.should_retry_result(results.as_slice()))
+        {
+            return Some(Outcome::Results(results));
+        }
+        self.metrics.completed += 1;
+        self.metrics.emitted += 1;
+        results.for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
+        if sequence % LATENCY_SAMPLE_EVERY == 0 {
+            // Completed within the call: the latency is below the clock's resolution.
+            self.metrics.latency_ns.saturating_record(1);
+        }
+        None
     }
 
     /// Takes a watermark: emitted once everything before it is emitted, and before
@@ -388,6 +459,20 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.apply(completion, now_ns, out)?;
         }
         Ok(processed)
+    }
+
+    /// [`drain`](Self::drain) if a completion waits (calls may complete other calls'
+    /// handles, and other threads may have sent theirs).
+    #[inline(always)]
+    fn drain_if_waiting(
+        &mut self,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError> {
+        if !self.completions.is_empty() {
+            self.drain(now_ns, out)?;
+        }
+        Ok(())
     }
 
     /// The deadline of the earliest timer due at or before `limit_ns`.
@@ -689,7 +774,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
                 )
             })
             .expect("emitting a live entry");
-        self.segments.list[0].remaining -= 1;
+        self.segments.head_mut().remaining -= 1;
         self.chains.pop_head(key, slot, next);
         results.for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
         self.metrics.emitted += 1;

@@ -112,6 +112,16 @@ impl Chains {
         }
     }
 
+    /// Whether a record of `key`'s chain is held (always false in unordered mode).
+    #[inline]
+    pub(crate) fn has_chain(&self, key: u64) -> bool {
+        match self {
+            Chains::Unordered => false,
+            Chains::Ordered(ends) => ends.is_some(),
+            Chains::Keyed(map) => map.contains_key(&key),
+        }
+    }
+
     /// Whether `entry` heads the chain of `key`.
     #[inline]
     pub(crate) fn is_head(&self, key: u64, entry: Key) -> bool {
@@ -192,6 +202,19 @@ impl Segments {
         self.head_epoch + self.list.len() as u64 - 1
     }
 
+    /// The segment new records join.
+    #[inline]
+    pub(crate) fn tail_mut(&mut self) -> &mut Segment {
+        self.list.back_mut().expect("there is always a tail segment")
+    }
+
+    /// The head segment, whose records may leave.
+    #[inline]
+    pub(crate) fn head_mut(&mut self) -> &mut Segment {
+        self.list.front_mut().expect("there is always a head segment")
+    }
+
+    #[inline]
     pub(crate) fn get_mut(&mut self, epoch: u64) -> &mut Segment {
         debug_assert!(epoch >= self.head_epoch);
         let index = (epoch - self.head_epoch) as usize;
