@@ -84,14 +84,19 @@ pub struct ServerStats {
     pub stalls: u64,
     /// Malformed frames sent on purpose.
     pub malformed: u64,
-    /// CPU time of the service thread (user + system), published when it stops; 0 while
-    /// it runs.
+    /// CPU time of the service thread (user + system) as last published: when it
+    /// stopped, or at the last [`LookupServer::cpu_ns`] call; 0 before either.
     pub cpu_ns: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     cpu_ns: AtomicU64,
+    /// Publications of `cpu_ns` asked for (written by [`LookupServer::cpu_ns`]).
+    cpu_asked: AtomicU64,
+    /// The last `cpu_asked` the service answered by publishing `cpu_ns` (written by the
+    /// service thread).
+    cpu_answered: AtomicU64,
     requests: AtomicU64,
     answered: AtomicU64,
     errors: AtomicU64,
@@ -168,6 +173,7 @@ impl LookupServer {
             scratch_tokens: Vec::new(),
             value: Vec::new(),
             value_key: None,
+            cpu_answered: 0,
         };
         event_loop
             .poll
@@ -227,6 +233,28 @@ impl LookupServer {
             malformed: c.malformed.load(Ordering::Relaxed),
             cpu_ns: c.cpu_ns.load(Ordering::Relaxed),
         }
+    }
+
+    /// CPU time the service thread has used so far (user + system), in ns: asks the
+    /// thread to publish it and waits for the answer (it comes at the end of the loop
+    /// turn under way, or at once if the thread is waiting for events). The thread
+    /// reads its clock only when asked, so serving costs no system call for it. After
+    /// the thread stopped, or if it does not answer within a second, the last published
+    /// figure.
+    pub fn cpu_ns(&self) -> u64 {
+        let c = &self.counters;
+        let asked = c.cpu_asked.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = self.waker.wake();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        // Acquire: pairs with the service's Release store of `cpu_answered`, after its
+        // store of `cpu_ns`.
+        while c.cpu_answered.load(Ordering::Acquire) < asked {
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) || Instant::now() > deadline {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        c.cpu_ns.load(Ordering::Relaxed)
     }
 
     /// Stops the service and waits for its thread.
@@ -344,6 +372,8 @@ struct EventLoop {
     value: Vec<u8>,
     /// The key `value` was filled for.
     value_key: Option<u64>,
+    /// The last `Counters::cpu_asked` answered (the service's copy of `cpu_answered`).
+    cpu_answered: u64,
 }
 
 impl EventLoop {
@@ -408,11 +438,28 @@ impl EventLoop {
             }
             self.scratch_tokens = tokens;
             self.publish_counts();
+            self.publish_cpu();
         }
         self.publish_counts();
         self.counters
             .cpu_ns
             .store(thread_cpu_ns(), Ordering::Relaxed);
+    }
+
+    /// Publishes the thread's CPU time if [`LookupServer::cpu_ns`] asked for it since the
+    /// last publication: one shared load per loop, and a clock read only when asked.
+    fn publish_cpu(&mut self) {
+        let asked = self.counters.cpu_asked.load(Ordering::Relaxed);
+        if asked == self.cpu_answered {
+            return;
+        }
+        self.counters
+            .cpu_ns
+            .store(thread_cpu_ns(), Ordering::Relaxed);
+        self.cpu_answered = asked;
+        // Release: publishes the `cpu_ns` store; pairs with the Acquire load in
+        // `LookupServer::cpu_ns`.
+        self.counters.cpu_answered.store(asked, Ordering::Release);
     }
 
     /// Publishes the loop's counts to the shared counters: one atomic add per counter
