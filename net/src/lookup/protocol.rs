@@ -76,8 +76,11 @@ pub fn decode_request(bytes: &[u8]) -> Result<Option<(Request, usize)>, Malforme
     Ok(Some((Request { request_id, key }, REQUEST_LEN)))
 }
 
-/// Decodes the first response in `bytes`, as [`decode_request`] does.
-pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Malformed> {
+/// The size of the response frame that `bytes` begins, prefix included, once its
+/// length prefix is there: `Ok(None)` if fewer than 4 bytes; an error if the length is
+/// outside the protocol's bounds.
+#[inline]
+pub fn response_size(bytes: &[u8]) -> Result<Option<usize>, Malformed> {
     if bytes.len() < 4 {
         return Ok(None);
     }
@@ -88,9 +91,19 @@ pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Ma
             9 + VALUE_LEN_MAX
         )));
     }
-    if bytes.len() < 4 + len {
+    Ok(Some(4 + len))
+}
+
+/// Decodes the first response in `bytes`, as [`decode_request`] does.
+#[inline]
+pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Malformed> {
+    let Some(size) = response_size(bytes)? else {
+        return Ok(None);
+    };
+    if bytes.len() < size {
         return Ok(None);
     }
+    let len = size - 4;
     let request_id = u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes"));
     let status = bytes[12];
     if status != STATUS_OK && status != STATUS_ERROR {
