@@ -20,17 +20,23 @@ pub const STATUS_ERROR: u8 = 1;
 /// Appends a request frame.
 #[inline]
 pub fn encode_request(out: &mut Vec<u8>, request_id: u64, key: u64) {
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&request_id.to_le_bytes());
-    out.extend_from_slice(&key.to_le_bytes());
+    // One append of the whole frame: one capacity check, not three.
+    let mut frame = [0u8; REQUEST_LEN];
+    frame[..4].copy_from_slice(&16u32.to_le_bytes());
+    frame[4..12].copy_from_slice(&request_id.to_le_bytes());
+    frame[12..].copy_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&frame);
 }
 
 /// Appends a response frame.
 #[inline]
 pub fn encode_response(out: &mut Vec<u8>, request_id: u64, status: u8, value: &[u8]) {
-    out.extend_from_slice(&((9 + value.len()) as u32).to_le_bytes());
-    out.extend_from_slice(&request_id.to_le_bytes());
-    out.push(status);
+    let mut head = [0u8; 13];
+    head[..4].copy_from_slice(&((9 + value.len()) as u32).to_le_bytes());
+    head[4..12].copy_from_slice(&request_id.to_le_bytes());
+    head[12] = status;
+    out.reserve(head.len() + value.len());
+    out.extend_from_slice(&head);
     out.extend_from_slice(value);
 }
 
