@@ -18,7 +18,10 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use weir_engine::timer::TimerWheel;
 
 use super::latency::{Latency, Rng};
-use super::protocol::{decode_request, encode_response, STATUS_ERROR, STATUS_OK, VALUE_LEN_MAX};
+use super::protocol::{
+    decode_request, encode_response, Malformed, Request, REQUEST_LEN, STATUS_ERROR, STATUS_OK,
+    VALUE_LEN_MAX,
+};
 use crate::error::NetError;
 
 const LISTENER: Token = Token(0);
@@ -525,71 +528,129 @@ impl EventLoop {
         }
     }
 
+    /// Reads what the connection has, serving each read's requests before the next
+    /// read (so answers start leaving while later requests are still being read).
     fn read(&mut self, token: usize) {
-        loop {
-            let Some(connection) = self
-                .connections
-                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
-            else {
-                return;
-            };
-            match connection.stream.read(&mut self.buffer) {
-                Ok(0) => return self.close(token),
-                Ok(n) => connection.inbox.extend_from_slice(&self.buffer[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return self.close(token),
-            }
-        }
-        let now = self.now_ns();
-        let mut offset = 0;
-        loop {
-            let Some(connection) = self
-                .connections
-                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
-            else {
-                return;
-            };
-            let generation = connection.generation;
-            match decode_request(&connection.inbox[offset..]) {
-                Ok(Some((request, used))) => {
-                    offset += used;
-                    self.local.requests += 1;
-                    let faults = self.config.faults;
-                    if self.rng.chance(faults.reset_rate) {
-                        self.local.resets += 1;
-                        return self.close(token);
-                    }
-                    if self.rng.chance(faults.stall_rate) {
-                        self.local.stalls += 1;
-                        continue;
-                    }
-                    let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
-                    if delay == 0 {
-                        self.answer(token, generation, request.request_id, request.key);
-                    } else {
-                        self.timers.schedule(
-                            now + delay,
-                            (token, generation, request.request_id, request.key),
-                        );
-                    }
-                }
-                Ok(None) => break,
-                Err(malformed) => {
-                    eprintln!(
-                        "weir lookup service: malformed request ({}); closing the connection",
-                        malformed.0
-                    );
-                    return self.close(token);
-                }
-            }
-        }
-        if let Some(connection) = self
+        let mut buffer = std::mem::take(&mut self.buffer);
+        while let Some(connection) = self
             .connections
             .get_mut(token.wrapping_sub(FIRST_CONNECTION))
         {
-            connection.inbox.drain(..offset);
+            match connection.stream.read(&mut buffer) {
+                Ok(0) => {
+                    self.close(token);
+                    break;
+                }
+                Ok(n) => {
+                    if !self.serve(token, &buffer[..n]) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.close(token);
+                    break;
+                }
+            }
         }
+        self.buffer = buffer;
+    }
+
+    /// Serves the requests in `bytes`, read from connection `token`: decoded straight
+    /// from `bytes`, except a request split across reads, whose head waits in the
+    /// connection's inbox (which never holds a whole request). Returns whether the
+    /// connection is still open.
+    fn serve(&mut self, token: usize, bytes: &[u8]) -> bool {
+        let now = self.now_ns();
+        let Some(connection) = self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        else {
+            return false;
+        };
+        let generation = connection.generation;
+        let mut rest = bytes;
+        if !connection.inbox.is_empty() {
+            debug_assert!(connection.inbox.len() < REQUEST_LEN);
+            let head = (REQUEST_LEN - connection.inbox.len()).min(rest.len());
+            connection.inbox.extend_from_slice(&rest[..head]);
+            rest = &rest[head..];
+            if connection.inbox.len() < REQUEST_LEN {
+                return true;
+            }
+            let decoded = decode_request(&connection.inbox);
+            connection.inbox.clear();
+            match decoded {
+                Ok(Some((request, _))) => {
+                    if !self.request(token, generation, now, request) {
+                        return false;
+                    }
+                }
+                Ok(None) => unreachable!("the inbox holds a whole request"),
+                Err(malformed) => return self.malformed(token, malformed),
+            }
+        }
+        let mut offset = 0;
+        loop {
+            match decode_request(&rest[offset..]) {
+                Ok(Some((request, used))) => {
+                    offset += used;
+                    if !self.request(token, generation, now, request) {
+                        return false;
+                    }
+                }
+                Ok(None) => break,
+                Err(malformed) => return self.malformed(token, malformed),
+            }
+        }
+        match self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        {
+            Some(connection) => {
+                connection.inbox.extend_from_slice(&rest[offset..]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes one request read at `now`: answers it at once, schedules its answer, or
+    /// injects a fault. Returns whether the connection is still open.
+    fn request(&mut self, token: usize, generation: u64, now: u64, request: Request) -> bool {
+        self.local.requests += 1;
+        let faults = self.config.faults;
+        if self.rng.chance(faults.reset_rate) {
+            self.local.resets += 1;
+            self.close(token);
+            return false;
+        }
+        if self.rng.chance(faults.stall_rate) {
+            self.local.stalls += 1;
+            return true;
+        }
+        let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
+        if delay == 0 {
+            self.answer(token, generation, request.request_id, request.key);
+        } else {
+            self.timers.schedule(
+                now + delay,
+                (token, generation, request.request_id, request.key),
+            );
+        }
+        self.connections
+            .contains(token.wrapping_sub(FIRST_CONNECTION))
+    }
+
+    /// Closes connection `token` for a malformed request; returns false (it is closed).
+    fn malformed(&mut self, token: usize, malformed: Malformed) -> bool {
+        eprintln!(
+            "weir lookup service: malformed request ({}); closing the connection",
+            malformed.0
+        );
+        self.close(token);
+        false
     }
 
     fn answer(&mut self, token: usize, generation: u64, request_id: u64, key: u64) {
