@@ -21,7 +21,7 @@ use weir_net::DriverKind;
 
 fn in_flight(c: &mut Criterion) {
     let server = service(Latency::Fixed(Duration::ZERO));
-    let addr = server.addr();
+    let server = &server;
     let mut group = common::curve(c, "lookup/latency0");
     // io_uring only where the kernel allows it (see the README's requirements).
     let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
@@ -30,28 +30,28 @@ fn in_flight(c: &mut Criterion) {
             group.bench_with_input(
                 BenchmarkId::new("weir io_uring", inflight),
                 &inflight,
-                |b, &c| b.iter_custom(|n| weir(DriverKind::Uring, addr, c, n).elapsed),
+                |b, &c| b.iter_custom(|n| weir(DriverKind::Uring, server, c, n).elapsed),
             );
         }
         group.bench_with_input(
             BenchmarkId::new("weir epoll", inflight),
             &inflight,
-            |b, &c| b.iter_custom(|n| weir(DriverKind::Epoll, addr, c, n).elapsed),
+            |b, &c| b.iter_custom(|n| weir(DriverKind::Epoll, server, c, n).elapsed),
         );
         group.bench_with_input(
             BenchmarkId::new(TOKIO_LOOKUP, inflight),
             &inflight,
-            |b, &c| b.iter_custom(|n| tokio(addr, c, n).elapsed),
+            |b, &c| b.iter_custom(|n| tokio(server, c, n).elapsed),
         );
         group.bench_with_input(
             BenchmarkId::new(TOKIO_LOOP_LOOKUP, inflight),
             &inflight,
-            |b, &c| b.iter_custom(|n| tokio_loop(addr, c, n).elapsed),
+            |b, &c| b.iter_custom(|n| tokio_loop(server, c, n).elapsed),
         );
         group.bench_with_input(
             BenchmarkId::new(MIO_LOOKUP_CEILING, inflight),
             &inflight,
-            |b, &c| b.iter_custom(|n| mio_ceiling(addr, c, n).elapsed),
+            |b, &c| b.iter_custom(|n| mio_ceiling(server, c, n).elapsed),
         );
     }
     group.finish();

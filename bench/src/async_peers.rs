@@ -43,6 +43,8 @@ pub struct Measurement {
     pub elapsed: Duration,
     /// Per-record latency in ns, when the workload has one.
     pub latency_ns: Option<Histogram<u64>>,
+    /// CPU time per side over the run's operations, when the workload measures it.
+    pub cpu: Option<CpuTime>,
 }
 
 impl From<Duration> for Measurement {
@@ -50,8 +52,33 @@ impl From<Duration> for Measurement {
         Measurement {
             elapsed,
             latency_ns: None,
+            cpu: None,
         }
     }
+}
+
+/// CPU time (user + system) over a run's operations, per side of a client and its
+/// service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Of the thread that ran the operations (everything the client side did on it).
+    pub client_ns: u64,
+    /// Of the service's thread.
+    pub service_ns: u64,
+}
+
+/// CPU time the calling thread has used (user + system), in ns; 0 if the clock cannot
+/// be read.
+pub fn thread_cpu_ns() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid timespec for the call to fill; the result is checked.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) } != 0 {
+        return 0;
+    }
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
 /// A latency histogram as every workload keeps one: 1 ns to 60 s, 3 significant
@@ -404,6 +431,7 @@ impl Task for TimerTask {
             *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Measurement {
                 elapsed,
                 latency_ns: Some(self.operator.metrics().latency_ns.clone()),
+                cpu: None,
             });
             return Ok(Progress::Done);
         }
@@ -507,6 +535,7 @@ pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) ->
         Measurement {
             elapsed,
             latency_ns: Some(latency_ns),
+            cpu: None,
         }
     })
 }

@@ -25,7 +25,7 @@ use crate::lookup_peers;
 use crate::redis_peers;
 use crate::remote_peers;
 use crate::{pool_peers, ring_peers};
-use weir_net::lookup::Latency;
+use weir_net::lookup::{Latency, LookupServer};
 use weir_net::DriverKind;
 
 /// A workload: runs `n` operations.
@@ -105,22 +105,39 @@ pub struct Summary {
     pub latency_ns: Option<Histogram<u64>>,
     /// The physical limit in operations per second, if any.
     pub limit_ops_per_s: Option<f64>,
+    /// CPU ns per operation of the thread that ran the operations, one per round, if
+    /// the workload measures it.
+    pub client_cpu_ns: Vec<f64>,
+    /// CPU ns per operation of the service's thread, one per round, likewise.
+    pub service_cpu_ns: Vec<f64>,
+}
+
+/// The median of `samples`; NaN if there are none.
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
 }
 
 impl Summary {
     /// Median ns per operation.
     pub fn median_ns(&self) -> f64 {
-        let mut sorted = self.samples_ns.clone();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        if n == 0 {
-            return f64::NAN;
-        }
-        if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-        }
+        median(&self.samples_ns)
+    }
+
+    /// Median CPU ns per operation of the client's and the service's thread, if the
+    /// workload measures them.
+    pub fn cpu_ns(&self) -> Option<(f64, f64)> {
+        (!self.client_cpu_ns.is_empty())
+            .then(|| (median(&self.client_cpu_ns), median(&self.service_cpu_ns)))
     }
 
     /// Fastest round.
@@ -655,11 +672,11 @@ pub const CROSS_CORE_CEILING: &str = "cross-core ceiling (copy, ring of segments
 pub fn lookup_cases(scale: f64) -> Vec<Case> {
     fn with_service(
         latency: Latency,
-        run: impl Fn(std::net::SocketAddr, u64) -> Measurement + Send + Sync + 'static,
+        run: impl Fn(&LookupServer, u64) -> Measurement + Send + Sync + 'static,
     ) -> Workload {
         Arc::new(move |n| {
             let server = lookup_peers::service(latency);
-            let measured = run(server.addr(), n);
+            let measured = run(&server, n);
             drop(server);
             measured
         })
@@ -986,6 +1003,8 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
             samples_ns: Vec::with_capacity(rounds),
             latency_ns: None,
             limit_ops_per_s: c.limit_ops_per_s,
+            client_cpu_ns: Vec::new(),
+            service_cpu_ns: Vec::new(),
         })
         .collect();
     let mut experiments: Vec<&'static str> = cases.iter().map(|c| c.experiment).collect();
@@ -1002,6 +1021,11 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
                 let ns = measured.elapsed.as_nanos() as f64 / c.ops as f64;
                 let summary = &mut summaries[index];
                 summary.samples_ns.push(ns);
+                if let Some(cpu) = measured.cpu {
+                    let ops = c.ops as f64;
+                    summary.client_cpu_ns.push(cpu.client_ns as f64 / ops);
+                    summary.service_cpu_ns.push(cpu.service_ns as f64 / ops);
+                }
                 if let Some(latency) = measured.latency_ns {
                     match &mut summary.latency_ns {
                         Some(all) => all.add(&latency).expect("histograms share bounds"),
@@ -1017,7 +1041,9 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
 
 /// A Markdown table per experiment: median ns/op, million ops/s, range, the ratios
 /// (a peer's or ceiling's time over the best Weir's; on Weir's rows the best peer's
-/// time over Weir's: above 1, Weir is faster), fraction of the limit and latency.
+/// time over Weir's: above 1, Weir is faster), fraction of the limit and latency; and
+/// where the experiment measures CPU time, the median CPU ns per operation of the
+/// client's thread and of the service's.
 pub fn render(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let mut experiments: Vec<&'static str> = summaries.iter().map(|s| s.experiment).collect();
@@ -1027,12 +1053,18 @@ pub fn render(summaries: &[Summary]) -> String {
             .iter()
             .filter(|s| s.experiment == experiment)
             .collect();
+        let cpu = rows.iter().any(|s| s.cpu_ns().is_some());
         let _ = writeln!(out, "\n### {experiment}\n");
         let _ = writeln!(
             out,
-            "| implementation | role | median ns/op | M ops/s | min–max ns/op | time ÷ best weir | best peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |"
+            "| implementation | role | median ns/op | M ops/s | min–max ns/op | time ÷ best weir | best peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |{}",
+            if cpu { " client CPU ns/op | service CPU ns/op |" } else { "" }
         );
-        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            out,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|{}",
+            if cpu { "---:|---:|" } else { "" }
+        );
         for s in rows {
             let median = s.median_ns();
             let ratios = ratios(summaries, s);
@@ -1056,9 +1088,14 @@ pub fn render(summaries: &[Summary]) -> String {
                 ),
                 None => "—".to_string(),
             };
+            let cpu_columns = match (cpu, s.cpu_ns()) {
+                (false, _) => String::new(),
+                (true, Some((client, service))) => format!(" {client:.1} | {service:.1} |"),
+                (true, None) => " — | — |".to_string(),
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} | {} |",
+                "| {} | {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} | {} |{}",
                 s.implementation,
                 s.role.name(),
                 median,
@@ -1068,7 +1105,8 @@ pub fn render(summaries: &[Summary]) -> String {
                 over_weir,
                 best_peer,
                 fraction,
-                latency
+                latency,
+                cpu_columns
             );
         }
     }
@@ -1078,13 +1116,15 @@ pub fn render(summaries: &[Summary]) -> String {
 /// The same figures as JSON, with the machine and the command. Per row:
 /// `peer_over_weir` is a peer's or ceiling's time over the best Weir row's; on Weir's
 /// rows, `best_peer` names the fastest peer and `best_peer_over_weir` is its time over
-/// the row's (above 1: Weir is faster). Ceilings are never the best peer.
+/// the row's (above 1: Weir is faster). Ceilings are never the best peer. Where the
+/// workload measures CPU time: `client_cpu_ns_per_op` and `service_cpu_ns_per_op`
+/// (medians) and their samples per round.
 pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
     let rows: Vec<Value> = summaries
         .iter()
         .map(|s| {
             let ratios = ratios(summaries, s);
-            json!({
+            let mut row = json!({
                 "experiment": s.experiment,
                 "implementation": s.implementation,
                 "role": s.role.name(),
@@ -1106,7 +1146,14 @@ pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
                     "max": h.max(),
                     "count": h.len(),
                 })),
-            })
+            });
+            if let Some((client, service)) = s.cpu_ns() {
+                row["client_cpu_ns_per_op"] = json!(client);
+                row["service_cpu_ns_per_op"] = json!(service);
+                row["client_cpu_samples_ns_per_op"] = json!(s.client_cpu_ns);
+                row["service_cpu_samples_ns_per_op"] = json!(s.service_cpu_ns);
+            }
+            row
         })
         .collect();
     json!({ "command": command, "rounds": rounds, "machine": machine(), "results": rows })
@@ -1152,6 +1199,8 @@ mod tests {
             samples_ns: vec![ns],
             latency_ns: None,
             limit_ops_per_s: None,
+            client_cpu_ns: Vec::new(),
+            service_cpu_ns: Vec::new(),
         }
     }
 
@@ -1179,6 +1228,33 @@ mod tests {
         assert!(rows[4]["best_peer"].is_null());
         let table = render(&summaries);
         assert!(table.contains("2.00× (fast peer)"), "{table}");
+    }
+
+    /// CPU columns appear in the table and the JSON of an experiment that measures CPU
+    /// time, and nowhere else.
+    #[test]
+    fn cpu_per_operation_shows_only_where_measured() {
+        let mut weir = summary("weir io_uring", 100.0);
+        weir.client_cpu_ns = vec![90.0, 80.0, 70.0];
+        weir.service_cpu_ns = vec![40.0, 60.0, 50.0];
+        let mut other = summary("weir other", 10.0);
+        other.experiment = "f";
+        let summaries = [weir, summary("peer", 120.0), other];
+        let table = render(&summaries);
+        assert!(
+            table.contains("client CPU ns/op | service CPU ns/op"),
+            "{table}"
+        );
+        assert!(table.contains("| 80.0 | 50.0 |"), "{table}");
+        assert!(table.contains("| — | — |"), "{table}");
+        let f = table.split("### f").nth(1).expect("experiment f");
+        assert!(!f.contains("CPU"), "{f}");
+        let json = to_json(&summaries, "test", 3);
+        let rows = json["results"].as_array().expect("rows");
+        assert_eq!(rows[0]["client_cpu_ns_per_op"].as_f64(), Some(80.0));
+        assert_eq!(rows[0]["service_cpu_ns_per_op"].as_f64(), Some(50.0));
+        assert!(rows[1].get("client_cpu_ns_per_op").is_none());
+        assert!(rows[2].get("service_cpu_ns_per_op").is_none());
     }
 
     #[test]

@@ -203,6 +203,7 @@ pub fn weir_exchange<const N: usize>(
     Measurement {
         elapsed: end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start)),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 
@@ -300,6 +301,7 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
     Measurement {
         elapsed: end.saturating_duration_since(start_gate.start()),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 
@@ -367,6 +369,7 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
     Measurement {
         elapsed: end.saturating_duration_since(start_gate.start()),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 
@@ -572,6 +575,7 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
     Measurement {
         elapsed,
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 

@@ -42,7 +42,7 @@ use weir_net::lookup::{
 use weir_net::DriverKind;
 
 use crate::affinity::{bench_cores, pin};
-use crate::async_peers::{histogram, Measurement};
+use crate::async_peers::{histogram, thread_cpu_ns, CpuTime, Measurement};
 
 /// A service with `latency`, its thread on the second bench core.
 pub fn service(latency: Latency) -> LookupServer {
@@ -54,6 +54,35 @@ pub fn service(latency: Latency) -> LookupServer {
         ..ServerConfig::default()
     };
     LookupServer::start(config).expect("lookup service starts")
+}
+
+/// The CPU clocks of the calling thread and of the service's thread at the start of a
+/// measured loop. Started before the loop's clock and stopped after it, on the thread
+/// that runs the loop (a tokio current-thread runtime runs its tasks on the thread
+/// that calls `block_on`, so its tasks are counted as Weir's operator is).
+struct CpuMeter<'a> {
+    server: &'a LookupServer,
+    client_ns: u64,
+    service_ns: u64,
+}
+
+impl<'a> CpuMeter<'a> {
+    fn start(server: &'a LookupServer) -> Self {
+        let service_ns = server.cpu_ns();
+        CpuMeter {
+            server,
+            client_ns: thread_cpu_ns(),
+            service_ns,
+        }
+    }
+
+    fn stop(self) -> CpuTime {
+        let client_ns = thread_cpu_ns().saturating_sub(self.client_ns);
+        CpuTime {
+            client_ns,
+            service_ns: self.server.cpu_ns().saturating_sub(self.service_ns),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -81,12 +110,12 @@ impl Collector<u64> for Count {
 
 /// `n` lookups through Weir's unordered operator (capacity `c`) on this thread with the
 /// `driver`, against `addr`.
-pub fn weir(driver: DriverKind, addr: SocketAddr, c: usize, n: u64) -> Measurement {
+pub fn weir(driver: DriverKind, server: &LookupServer, c: usize, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     pin(core_a);
     let mut driver = weir_net::build_driver(driver).expect("driver");
     let config = ClientConfig {
-        addr,
+        addr: server.addr(),
         connections: 1,
         capacity: c * 2 + 16,
         request_timeout: Duration::from_secs(30),
@@ -101,6 +130,7 @@ pub fn weir(driver: DriverKind, addr: SocketAddr, c: usize, n: u64) -> Measureme
         parker.unparker(),
     )
     .expect("operator");
+    let cpu = CpuMeter::start(server);
     let epoch = Instant::now();
     let mut out = Count(0);
     let mut next = 0;
@@ -128,9 +158,11 @@ pub fn weir(driver: DriverKind, addr: SocketAddr, c: usize, n: u64) -> Measureme
             .expect("no failure");
     }
     let elapsed = epoch.elapsed();
+    let cpu = cpu.stop();
     Measurement {
         elapsed,
         latency_ns: Some(operator.metrics().latency_ns.clone()),
+        cpu: Some(cpu),
     }
 }
 
@@ -230,7 +262,7 @@ impl TokioClient {
 /// `n` lookups through `buffer_unordered(c)` over [`TokioClient`] on a tokio
 /// current-thread runtime; latency from call to answer, of one call in
 /// `LATENCY_SAMPLE_EVERY` as the operator samples it.
-pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+pub fn tokio(server: &LookupServer, c: usize, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     pin(core_a);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -239,7 +271,8 @@ pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
         .expect("tokio runtime");
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let client = TokioClient::connect(addr).await.expect("connect");
+        let client = TokioClient::connect(server.addr()).await.expect("connect");
+        let cpu = CpuMeter::start(server);
         let start = Instant::now();
         let mut latency = histogram();
         let client = &client;
@@ -259,11 +292,13 @@ pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
             count += 1;
         }
         let elapsed = start.elapsed();
+        let cpu = cpu.stop();
         assert_eq!(count, n);
         std::hint::black_box(sum);
         Measurement {
             elapsed,
             latency_ns: Some(latency),
+            cpu: Some(cpu),
         }
     })
 }
@@ -272,7 +307,7 @@ pub fn tokio(addr: SocketAddr, c: usize, n: u64) -> Measurement {
 /// all answers of a read decoded in bulk and each answered by the next request, the
 /// requests of a wake-up written with one `write_all`. Latency of one call in
 /// `LATENCY_SAMPLE_EVERY`, from when its request was queued.
-pub fn tokio_loop(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+pub fn tokio_loop(server: &LookupServer, c: usize, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     pin(core_a);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -280,8 +315,11 @@ pub fn tokio_loop(addr: SocketAddr, c: usize, n: u64) -> Measurement {
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut stream = tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("connect");
         stream.set_nodelay(true).expect("nodelay");
+        let cpu = CpuMeter::start(server);
         let start = Instant::now();
         let mut latency = histogram();
         let mut sent_at: Vec<Option<Instant>> = vec![None; c];
@@ -327,10 +365,13 @@ pub fn tokio_loop(addr: SocketAddr, c: usize, n: u64) -> Measurement {
             }
             inbox.advance(offset);
         }
+        let elapsed = start.elapsed();
+        let cpu = cpu.stop();
         std::hint::black_box(sum);
         Measurement {
-            elapsed: start.elapsed(),
+            elapsed,
             latency_ns: Some(latency),
+            cpu: Some(cpu),
         }
     })
 }
@@ -338,11 +379,11 @@ pub fn tokio_loop(addr: SocketAddr, c: usize, n: u64) -> Measurement {
 /// The ceiling: a hand-written `mio` loop on one non-blocking socket keeping `c`
 /// requests outstanding, each answer answered by the next request, all reads decoded
 /// in bulk and all writes of a wake-up batched into one; no operator.
-pub fn mio_ceiling(addr: SocketAddr, c: usize, n: u64) -> Measurement {
+pub fn mio_ceiling(server: &LookupServer, c: usize, n: u64) -> Measurement {
     const SOCKET: mio::Token = mio::Token(0);
     let (core_a, _) = bench_cores();
     pin(core_a);
-    let stream = std::net::TcpStream::connect(addr).expect("connect");
+    let stream = std::net::TcpStream::connect(server.addr()).expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     stream.set_nonblocking(true).expect("non-blocking");
     let mut stream = mio::net::TcpStream::from_std(stream);
@@ -355,6 +396,7 @@ pub fn mio_ceiling(addr: SocketAddr, c: usize, n: u64) -> Measurement {
         )
         .expect("register");
     let mut events = mio::Events::with_capacity(8);
+    let cpu = CpuMeter::start(server);
     let start = Instant::now();
     let mut out = Vec::with_capacity(c * REQUEST_LEN);
     let mut written = 0;
@@ -409,8 +451,14 @@ pub fn mio_ceiling(addr: SocketAddr, c: usize, n: u64) -> Measurement {
             filled -= offset;
         }
     }
+    let elapsed = start.elapsed();
+    let cpu = cpu.stop();
     std::hint::black_box(sum);
-    start.elapsed().into()
+    Measurement {
+        elapsed,
+        latency_ns: None,
+        cpu: Some(cpu),
+    }
 }
 
 #[cfg(test)]
@@ -421,11 +469,14 @@ mod tests {
     fn the_tokio_client_and_the_mio_loop_get_every_answer() {
         let server = service(Latency::Fixed(Duration::ZERO));
         for (c, n) in [(1, 50), (16, 5_000), (256, 3_000), (64, 10)] {
-            let measured = tokio(server.addr(), c, n);
+            let measured = tokio(&server, c, n);
             assert!(!measured.latency_ns.expect("sampled").is_empty());
-            let measured = tokio_loop(server.addr(), c, n);
+            assert!(measured.cpu.expect("measured").client_ns > 0);
+            let measured = tokio_loop(&server, c, n);
             assert!(!measured.latency_ns.expect("sampled").is_empty());
-            mio_ceiling(server.addr(), c, n);
+            let measured = mio_ceiling(&server, c, n);
+            let cpu = measured.cpu.expect("measured");
+            assert!(cpu.client_ns > 0 && cpu.service_ns > 0, "{cpu:?}");
         }
     }
 }

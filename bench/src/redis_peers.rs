@@ -173,6 +173,7 @@ pub fn weir(
     Measurement {
         elapsed,
         latency_ns: Some(operator.metrics().latency_ns.clone()),
+        cpu: None,
     }
 }
 
@@ -258,6 +259,7 @@ where
     Measurement {
         elapsed: start.elapsed(),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 

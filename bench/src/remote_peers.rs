@@ -186,6 +186,7 @@ pub fn weir_remote<const N: usize>(
     Measurement {
         elapsed: end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start)),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 
@@ -648,6 +649,7 @@ pub fn weir_remote_open_loop<const N: usize>(
     Measurement {
         elapsed,
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 
@@ -700,6 +702,7 @@ pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
     Measurement {
         elapsed: start.elapsed(),
         latency_ns: Some(latency),
+        cpu: None,
     }
 }
 

@@ -18,6 +18,9 @@ struct Row {
     limit: Option<f64>,
     fraction: Option<f64>,
     latency: Option<[f64; 5]>,
+    /// CPU ns per operation of the client's thread and of the service's, where the
+    /// suite measures them (the lookup suite).
+    cpu: Option<(f64, f64)>,
 }
 
 fn rows(suite: &Value) -> Vec<Row> {
@@ -41,6 +44,9 @@ fn rows(suite: &Value) -> Vec<Row> {
                 let get = |k: &str| l.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN) / 1e3;
                 [get("p50"), get("p90"), get("p99"), get("p99.9"), get("max")]
             }),
+            cpu: r["client_cpu_ns_per_op"]
+                .as_f64()
+                .zip(r["service_cpu_ns_per_op"].as_f64()),
         })
         .collect()
 }
@@ -65,9 +71,18 @@ fn table(out: &mut String, rows: &[Row]) {
     let mut experiments: Vec<&str> = rows.iter().map(|r| r.experiment.as_str()).collect();
     experiments.dedup();
     for experiment in experiments {
+        // CPU per operation, per side, where the experiment measures it.
+        let cpu = rows
+            .iter()
+            .any(|r| r.experiment == experiment && r.cpu.is_some());
+        let (cpu_head, cpu_rule) = if cpu {
+            (" client CPU ns/op | service CPU ns/op |", "---:|---:|")
+        } else {
+            ("", "")
+        };
         let _ = writeln!(out, "\n#### {experiment}\n");
-        let _ = writeln!(out, "| implementation | median ns/op | ops/s | peer ÷ Weir time | limit ops/s | of limit | p50 / p99 / p99.9 / max µs |");
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "| implementation | median ns/op | ops/s | peer ÷ Weir time | limit ops/s | of limit | p50 / p99 / p99.9 / max µs |{cpu_head}");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|{cpu_rule}");
         for r in rows.iter().filter(|r| r.experiment == experiment) {
             let name = if r.is_weir {
                 format!("**{}**", r.implementation)
@@ -82,9 +97,14 @@ fn table(out: &mut String, rows: &[Row]) {
             let latency = r.latency.map_or("—".into(), |l| {
                 format!("{:.0} / {:.0} / {:.0} / {:.0}", l[0], l[2], l[3], l[4])
             });
+            let cpu_columns = match (cpu, r.cpu) {
+                (false, _) => String::new(),
+                (true, Some((client, service))) => format!(" {client:.1} | {service:.1} |"),
+                (true, None) => " — | — |".to_string(),
+            };
             let _ = writeln!(
                 out,
-                "| {name} | {:.1} | {:.0} | {ratio} | {limit} | {fraction} | {latency} |",
+                "| {name} | {:.1} | {:.0} | {ratio} | {limit} | {fraction} | {latency} |{cpu_columns}",
                 r.median_ns,
                 1e9 / r.median_ns
             );
@@ -372,6 +392,7 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
                     &series,
                 )?;
                 let _ = writeln!(md, "\n![lookups vs in flight](plots/lookup.svg)");
+                let _ = writeln!(md, "\nCPU ns/op: CPU time (user + system) per lookup over the measured loop, of the client's thread (Weir: operator, client and driver; tokio: the runtime and its tasks, all on that thread) and of the service's thread; the service bounds a run where its CPU per lookup is close to the run's ns/op.");
             }
             _ => {}
         }
@@ -751,7 +772,26 @@ mod tests {
             limit: None,
             fraction: None,
             latency: None,
+            cpu: None,
         }
+    }
+
+    /// A row's CPU per operation reaches its experiment's table, and an experiment
+    /// that does not measure it keeps its columns.
+    #[test]
+    fn the_table_shows_cpu_per_operation_where_measured() {
+        let mut lookup = weir_row("lookup latency 0, 1024 in flight", 100.0);
+        lookup.cpu = Some((85.04, 41.0));
+        let rows = [lookup, weir_row("exchange 1→1", 40.0)];
+        let mut out = String::new();
+        table(&mut out, &rows);
+        assert!(
+            out.contains("client CPU ns/op | service CPU ns/op |"),
+            "{out}"
+        );
+        assert!(out.contains("| 85.0 | 41.0 |"), "{out}");
+        let exchange = out.split("exchange 1→1").nth(1).expect("exchange table");
+        assert!(!exchange.contains("CPU"), "{exchange}");
     }
 
     #[test]

@@ -26,7 +26,9 @@ use std::time::Duration;
 use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
 use weir_engine::slab::{Key, Slab};
 
-use super::protocol::{decode_response, encode_request, STATUS_OK};
+use super::protocol::{
+    decode_response, encode_request, response_size, Malformed, Response, STATUS_OK,
+};
 use crate::error::NetError;
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
@@ -83,6 +85,7 @@ pub struct ClientStats {
 struct Connection {
     id: Option<ConnId>,
     outbox: Vec<u8>,
+    /// The head of a response frame split across receives; never a whole frame.
     inbox: Vec<u8>,
     close: bool,
 }
@@ -372,45 +375,88 @@ impl<R: LookupRequest> LookupClient<R> {
             .count()
     }
 
+    /// Decodes the responses in `bytes`, received on connection `index`, straight from
+    /// `bytes`: only a frame split across receives is copied, its head kept in the
+    /// connection's inbox (which never holds a whole frame) and completed from the front
+    /// of the next `bytes`.
     fn receive(&mut self, index: usize, bytes: &[u8]) {
         let mut inbox = std::mem::take(&mut self.connections[index].inbox);
-        inbox.extend_from_slice(bytes);
-        let mut offset = 0;
-        loop {
-            match decode_response(&inbox[offset..]) {
-                Ok(Some((response, used))) => {
-                    offset += used;
-                    let Some(pending) = self.take(Key::from_u64(response.request_id)) else {
-                        continue; // expired meanwhile
-                    };
-                    if response.status == STATUS_OK {
-                        self.stats.values += 1;
-                        pending.succeed(response.value);
-                    } else {
-                        self.stats.failed += 1;
-                        let error = NetError::Service {
-                            key: pending.key,
-                            message: String::from_utf8_lossy(response.value).into_owned(),
-                        };
-                        pending.fail(error.to_string());
-                    }
-                }
-                Ok(None) => break,
-                Err(malformed) => {
-                    let error = NetError::Malformed {
-                        peer: self.config.addr.to_string(),
-                        reason: malformed.0,
-                    };
-                    eprintln!("weir lookup client: {error}");
-                    self.stats.malformed += 1;
-                    self.connections[index].close = true;
-                    self.fail_connection(index, &error);
+        let mut rest = bytes;
+        if !inbox.is_empty() {
+            // The length prefix first, then the rest of the frame it announces.
+            let head = 4usize.saturating_sub(inbox.len()).min(rest.len());
+            inbox.extend_from_slice(&rest[..head]);
+            rest = &rest[head..];
+            let size = match response_size(&inbox) {
+                Ok(Some(size)) => size,
+                Ok(None) => {
+                    self.connections[index].inbox = inbox;
                     return;
                 }
+                Err(malformed) => return self.malformed(index, malformed),
+            };
+            debug_assert!(inbox.len() < size, "the inbox holds no whole frame");
+            let body = (size - inbox.len()).min(rest.len());
+            inbox.extend_from_slice(&rest[..body]);
+            rest = &rest[body..];
+            if inbox.len() < size {
+                self.connections[index].inbox = inbox;
+                return;
+            }
+            match decode_response(&inbox) {
+                Ok(Some((response, used))) => {
+                    debug_assert_eq!(used, inbox.len());
+                    self.deliver(response);
+                }
+                Ok(None) => unreachable!("the inbox holds the whole frame"),
+                Err(malformed) => return self.malformed(index, malformed),
+            }
+            inbox.clear();
+        }
+        let mut offset = 0;
+        loop {
+            match decode_response(&rest[offset..]) {
+                Ok(Some((response, used))) => {
+                    offset += used;
+                    self.deliver(response);
+                }
+                Ok(None) => break,
+                Err(malformed) => return self.malformed(index, malformed),
             }
         }
-        inbox.drain(..offset);
+        inbox.extend_from_slice(&rest[offset..]);
         self.connections[index].inbox = inbox;
+    }
+
+    /// Completes the request `response` answers, unless it expired meanwhile.
+    #[inline]
+    fn deliver(&mut self, response: Response<'_>) {
+        let Some(pending) = self.take(Key::from_u64(response.request_id)) else {
+            return;
+        };
+        if response.status == STATUS_OK {
+            self.stats.values += 1;
+            pending.succeed(response.value);
+        } else {
+            self.stats.failed += 1;
+            let error = NetError::Service {
+                key: pending.key,
+                message: String::from_utf8_lossy(response.value).into_owned(),
+            };
+            pending.fail(error.to_string());
+        }
+    }
+
+    /// Closes connection `index` for a malformed frame, failing its requests.
+    fn malformed(&mut self, index: usize, malformed: Malformed) {
+        let error = NetError::Malformed {
+            peer: self.config.addr.to_string(),
+            reason: malformed.0,
+        };
+        eprintln!("weir lookup client: {error}");
+        self.stats.malformed += 1;
+        self.connections[index].close = true;
+        self.fail_connection(index, &error);
     }
 
     /// Fails every request outstanding on connection `index` with `error`.
@@ -504,7 +550,7 @@ impl<R: LookupRequest> weir_engine::graph::IoHandler for ClientIo<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lookup::protocol::{decode_request, encode_response};
+    use crate::lookup::protocol::{decode_request, encode_response, STATUS_ERROR};
 
     #[derive(Clone)]
     struct Key64(u64);
@@ -517,6 +563,109 @@ mod tests {
         fn complete(self, value: &[u8]) -> usize {
             value.len()
         }
+    }
+
+    /// Each request's key and its expected outcome: its value, or an error.
+    type Expected = Vec<(u64, Result<Vec<u8>, ()>)>;
+
+    /// Answers ids of the requests in `outbox`, in reverse order, with values of the
+    /// key's low bits' length; every fifth an error.
+    fn answers(outbox: &[u8]) -> (Vec<u8>, Expected) {
+        let mut requests = Vec::new();
+        let mut offset = 0;
+        while let Some((request, used)) = decode_request(&outbox[offset..]).expect("valid") {
+            requests.push(request);
+            offset += used;
+        }
+        let mut bytes = Vec::new();
+        let mut expected = Vec::new();
+        for request in requests.iter().rev() {
+            if request.key % 5 == 4 {
+                encode_response(&mut bytes, request.request_id, STATUS_ERROR, b"no");
+                expected.push((request.key, Err(())));
+            } else {
+                let value = vec![request.key as u8; (request.key % 40) as usize];
+                encode_response(&mut bytes, request.request_id, STATUS_OK, &value);
+                expected.push((request.key, Ok(value)));
+            }
+        }
+        (bytes, expected)
+    }
+
+    proptest::proptest! {
+        /// A response stream cut at any points, and so handed over in pieces of any
+        /// sizes (a frame split in its prefix, its header or its value, or across several
+        /// pieces; many frames in one piece), completes every request once, with its
+        /// own answer, and leaves no bytes behind.
+        #[test]
+        fn responses_split_anywhere_across_receives_complete_every_request(
+            count in 1u64..40,
+            cuts in proptest::collection::vec(0usize..4096, 0..40),
+        ) {
+            let mut client = LookupClient::<Key64>::new(ClientConfig {
+                addr: "127.0.0.1:9".parse().expect("address"),
+                connections: 1,
+                capacity: 64,
+                request_timeout: Duration::from_secs(60),
+            })
+            .expect("client");
+            let gets: Vec<(u64, Get)> = (0..count).map(|key| (key, client.get(key))).collect();
+            let outbox = std::mem::take(&mut client.connections[0].outbox);
+            let (bytes, expected) = answers(&outbox);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.push(0);
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            for piece in cuts.windows(2) {
+                client.receive(0, &bytes[piece[0]..piece[1]]);
+                proptest::prop_assert!(client.connections[0].inbox.len() < bytes.len());
+            }
+            proptest::prop_assert_eq!(client.outstanding(), 0);
+            proptest::prop_assert!(client.connections[0].inbox.is_empty());
+            proptest::prop_assert_eq!(client.stats().malformed, 0);
+            for (key, get) in gets {
+                let outcome = get.0.outcome.borrow_mut().take().expect("answered");
+                let (_, want) = expected.iter().find(|(k, _)| *k == key).expect("answered");
+                match (outcome, want) {
+                    (Ok(value), Ok(want)) => proptest::prop_assert_eq!(&value, want),
+                    (Err(message), Err(())) => proptest::prop_assert!(message.contains("no")),
+                    (outcome, want) => proptest::prop_assert!(false, "{outcome:?} for {want:?}"),
+                }
+            }
+        }
+    }
+
+    /// A malformed length prefix split across receives closes the connection and fails
+    /// its requests, after completing the whole frames before it.
+    #[test]
+    fn a_malformed_frame_split_across_receives_fails_the_rest() {
+        let mut client = LookupClient::<Key64>::new(ClientConfig {
+            addr: "127.0.0.1:9".parse().expect("address"),
+            connections: 1,
+            capacity: 64,
+            request_timeout: Duration::from_secs(60),
+        })
+        .expect("client");
+        let first = client.get(1);
+        let second = client.get(2);
+        let outbox = std::mem::take(&mut client.connections[0].outbox);
+        let (id, _) = decode_request(&outbox).expect("valid").expect("whole");
+        let mut bytes = Vec::new();
+        encode_response(&mut bytes, id.request_id, STATUS_OK, b"one");
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+        let split = bytes.len() - 2;
+        client.receive(0, &bytes[..split]);
+        assert_eq!(client.stats().values, 1);
+        assert_eq!(client.stats().malformed, 0);
+        client.receive(0, &bytes[split..]);
+        assert_eq!(client.stats().malformed, 1);
+        assert_eq!(client.outstanding(), 0);
+        assert!(client.connections[0].close);
+        assert_eq!(
+            first.0.outcome.borrow_mut().take(),
+            Some(Ok(b"one".to_vec()))
+        );
+        assert!(matches!(second.0.outcome.borrow_mut().take(), Some(Err(_))));
     }
 
     /// Expiry keeps nothing per answered request and fails an unanswered one within an

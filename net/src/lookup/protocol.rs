@@ -20,17 +20,23 @@ pub const STATUS_ERROR: u8 = 1;
 /// Appends a request frame.
 #[inline]
 pub fn encode_request(out: &mut Vec<u8>, request_id: u64, key: u64) {
-    out.extend_from_slice(&16u32.to_le_bytes());
-    out.extend_from_slice(&request_id.to_le_bytes());
-    out.extend_from_slice(&key.to_le_bytes());
+    // One append of the whole frame: one capacity check, not three.
+    let mut frame = [0u8; REQUEST_LEN];
+    frame[..4].copy_from_slice(&16u32.to_le_bytes());
+    frame[4..12].copy_from_slice(&request_id.to_le_bytes());
+    frame[12..].copy_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&frame);
 }
 
 /// Appends a response frame.
 #[inline]
 pub fn encode_response(out: &mut Vec<u8>, request_id: u64, status: u8, value: &[u8]) {
-    out.extend_from_slice(&((9 + value.len()) as u32).to_le_bytes());
-    out.extend_from_slice(&request_id.to_le_bytes());
-    out.push(status);
+    let mut head = [0u8; 13];
+    head[..4].copy_from_slice(&((9 + value.len()) as u32).to_le_bytes());
+    head[4..12].copy_from_slice(&request_id.to_le_bytes());
+    head[12] = status;
+    out.reserve(head.len() + value.len());
+    out.extend_from_slice(&head);
     out.extend_from_slice(value);
 }
 
@@ -76,8 +82,11 @@ pub fn decode_request(bytes: &[u8]) -> Result<Option<(Request, usize)>, Malforme
     Ok(Some((Request { request_id, key }, REQUEST_LEN)))
 }
 
-/// Decodes the first response in `bytes`, as [`decode_request`] does.
-pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Malformed> {
+/// The size of the response frame that `bytes` begins, prefix included, once its
+/// length prefix is there: `Ok(None)` if fewer than 4 bytes; an error if the length is
+/// outside the protocol's bounds.
+#[inline]
+pub fn response_size(bytes: &[u8]) -> Result<Option<usize>, Malformed> {
     if bytes.len() < 4 {
         return Ok(None);
     }
@@ -88,9 +97,19 @@ pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Ma
             9 + VALUE_LEN_MAX
         )));
     }
-    if bytes.len() < 4 + len {
+    Ok(Some(4 + len))
+}
+
+/// Decodes the first response in `bytes`, as [`decode_request`] does.
+#[inline]
+pub fn decode_response(bytes: &[u8]) -> Result<Option<(Response<'_>, usize)>, Malformed> {
+    let Some(size) = response_size(bytes)? else {
+        return Ok(None);
+    };
+    if bytes.len() < size {
         return Ok(None);
     }
+    let len = size - 4;
     let request_id = u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes"));
     let status = bytes[12];
     if status != STATUS_OK && status != STATUS_ERROR {

@@ -18,7 +18,10 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use weir_engine::timer::TimerWheel;
 
 use super::latency::{Latency, Rng};
-use super::protocol::{decode_request, encode_response, STATUS_ERROR, STATUS_OK, VALUE_LEN_MAX};
+use super::protocol::{
+    decode_request, encode_response, Malformed, Request, REQUEST_LEN, STATUS_ERROR, STATUS_OK,
+    VALUE_LEN_MAX,
+};
 use crate::error::NetError;
 
 const LISTENER: Token = Token(0);
@@ -84,14 +87,19 @@ pub struct ServerStats {
     pub stalls: u64,
     /// Malformed frames sent on purpose.
     pub malformed: u64,
-    /// CPU time of the service thread (user + system), published when it stops; 0 while
-    /// it runs.
+    /// CPU time of the service thread (user + system) as last published: when it
+    /// stopped, or at the last [`LookupServer::cpu_ns`] call; 0 before either.
     pub cpu_ns: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     cpu_ns: AtomicU64,
+    /// Publications of `cpu_ns` asked for (written by [`LookupServer::cpu_ns`]).
+    cpu_asked: AtomicU64,
+    /// The last `cpu_asked` the service answered by publishing `cpu_ns` (written by the
+    /// service thread).
+    cpu_answered: AtomicU64,
     requests: AtomicU64,
     answered: AtomicU64,
     errors: AtomicU64,
@@ -168,6 +176,7 @@ impl LookupServer {
             scratch_tokens: Vec::new(),
             value: Vec::new(),
             value_key: None,
+            cpu_answered: 0,
         };
         event_loop
             .poll
@@ -227,6 +236,28 @@ impl LookupServer {
             malformed: c.malformed.load(Ordering::Relaxed),
             cpu_ns: c.cpu_ns.load(Ordering::Relaxed),
         }
+    }
+
+    /// CPU time the service thread has used so far (user + system), in ns: asks the
+    /// thread to publish it and waits for the answer (it comes at the end of the loop
+    /// turn under way, or at once if the thread is waiting for events). The thread
+    /// reads its clock only when asked, so serving costs no system call for it. After
+    /// the thread stopped, or if it does not answer within a second, the last published
+    /// figure.
+    pub fn cpu_ns(&self) -> u64 {
+        let c = &self.counters;
+        let asked = c.cpu_asked.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = self.waker.wake();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        // Acquire: pairs with the service's Release store of `cpu_answered`, after its
+        // store of `cpu_ns`.
+        while c.cpu_answered.load(Ordering::Acquire) < asked {
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) || Instant::now() > deadline {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        c.cpu_ns.load(Ordering::Relaxed)
     }
 
     /// Stops the service and waits for its thread.
@@ -344,6 +375,8 @@ struct EventLoop {
     value: Vec<u8>,
     /// The key `value` was filled for.
     value_key: Option<u64>,
+    /// The last `Counters::cpu_asked` answered (the service's copy of `cpu_answered`).
+    cpu_answered: u64,
 }
 
 impl EventLoop {
@@ -408,11 +441,28 @@ impl EventLoop {
             }
             self.scratch_tokens = tokens;
             self.publish_counts();
+            self.publish_cpu();
         }
         self.publish_counts();
         self.counters
             .cpu_ns
             .store(thread_cpu_ns(), Ordering::Relaxed);
+    }
+
+    /// Publishes the thread's CPU time if [`LookupServer::cpu_ns`] asked for it since the
+    /// last publication: one shared load per loop, and a clock read only when asked.
+    fn publish_cpu(&mut self) {
+        let asked = self.counters.cpu_asked.load(Ordering::Relaxed);
+        if asked == self.cpu_answered {
+            return;
+        }
+        self.counters
+            .cpu_ns
+            .store(thread_cpu_ns(), Ordering::Relaxed);
+        self.cpu_answered = asked;
+        // Release: publishes the `cpu_ns` store; pairs with the Acquire load in
+        // `LookupServer::cpu_ns`.
+        self.counters.cpu_answered.store(asked, Ordering::Release);
     }
 
     /// Publishes the loop's counts to the shared counters: one atomic add per counter
@@ -478,71 +528,129 @@ impl EventLoop {
         }
     }
 
+    /// Reads what the connection has, serving each read's requests before the next
+    /// read (so answers start leaving while later requests are still being read).
     fn read(&mut self, token: usize) {
-        loop {
-            let Some(connection) = self
-                .connections
-                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
-            else {
-                return;
-            };
-            match connection.stream.read(&mut self.buffer) {
-                Ok(0) => return self.close(token),
-                Ok(n) => connection.inbox.extend_from_slice(&self.buffer[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return self.close(token),
-            }
-        }
-        let now = self.now_ns();
-        let mut offset = 0;
-        loop {
-            let Some(connection) = self
-                .connections
-                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
-            else {
-                return;
-            };
-            let generation = connection.generation;
-            match decode_request(&connection.inbox[offset..]) {
-                Ok(Some((request, used))) => {
-                    offset += used;
-                    self.local.requests += 1;
-                    let faults = self.config.faults;
-                    if self.rng.chance(faults.reset_rate) {
-                        self.local.resets += 1;
-                        return self.close(token);
-                    }
-                    if self.rng.chance(faults.stall_rate) {
-                        self.local.stalls += 1;
-                        continue;
-                    }
-                    let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
-                    if delay == 0 {
-                        self.answer(token, generation, request.request_id, request.key);
-                    } else {
-                        self.timers.schedule(
-                            now + delay,
-                            (token, generation, request.request_id, request.key),
-                        );
-                    }
-                }
-                Ok(None) => break,
-                Err(malformed) => {
-                    eprintln!(
-                        "weir lookup service: malformed request ({}); closing the connection",
-                        malformed.0
-                    );
-                    return self.close(token);
-                }
-            }
-        }
-        if let Some(connection) = self
+        let mut buffer = std::mem::take(&mut self.buffer);
+        while let Some(connection) = self
             .connections
             .get_mut(token.wrapping_sub(FIRST_CONNECTION))
         {
-            connection.inbox.drain(..offset);
+            match connection.stream.read(&mut buffer) {
+                Ok(0) => {
+                    self.close(token);
+                    break;
+                }
+                Ok(n) => {
+                    if !self.serve(token, &buffer[..n]) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.close(token);
+                    break;
+                }
+            }
         }
+        self.buffer = buffer;
+    }
+
+    /// Serves the requests in `bytes`, read from connection `token`: decoded straight
+    /// from `bytes`, except a request split across reads, whose head waits in the
+    /// connection's inbox (which never holds a whole request). Returns whether the
+    /// connection is still open.
+    fn serve(&mut self, token: usize, bytes: &[u8]) -> bool {
+        let now = self.now_ns();
+        let Some(connection) = self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        else {
+            return false;
+        };
+        let generation = connection.generation;
+        let mut rest = bytes;
+        if !connection.inbox.is_empty() {
+            debug_assert!(connection.inbox.len() < REQUEST_LEN);
+            let head = (REQUEST_LEN - connection.inbox.len()).min(rest.len());
+            connection.inbox.extend_from_slice(&rest[..head]);
+            rest = &rest[head..];
+            if connection.inbox.len() < REQUEST_LEN {
+                return true;
+            }
+            let decoded = decode_request(&connection.inbox);
+            connection.inbox.clear();
+            match decoded {
+                Ok(Some((request, _))) => {
+                    if !self.request(token, generation, now, request) {
+                        return false;
+                    }
+                }
+                Ok(None) => unreachable!("the inbox holds a whole request"),
+                Err(malformed) => return self.malformed(token, malformed),
+            }
+        }
+        let mut offset = 0;
+        loop {
+            match decode_request(&rest[offset..]) {
+                Ok(Some((request, used))) => {
+                    offset += used;
+                    if !self.request(token, generation, now, request) {
+                        return false;
+                    }
+                }
+                Ok(None) => break,
+                Err(malformed) => return self.malformed(token, malformed),
+            }
+        }
+        match self
+            .connections
+            .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+        {
+            Some(connection) => {
+                connection.inbox.extend_from_slice(&rest[offset..]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes one request read at `now`: answers it at once, schedules its answer, or
+    /// injects a fault. Returns whether the connection is still open.
+    fn request(&mut self, token: usize, generation: u64, now: u64, request: Request) -> bool {
+        self.local.requests += 1;
+        let faults = self.config.faults;
+        if self.rng.chance(faults.reset_rate) {
+            self.local.resets += 1;
+            self.close(token);
+            return false;
+        }
+        if self.rng.chance(faults.stall_rate) {
+            self.local.stalls += 1;
+            return true;
+        }
+        let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
+        if delay == 0 {
+            self.answer(token, generation, request.request_id, request.key);
+        } else {
+            self.timers.schedule(
+                now + delay,
+                (token, generation, request.request_id, request.key),
+            );
+        }
+        self.connections
+            .contains(token.wrapping_sub(FIRST_CONNECTION))
+    }
+
+    /// Closes connection `token` for a malformed request; returns false (it is closed).
+    fn malformed(&mut self, token: usize, malformed: Malformed) -> bool {
+        eprintln!(
+            "weir lookup service: malformed request ({}); closing the connection",
+            malformed.0
+        );
+        self.close(token);
+        false
     }
 
     fn answer(&mut self, token: usize, generation: u64, request_id: u64, key: u64) {
