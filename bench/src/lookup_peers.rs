@@ -2,7 +2,8 @@
 //! one connection with C requests in flight:
 //!
 //! - Weir's async operator over its lookup client on one worker, with the io_uring and
-//!   the epoll driver;
+//!   the epoll driver, in turns as a runtime worker takes them: at most `POLL_BATCH`
+//!   records fed per turn, their requests handed to the driver at the turn's end;
 //! - a pipelined tokio client as a tokio user writes one: a current-thread runtime,
 //!   the stream split in halves, `TCP_NODELAY`, a writer task that drains the calls
 //!   queued since its last wake-up into one buffer and writes it with one call, a
@@ -10,12 +11,16 @@
 //!   ids that are slab slots; the calls are `buffer_unordered(C)` over it;
 //! - a pipelined tokio loop: one task on a current-thread runtime keeping C requests
 //!   outstanding on the connection, every answer read in a wake-up decoded at once and
-//!   answered with the next request, one write per wake-up; no per-call future, no
-//!   channel. What a tokio engineer writes when the calls need no API of their own
-//!   (a load driver, a batch job): the cheapest way tokio offers to do the lookups;
+//!   answered with the next request, the requests written every `POLL_BATCH` answers
+//!   and at the end of the wake-up; no per-call future, no channel. What a tokio
+//!   engineer writes when the calls need no API of their own (a load driver, a batch
+//!   job): the cheapest way tokio offers to do the lookups;
 //! - the ceiling: a hand-written `mio` event loop with the same batching (every answer
-//!   read in a wake-up is decoded, each answer queues the next request, and one write
-//!   sends them all) and no operator, no per-call future, no bookkeeping beyond a count.
+//!   read in a wake-up is decoded, each answer queues the next request, written every
+//!   `POLL_BATCH` answers and at the end) and no operator, no per-call future, no
+//!   bookkeeping beyond a count.
+//!
+//! The service answers on time when it has a core of its own (see [`SERVICE_SPIN`]).
 //!
 //! All reuse the service's own frame encoder and decoder (`weir_net::lookup::protocol`).
 
@@ -44,13 +49,25 @@ use weir_net::DriverKind;
 use crate::affinity::{bench_cores, pin};
 use crate::async_peers::{histogram, thread_cpu_ns, CpuTime, Measurement};
 
-/// A service with `latency`, its thread on the second bench core.
+/// How long before a due answer the service stops sleeping, when it has a core of its
+/// own: the service stands for an external system whose latency is exactly `latency`,
+/// and a sleeping service would answer one wake-up late (tens of microseconds, more on
+/// a virtual machine), which every client would pay alike.
+pub const SERVICE_SPIN: Duration = Duration::from_micros(200);
+
+/// A service with `latency`, its thread on the second bench core, answering on time
+/// (see [`SERVICE_SPIN`]) when that core is its own.
 pub fn service(latency: Latency) -> LookupServer {
     let (_, core_b) = bench_cores();
     let config = ServerConfig {
         latency,
         value_size: 16,
         core: core_b.map(|c| c.id),
+        spin: if core_b.is_some() {
+            SERVICE_SPIN
+        } else {
+            Duration::ZERO
+        },
         ..ServerConfig::default()
     };
     LookupServer::start(config).expect("lookup service starts")
@@ -108,6 +125,9 @@ impl Collector<u64> for Count {
     }
 }
 
+/// Records a worker feeds its operator per turn (the runtime's batch).
+const POLL_BATCH: usize = 256;
+
 /// `n` lookups through Weir's unordered operator (capacity `c`) on this thread with the
 /// `driver`, against `addr`.
 pub fn weir(driver: DriverKind, server: &LookupServer, c: usize, n: u64) -> Measurement {
@@ -136,14 +156,19 @@ pub fn weir(driver: DriverKind, server: &LookupServer, c: usize, n: u64) -> Meas
     let mut next = 0;
     while out.0 < n {
         let now = epoch.elapsed().as_nanos() as u64;
-        while next < n && !operator.is_full() {
+        // As a runtime worker does: at most POLL_BATCH records per turn, their requests
+        // handed to the driver at the end of the turn, so a thousand calls go out in
+        // several sends while the service already answers the first.
+        let mut fed = 0;
+        while next < n && fed < POLL_BATCH && !operator.is_full() {
             operator
                 .process_record(Key(next), None, now, &mut out)
                 .expect("no failure");
             next += 1;
+            fed += 1;
         }
         client.borrow_mut().flush(driver.as_mut());
-        let wait = if operator.has_completions() {
+        let wait = if fed > 0 || operator.has_completions() {
             Some(Duration::ZERO)
         } else {
             Some(Duration::from_millis(50))
@@ -361,6 +386,12 @@ pub fn tokio_loop(server: &LookupServer, c: usize, n: u64) -> Measurement {
                     }
                     encode_request(&mut out, slot as u64, next);
                     next += 1;
+                    if out.len() >= POLL_BATCH * REQUEST_LEN {
+                        // A long read's answers go out in several writes, as Weir's
+                        // turns send them, so the service starts on the first early.
+                        stream.write_all(&out).await.expect("write");
+                        out.clear();
+                    }
                 }
             }
             inbox.advance(offset);
@@ -409,19 +440,23 @@ pub fn mio_ceiling(server: &LookupServer, c: usize, n: u64) -> Measurement {
     let mut filled = 0;
     let mut answered = 0u64;
     let mut sum = 0u64;
-    loop {
-        while written < out.len() {
-            match stream.write(&out[written..]) {
-                Ok(sent) => written += sent,
+    // Writes what is queued until the socket takes no more.
+    let write = |stream: &mut mio::net::TcpStream, out: &mut Vec<u8>, written: &mut usize| {
+        while *written < out.len() {
+            match stream.write(&out[*written..]) {
+                Ok(sent) => *written += sent,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => panic!("write: {e}"),
             }
         }
-        if written == out.len() {
+        if *written == out.len() {
             out.clear();
-            written = 0;
+            *written = 0;
         }
+    };
+    loop {
+        write(&mut stream, &mut out, &mut written);
         if answered == n {
             break;
         }
@@ -445,6 +480,10 @@ pub fn mio_ceiling(server: &LookupServer, c: usize, n: u64) -> Measurement {
                 if next < n {
                     encode_request(&mut out, next, next);
                     next += 1;
+                    if out.len() - written >= POLL_BATCH * REQUEST_LEN {
+                        // Several writes per long read, as Weir's turns send them.
+                        write(&mut stream, &mut out, &mut written);
+                    }
                 }
             }
             inbox.copy_within(offset..filled, 0);

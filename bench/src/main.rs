@@ -250,6 +250,10 @@ struct ServeArgs {
     /// Rate of requests never answered.
     #[arg(long, default_value_t = 0.0)]
     stall_rate: f64,
+    /// Poll instead of sleeping when an answer is due within this long, so answers leave
+    /// at their deadline and not one wake-up later (keeps a core busy meanwhile).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    spin: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -876,6 +880,7 @@ fn serve(args: ServeArgs) -> i32 {
         },
         seed: 1,
         core: None,
+        spin: args.spin,
     };
     match LookupServer::start(config) {
         Ok(server) => {

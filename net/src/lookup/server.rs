@@ -57,6 +57,13 @@ pub struct ServerConfig {
     pub seed: u64,
     /// Core to pin the service thread to (benchmarks keep it off the workers' cores).
     pub core: Option<usize>,
+    /// Answer on time: when the next answer is due within `spin`, the service polls its
+    /// sockets without sleeping instead of waiting for its timer, so answers leave at
+    /// their deadline rather than one wake-up later (an idle core takes tens of
+    /// microseconds to wake, more on a virtual machine). It keeps the service's core
+    /// busy for that long before each deadline: use it when the service has a core of
+    /// its own (the benchmarks pin it to one). Zero (the default): always sleep.
+    pub spin: Duration,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +75,7 @@ impl Default for ServerConfig {
             faults: Faults::default(),
             seed: 1,
             core: None,
+            spin: Duration::ZERO,
         }
     }
 }
@@ -388,13 +396,18 @@ impl EventLoop {
         let mut events = Events::with_capacity(1024);
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now_ns();
+            let spin_ns = self.config.spin.as_nanos() as u64;
             let timeout = match self.timers.next_deadline() {
-                Some(deadline) if deadline <= now => Some(Duration::ZERO),
+                Some(deadline) if deadline <= now.saturating_add(spin_ns) => {
+                    Some(Duration::ZERO)
+                }
                 Some(deadline) => {
-                    // One timerfd_settime per new earliest deadline, not per loop.
-                    if self.armed_ns != Some(deadline) {
-                        self.timer.arm(Duration::from_nanos(deadline - now));
-                        self.armed_ns = Some(deadline);
+                    // Wake `spin` early, then poll until the deadline. One
+                    // timerfd_settime per new earliest deadline, not per loop.
+                    let wake = deadline - spin_ns;
+                    if self.armed_ns != Some(wake) {
+                        self.timer.arm(Duration::from_nanos(wake - now));
+                        self.armed_ns = Some(wake);
                     }
                     None
                 }
