@@ -32,10 +32,30 @@
 
 /// Identifies a scheduled timer for [`TimerWheel::cancel`]; stale once it fired or
 /// was cancelled.
+///
+/// One non-zero word (generation high, node index + 1 low), so `Option<TimerKey>` is 8
+/// bytes, copied whole (as [`Key`](crate::slab::Key) is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimerKey {
-    index: u32,
-    generation: u32,
+pub struct TimerKey(core::num::NonZeroU64);
+
+impl TimerKey {
+    #[inline]
+    fn new(index: u32, generation: u32) -> Self {
+        debug_assert!(index < NIL);
+        let bits = (u64::from(generation) << 32) | u64::from(index.wrapping_add(1));
+        // Never zero: the index is below `NIL`, so the low half is at least 1.
+        TimerKey(core::num::NonZeroU64::new(bits).unwrap_or(core::num::NonZeroU64::MAX))
+    }
+
+    #[inline]
+    fn index(self) -> u32 {
+        (self.0.get() as u32).wrapping_sub(1)
+    }
+
+    #[inline]
+    fn generation(self) -> u32 {
+        (self.0.get() >> 32) as u32
+    }
 }
 
 const NIL: u32 = u32::MAX;
@@ -145,20 +165,17 @@ impl<E> TimerWheel<E> {
         self.len_peak = self.len_peak.max(self.len);
         let place = self.place_of(deadline_ns);
         self.link_sorted(index, place);
-        TimerKey {
-            index,
-            generation: self.nodes[index as usize].generation,
-        }
+        TimerKey::new(index, self.nodes[index as usize].generation)
     }
 
     /// Cancels the timer `key` and returns its event; `None` if it already fired or was
     /// cancelled. O(1).
     pub fn cancel(&mut self, key: TimerKey) -> Option<E> {
-        let node = self.nodes.get(key.index as usize)?;
-        if node.generation != key.generation || node.place == Place::Free {
+        let node = self.nodes.get(key.index() as usize)?;
+        if node.generation != key.generation() || node.place == Place::Free {
             return None;
         }
-        Some(self.take(key.index).1)
+        Some(self.take(key.index()).1)
     }
 
     /// The deadline of the earliest timer due at or before `now_ns`, without taking it.
