@@ -754,7 +754,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
 
     /// Removes entry `slot` (chain head, head segment) and emits `results` for it;
     /// returns its chain successor.
-    #[inline]
+    #[inline(always)]
     fn emit_one(
         &mut self,
         slot: Key,
