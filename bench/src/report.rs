@@ -358,6 +358,9 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
                     md,
                     "\n![async throughput vs capacity](plots/async_little.svg)"
                 );
+                if let Some(section) = callgrind_section(out) {
+                    md.push_str(&section);
+                }
             }
             "exchange" => {
                 let series = series_by(&rows, |r| {
@@ -542,6 +545,32 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
 }
 
 /// Whether `data` holds any JSON that `scripts/report.sh` writes.
+/// The newest `*-async-callgrind-*.txt` in `dir` (by modification time) as a report
+/// paragraph: its command and table of instructions per record.
+fn callgrind_section(dir: &Path) -> Option<String> {
+    let newest = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.contains("-async-callgrind-") && name.ends_with(".txt")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()?
+        .1;
+    let text = std::fs::read_to_string(&newest).ok()?;
+    let mut section = format!(
+        "\nInstructions per record of the operator (callgrind; `{}`, written by `scripts/callgrind.sh`):\n\n",
+        newest.file_name()?.to_string_lossy()
+    );
+    for line in text.lines().filter(|l| l.starts_with('|')) {
+        section.push_str(line);
+        section.push('\n');
+    }
+    Some(section)
+}
+
 fn has_measurements(data: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(data) else {
         return false;
