@@ -48,7 +48,12 @@ scripts/flink-peer.sh $quick || echo "scripts/flink-peer.sh failed; the report s
 echo "== main job" >&2
 "$weir" run --records "$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")" --quiet --json "$data/job.json" > "$data/job.txt" 2>&1
 echo "== latency vs load" >&2
-for rate in 50000 100000 200000 400000; do
+# ... and at half the closed-loop run's throughput, where the engine's added latency
+# under load is read (the report's "half the closed-loop run" line).
+half=$(python3 -c "import json; print(int(json.load(open('$data/job.json'))['throughput_records_per_s'] / 2000) * 1000)" 2>/dev/null || echo 0)
+rates="50000 100000 200000 400000"
+if [ "$half" -gt 0 ]; then rates="$rates $half"; fi
+for rate in $rates; do
   records=$(awk "BEGIN { printf \"%d\", $rate * $seconds }")
   "$weir" run --rate "$rate" --records "$records" --quiet --json "$data/load-$rate.json" > "$data/load-$rate.txt" 2>&1
 done

@@ -1323,6 +1323,7 @@ pub fn settings_json(settings: &JobSettings) -> Value {
         "retries": settings.retries,
         "attempt_timeout_ms": settings.attempt_timeout().as_secs_f64() * 1e3,
         "connections": settings.connections,
+        "buffer_timeout_ms": settings.buffer_timeout.map(|t| t.as_secs_f64() * 1e3),
     })
 }
 

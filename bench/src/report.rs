@@ -524,6 +524,9 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             &series,
         )?;
         let _ = writeln!(md, "\n![latency vs load](plots/latency_load.svg)");
+        if let Some(line) = half_load_line(&loads, read(data, "job.json").as_ref()) {
+            md.push_str(&line);
+        }
         if let Some(bound) = loads
             .iter()
             .filter(|(_, j)| j["latency_ns"]["p99"].as_f64().unwrap_or(f64::MAX) <= 5e6)
@@ -545,6 +548,24 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
 }
 
 /// Whether `data` holds any JSON that `scripts/report.sh` writes.
+/// The open-loop run nearest half the closed-loop run's throughput: its p99 less the
+/// lookup latency and the buffer timeout, the latency the engine adds under load.
+fn half_load_line(loads: &[(f64, Value)], closed: Option<&Value>) -> Option<String> {
+    let saturating = closed?["throughput_records_per_s"].as_f64()?;
+    let (rate, job) = loads
+        .iter()
+        .min_by(|a, b| (a.0 - saturating / 2.0).abs().total_cmp(&(b.0 - saturating / 2.0).abs()))?;
+    let p99_us = job["latency_ns"]["p99"].as_f64()? / 1e3;
+    let lookup_us = job["lookup_mean_latency_ms"].as_f64()? * 1e3;
+    let buffer_us = job["settings"]["buffer_timeout_ms"].as_f64().unwrap_or(1.0) * 1e3;
+    Some(format!(
+        "\nAt {rate:.0} records/s offered (half the closed-loop run's {saturating:.0}): p99 {p99_us:.0} µs, \
+         less the {lookup_us:.0} µs lookup and the {buffer_us:.0} µs buffer timeout: **{:.0} µs** added by the engine \
+         under load.\n",
+        p99_us - lookup_us - buffer_us
+    ))
+}
+
 /// The newest `*-async-callgrind-*.txt` in `dir` (by modification time) as a report
 /// paragraph: its command and table of instructions per record.
 fn callgrind_section(dir: &Path) -> Option<String> {
