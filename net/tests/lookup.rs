@@ -189,3 +189,52 @@ fn a_malformed_frame_fails_only_its_connections_requests() {
         assert_eq!(stats.failed, 1, "{}", driver.name());
     }
 }
+
+/// A service that polls before its deadlines (`ServerConfig::spin`) still answers no
+/// request before its latency, and answers every one: spinning changes when it wakes,
+/// not when answers are due.
+#[test]
+fn a_spinning_service_answers_on_time_never_early() {
+    use weir_net::lookup::protocol::{decode_response, encode_request};
+    use weir_net::lookup::Latency;
+    let latency = Duration::from_millis(2);
+    let server = LookupServer::start(ServerConfig {
+        latency: Latency::Fixed(latency),
+        spin: Duration::from_micros(500),
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+    stream.set_nodelay(true).unwrap();
+    for round in 0..20u64 {
+        let mut request = Vec::new();
+        for id in 0..8 {
+            encode_request(&mut request, round * 8 + id, id);
+        }
+        let sent = Instant::now();
+        stream.write_all(&request).unwrap();
+        let mut inbox = Vec::new();
+        let mut answered = 0;
+        while answered < 8 {
+            let mut buffer = [0u8; 4096];
+            let read = stream.read(&mut buffer).unwrap();
+            assert!(read > 0, "the service closed the connection");
+            inbox.extend_from_slice(&buffer[..read]);
+            let mut offset = 0;
+            while let Some((response, used)) = decode_response(&inbox[offset..]).unwrap() {
+                assert_eq!(response.status, STATUS_OK);
+                assert!(
+                    sent.elapsed() >= latency,
+                    "answer {} after {:?}, before the {latency:?} latency",
+                    response.request_id,
+                    sent.elapsed()
+                );
+                offset += used;
+                answered += 1;
+            }
+            inbox.drain(..offset);
+        }
+    }
+    let stats = server.stop();
+    assert_eq!(stats.answered, 160);
+}
