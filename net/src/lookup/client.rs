@@ -169,6 +169,8 @@ pub struct LookupClient<R: LookupRequest> {
     connections: Vec<Connection>,
     next: usize,
     pending: Slab<Pending<R>>,
+    /// `config.request_timeout` in nanoseconds.
+    timeout_ns: u64,
     now_ns: u64,
     /// When expiry next sweeps the outstanding requests.
     sweep_at_ns: u64,
@@ -195,6 +197,7 @@ impl<R: LookupRequest> LookupClient<R> {
             })
             .collect();
         Ok(LookupClient {
+            timeout_ns: u64::try_from(config.request_timeout.as_nanos()).unwrap_or(u64::MAX),
             config,
             connections,
             next: 0,
@@ -247,9 +250,7 @@ impl<R: LookupRequest> LookupClient<R> {
             connection,
             key,
             sink,
-            deadline_ns: self
-                .now_ns
-                .saturating_add(self.config.request_timeout.as_nanos() as u64),
+            deadline_ns: self.now_ns.saturating_add(self.timeout_ns),
         }) {
             Ok(slot) => slot,
             Err(refused) => {
@@ -340,7 +341,7 @@ impl<R: LookupRequest> LookupClient<R> {
         if now_ns < self.sweep_at_ns || self.pending.is_empty() {
             return;
         }
-        let period_ns = (self.config.request_timeout.as_nanos() as u64 / 8).max(100_000);
+        let period_ns = (self.timeout_ns / 8).max(100_000);
         self.sweep_at_ns = now_ns.saturating_add(period_ns);
         let mut expired = std::mem::take(&mut self.expired);
         expired.clear();
