@@ -17,6 +17,7 @@
 )]
 
 pub mod cluster;
+mod conns;
 pub mod driver;
 pub mod epoll;
 pub mod error;

@@ -4,7 +4,6 @@
 //! A turn writes every queued outbox (non-blocking, until `WouldBlock`), waits in
 //! `epoll_wait`, then reads every readable connection until `WouldBlock`.
 
-use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -16,6 +15,7 @@ use mio::{Events, Interest, Poll, Token};
 use weir_engine::park::ParkBackend;
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
+use crate::conns::Conns;
 use crate::driver::Wake;
 use crate::error::NetError;
 
@@ -32,8 +32,7 @@ pub struct EpollDriver {
     poll: Poll,
     events: Events,
     wake: Arc<Wake>,
-    connections: HashMap<ConnId, Connection>,
-    next_id: ConnId,
+    connections: Conns<Connection>,
     buffer: Box<[u8]>,
     closed: Vec<(ConnId, Option<io::Error>)>,
     /// Scratch lists reused every turn (no allocation per turn).
@@ -57,8 +56,7 @@ impl EpollDriver {
             poll,
             events: Events::with_capacity(1024),
             wake,
-            connections: HashMap::new(),
-            next_id: 0,
+            connections: Conns::new(),
             buffer: vec![0; 256 * 1024].into_boxed_slice(),
             closed: Vec::new(),
             scratch_ids: Vec::new(),
@@ -67,7 +65,7 @@ impl EpollDriver {
     }
 
     fn flush(&mut self, conn: ConnId) {
-        let Some(connection) = self.connections.get_mut(&conn) else {
+        let Some(connection) = self.connections.get_mut(conn) else {
             return;
         };
         if let Err(error) =
@@ -87,27 +85,25 @@ impl Driver for EpollDriver {
         let stream = TcpStream::from(socket);
         stream.set_nonblocking(true)?;
         let _ = stream.set_nodelay(true);
-        let mut stream = mio::net::TcpStream::from_std(stream);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.poll.registry().register(
-            &mut stream,
+        let id = self.connections.insert(Connection {
+            stream: mio::net::TcpStream::from_std(stream),
+            outbox: Vec::new(),
+            closing: false,
+        });
+        let connection = self.connections.get_mut(id).expect("inserted above");
+        if let Err(error) = self.poll.registry().register(
+            &mut connection.stream,
             Token(id),
             Interest::READABLE | Interest::WRITABLE,
-        )?;
-        self.connections.insert(
-            id,
-            Connection {
-                stream,
-                outbox: Vec::new(),
-                closing: false,
-            },
-        );
+        ) {
+            self.connections.remove(id);
+            return Err(error);
+        }
         Ok(id)
     }
 
     fn send(&mut self, conn: ConnId, bytes: &mut Vec<u8>) {
-        match self.connections.get_mut(&conn) {
+        match self.connections.get_mut(conn) {
             Some(connection) if connection.outbox.is_empty() => {
                 std::mem::swap(&mut connection.outbox, bytes)
             }
@@ -117,7 +113,7 @@ impl Driver for EpollDriver {
     }
 
     fn close(&mut self, conn: ConnId) {
-        if let Some(connection) = self.connections.get_mut(&conn) {
+        if let Some(connection) = self.connections.get_mut(conn) {
             if !connection.closing {
                 connection.closing = true;
                 self.closed.push((conn, None));
@@ -136,7 +132,7 @@ impl Driver for EpollDriver {
             self.connections
                 .iter()
                 .filter(|(_, c)| !c.outbox.is_empty())
-                .map(|(id, _)| *id),
+                .map(|(id, _)| id),
         );
         for &conn in &pending {
             self.flush(conn);
@@ -173,7 +169,7 @@ impl Driver for EpollDriver {
             if !readable {
                 continue;
             }
-            while let Some(connection) = self.connections.get_mut(&conn) {
+            while let Some(connection) = self.connections.get_mut(conn) {
                 if connection.closing {
                     break;
                 }
@@ -197,7 +193,7 @@ impl Driver for EpollDriver {
         }
         self.scratch_ready = ready;
         for (conn, error) in std::mem::take(&mut self.closed) {
-            if let Some(mut connection) = self.connections.remove(&conn) {
+            if let Some(mut connection) = self.connections.remove(conn) {
                 let _ = self.poll.registry().deregister(&mut connection.stream);
                 let _ = connection.stream.shutdown(std::net::Shutdown::Both);
                 on_event(DriverEvent::Closed { conn, error });

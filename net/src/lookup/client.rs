@@ -97,13 +97,15 @@ enum Sink<R: LookupRequest> {
         request: R,
         result: ResultFuture<R::Out>,
     },
-    /// A future from [`LookupClient::get`]: fill its slot and wake it.
-    Wait(Rc<Slot>),
+    /// A future from [`LookupClient::get`] for `key`: fill its slot and wake it.
+    Wait { key: u64, slot: Rc<Slot> },
 }
 
+/// An outstanding request (kept small: one is written and read per lookup). Its key is
+/// the sink's: the request's own, or the one a future waits for.
 struct Pending<R: LookupRequest> {
-    connection: usize,
-    key: u64,
+    /// The index of the connection it went out on.
+    connection: u32,
     sink: Sink<R>,
     /// When it expires.
     deadline_ns: u64,
@@ -146,18 +148,27 @@ impl std::future::Future for Get {
     }
 }
 
+impl<R: LookupRequest> Sink<R> {
+    fn key(&self) -> u64 {
+        match self {
+            Sink::Call { request, .. } => request.key(),
+            Sink::Wait { key, .. } => *key,
+        }
+    }
+}
+
 impl<R: LookupRequest> Pending<R> {
     fn succeed(self, value: &[u8]) {
         match self.sink {
             Sink::Call { request, result } => result.complete([request.complete(value)]),
-            Sink::Wait(slot) => slot.fill(Ok(value.to_vec())),
+            Sink::Wait { slot, .. } => slot.fill(Ok(value.to_vec())),
         }
     }
 
     fn fail(self, message: String) {
         match self.sink {
             Sink::Call { result, .. } => result.complete_err(AsyncError::call(message)),
-            Sink::Wait(slot) => slot.fill(Err(message)),
+            Sink::Wait { slot, .. } => slot.fill(Err(message)),
         }
     }
 }
@@ -169,6 +180,8 @@ pub struct LookupClient<R: LookupRequest> {
     connections: Vec<Connection>,
     next: usize,
     pending: Slab<Pending<R>>,
+    /// `config.request_timeout` in nanoseconds.
+    timeout_ns: u64,
     now_ns: u64,
     /// When expiry next sweeps the outstanding requests.
     sweep_at_ns: u64,
@@ -180,10 +193,11 @@ pub struct LookupClient<R: LookupRequest> {
 impl<R: LookupRequest> LookupClient<R> {
     /// A client; it connects on the first request.
     pub fn new(config: ClientConfig) -> Result<Self, NetError> {
-        if config.connections == 0 {
-            return Err(NetError::Config(
-                "a lookup client needs at least one connection".into(),
-            ));
+        if config.connections == 0 || u32::try_from(config.connections).is_err() {
+            return Err(NetError::Config(format!(
+                "a lookup client needs between 1 and {} connections",
+                u32::MAX
+            )));
         }
         let pending = Slab::new(config.capacity).map_err(|e| NetError::Config(e.to_string()))?;
         let connections = (0..config.connections)
@@ -195,6 +209,7 @@ impl<R: LookupRequest> LookupClient<R> {
             })
             .collect();
         Ok(LookupClient {
+            timeout_ns: u64::try_from(config.request_timeout.as_nanos()).unwrap_or(u64::MAX),
             config,
             connections,
             next: 0,
@@ -223,8 +238,7 @@ impl<R: LookupRequest> LookupClient<R> {
 
     /// Starts a lookup for `request`; its outcome completes `result`.
     pub fn submit(&mut self, request: R, result: ResultFuture<R::Out>) {
-        let key = request.key();
-        self.start(key, Sink::Call { request, result });
+        self.start(Sink::Call { request, result });
     }
 
     /// Starts a lookup of `key` whose value a future awaits: for functions written as
@@ -232,11 +246,15 @@ impl<R: LookupRequest> LookupClient<R> {
     /// this worker's driver, on this thread.
     pub fn get(&mut self, key: u64) -> Get {
         let slot = Rc::new(Slot::default());
-        self.start(key, Sink::Wait(Rc::clone(&slot)));
+        self.start(Sink::Wait {
+            key,
+            slot: Rc::clone(&slot),
+        });
         Get(slot)
     }
 
-    fn start(&mut self, key: u64, sink: Sink<R>) {
+    fn start(&mut self, sink: Sink<R>) {
+        let key = sink.key();
         let connection = self.next;
         self.next = if connection + 1 == self.connections.len() {
             0
@@ -244,12 +262,9 @@ impl<R: LookupRequest> LookupClient<R> {
             connection + 1
         };
         let slot = match self.pending.try_insert(Pending {
-            connection,
-            key,
+            connection: connection as u32,
             sink,
-            deadline_ns: self
-                .now_ns
-                .saturating_add(self.config.request_timeout.as_nanos() as u64),
+            deadline_ns: self.now_ns.saturating_add(self.timeout_ns),
         }) {
             Ok(slot) => slot,
             Err(refused) => {
@@ -340,7 +355,7 @@ impl<R: LookupRequest> LookupClient<R> {
         if now_ns < self.sweep_at_ns || self.pending.is_empty() {
             return;
         }
-        let period_ns = (self.config.request_timeout.as_nanos() as u64 / 8).max(100_000);
+        let period_ns = (self.timeout_ns / 8).max(100_000);
         self.sweep_at_ns = now_ns.saturating_add(period_ns);
         let mut expired = std::mem::take(&mut self.expired);
         expired.clear();
@@ -371,7 +386,7 @@ impl<R: LookupRequest> LookupClient<R> {
     fn count_on(&self, index: usize) -> usize {
         self.pending
             .iter()
-            .filter(|(_, p)| p.connection == index)
+            .filter(|(_, p)| p.connection as usize == index)
             .count()
     }
 
@@ -440,7 +455,7 @@ impl<R: LookupRequest> LookupClient<R> {
         } else {
             self.stats.failed += 1;
             let error = NetError::Service {
-                key: pending.key,
+                key: pending.sink.key(),
                 message: String::from_utf8_lossy(response.value).into_owned(),
             };
             pending.fail(error.to_string());
@@ -464,7 +479,7 @@ impl<R: LookupRequest> LookupClient<R> {
         let slots: Vec<Key> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.connection == index)
+            .filter(|(_, p)| p.connection as usize == index)
             .map(|(k, _)| k)
             .collect();
         for slot in slots {

@@ -13,7 +13,6 @@
 //! everything down and reaps all completions before freeing anything, and leaks the
 //! buffers instead if the kernel does not let go in time.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -25,6 +24,7 @@ use io_uring::{opcode, types, IoUring};
 use weir_engine::park::ParkBackend;
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
+use crate::conns::Conns;
 use crate::driver::Wake;
 use crate::error::NetError;
 
@@ -61,8 +61,7 @@ pub struct UringDriver {
     wake: Arc<Wake>,
     wake_buffer: Box<u64>,
     wake_in_flight: bool,
-    connections: HashMap<ConnId, Connection>,
-    next_id: ConnId,
+    connections: Conns<Connection>,
     completions: Vec<(u64, i32)>,
     /// Connection ids, reused every turn (no allocation per turn).
     scratch_ids: Vec<ConnId>,
@@ -91,8 +90,7 @@ impl UringDriver {
             wake: Arc::new(Wake::new()?),
             wake_buffer: Box::new(0),
             wake_in_flight: false,
-            connections: HashMap::new(),
-            next_id: 0,
+            connections: Conns::new(),
             completions: Vec::with_capacity(RING_ENTRIES as usize),
             scratch_ids: Vec::new(),
             #[cfg(test)]
@@ -138,7 +136,7 @@ impl UringDriver {
         }
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.clear();
-        ids.extend(self.connections.keys().copied());
+        ids.extend(self.connections.iter().map(|(id, _)| id));
         let pushed = self.prepare_connections(&ids);
         self.scratch_ids = ids;
         pushed
@@ -146,7 +144,7 @@ impl UringDriver {
 
     fn prepare_connections(&mut self, ids: &[ConnId]) -> io::Result<()> {
         for &id in ids {
-            let connection = self.connections.get_mut(&id).expect("listed above");
+            let connection = self.connections.get_mut(id).expect("listed above");
             if connection.closing {
                 continue;
             }
@@ -160,11 +158,11 @@ impl UringDriver {
                 // while its receive is in flight (flag set just below).
                 unsafe { self.push(&entry)? };
                 self.connections
-                    .get_mut(&id)
+                    .get_mut(id)
                     .expect("listed above")
                     .recv_in_flight = true;
             }
-            let connection = self.connections.get_mut(&id).expect("listed above");
+            let connection = self.connections.get_mut(id).expect("listed above");
             if !connection.send_in_flight {
                 if connection.send_offset >= connection.send_buffer.len() {
                     connection.send_buffer.clear();
@@ -181,7 +179,7 @@ impl UringDriver {
                     // just below).
                     unsafe { self.push(&entry)? };
                     self.connections
-                        .get_mut(&id)
+                        .get_mut(id)
                         .expect("listed above")
                         .send_in_flight = true;
                 }
@@ -232,7 +230,7 @@ impl UringDriver {
                 }
             }
             KIND_RECV => {
-                let Some(connection) = self.connections.get_mut(&id) else {
+                let Some(connection) = self.connections.get_mut(id) else {
                     return Ok(());
                 };
                 connection.recv_in_flight = false;
@@ -251,7 +249,7 @@ impl UringDriver {
                 }
             }
             KIND_SEND => {
-                let Some(connection) = self.connections.get_mut(&id) else {
+                let Some(connection) = self.connections.get_mut(id) else {
                     return Ok(());
                 };
                 connection.send_in_flight = false;
@@ -271,7 +269,7 @@ impl UringDriver {
     }
 
     fn begin_close(&mut self, id: ConnId, error: Option<io::Error>) {
-        if let Some(connection) = self.connections.get_mut(&id) {
+        if let Some(connection) = self.connections.get_mut(id) {
             if !connection.closing {
                 connection.closing = true;
                 connection.error = error;
@@ -290,27 +288,22 @@ impl Driver for UringDriver {
     fn register(&mut self, socket: std::os::fd::OwnedFd) -> io::Result<ConnId> {
         let stream = TcpStream::from(socket);
         let _ = stream.set_nodelay(true);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.connections.insert(
-            id,
-            Connection {
-                stream,
-                recv_buffer: vec![0; RECV_BUFFER].into_boxed_slice(),
-                recv_in_flight: false,
-                send_buffer: Vec::new(),
-                send_offset: 0,
-                send_in_flight: false,
-                outbox: Vec::new(),
-                closing: false,
-                error: None,
-            },
-        );
+        let id = self.connections.insert(Connection {
+            stream,
+            recv_buffer: vec![0; RECV_BUFFER].into_boxed_slice(),
+            recv_in_flight: false,
+            send_buffer: Vec::new(),
+            send_offset: 0,
+            send_in_flight: false,
+            outbox: Vec::new(),
+            closing: false,
+            error: None,
+        });
         Ok(id)
     }
 
     fn send(&mut self, conn: ConnId, bytes: &mut Vec<u8>) {
-        match self.connections.get_mut(&conn) {
+        match self.connections.get_mut(conn) {
             Some(connection) if !connection.closing => {
                 if connection.outbox.is_empty() {
                     std::mem::swap(&mut connection.outbox, bytes);
@@ -369,11 +362,11 @@ impl Driver for UringDriver {
             self.connections
                 .iter()
                 .filter(|(_, c)| c.closing && !c.in_flight())
-                .map(|(id, _)| *id),
+                .map(|(id, _)| id),
         );
         for &id in &finished {
             // No operation is in flight: the kernel holds none of its buffers.
-            let connection = self.connections.remove(&id).expect("listed above");
+            let connection = self.connections.remove(id).expect("listed above");
             on_event(DriverEvent::Closed {
                 conn: id,
                 error: connection.error,
@@ -393,7 +386,7 @@ impl Driver for UringDriver {
 
 impl Drop for UringDriver {
     fn drop(&mut self) {
-        let ids: Vec<ConnId> = self.connections.keys().copied().collect();
+        let ids: Vec<ConnId> = self.connections.iter().map(|(id, _)| id).collect();
         for id in ids {
             self.begin_close(id, None);
         }
@@ -410,7 +403,7 @@ impl Drop for UringDriver {
                 eprintln!(
                     "weir: io_uring operations did not complete at shutdown; leaking their buffers"
                 );
-                std::mem::forget(std::mem::take(&mut self.connections));
+                std::mem::forget(std::mem::replace(&mut self.connections, Conns::new()));
                 std::mem::forget(std::mem::replace(&mut self.wake_buffer, Box::new(0)));
                 return;
             }
@@ -424,12 +417,12 @@ impl Drop for UringDriver {
                 match kind {
                     KIND_WAKE => self.wake_in_flight = false,
                     KIND_RECV => {
-                        if let Some(c) = self.connections.get_mut(&id) {
+                        if let Some(c) = self.connections.get_mut(id) {
                             c.recv_in_flight = false;
                         }
                     }
                     KIND_SEND => {
-                        if let Some(c) = self.connections.get_mut(&id) {
+                        if let Some(c) = self.connections.get_mut(id) {
                             c.send_in_flight = false;
                         }
                     }
@@ -480,7 +473,7 @@ mod tests {
         // Then the receive goes in and the send is refused.
         driver.pushes_before_failure = Some(1);
         assert!(driver.turn(Some(Duration::ZERO), &mut |_| {}).is_err());
-        let connection = &driver.connections[&id];
+        let connection = driver.connections.get_mut(id).expect("open");
         assert!(connection.recv_in_flight && !connection.send_in_flight);
         driver.pushes_before_failure = None;
         let started = Instant::now();
