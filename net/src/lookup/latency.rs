@@ -53,6 +53,10 @@ impl Latency {
 /// Parses `250us`, `1ms`, `1.5ms`, `2s`, `100ns`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    // Zero is zero in any unit ("--buffer-timeout 0": flush every record).
+    if text.parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
     let (number, unit) = text
         .find(|c: char| c.is_ascii_alphabetic())
         .map(|i| text.split_at(i))
@@ -198,6 +202,14 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_needs_no_unit_and_other_numbers_do() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0.0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert!(parse_duration("5").unwrap_err().contains("no unit"));
+    }
 
     #[test]
     fn parses_latency_specs() {
