@@ -67,19 +67,7 @@ pub struct CpuTime {
     pub service_ns: u64,
 }
 
-/// CPU time the calling thread has used (user + system), in ns; 0 if the clock cannot
-/// be read.
-pub fn thread_cpu_ns() -> u64 {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `time` is a valid timespec for the call to fill; the result is checked.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) } != 0 {
-        return 0;
-    }
-    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
-}
+pub use weir_net::lookup::thread_cpu_ns;
 
 /// A latency histogram as every workload keeps one: 1 ns to 60 s, 3 significant
 /// digits (the operator's own histogram has the same bounds).

@@ -607,6 +607,17 @@ mod tests {
         (bytes, expected)
     }
 
+    /// A client whose connection is never made: the tests feed it bytes by hand.
+    fn unconnected_client() -> LookupClient<Key64> {
+        LookupClient::<Key64>::new(ClientConfig {
+            addr: "127.0.0.1:9".parse().expect("address"),
+            connections: 1,
+            capacity: 64,
+            request_timeout: Duration::from_secs(60),
+        })
+        .expect("client")
+    }
+
     proptest::proptest! {
         /// A response stream cut at any points, and so handed over in pieces of any
         /// sizes (a frame split in its prefix, its header or its value, or across several
@@ -617,13 +628,7 @@ mod tests {
             count in 1u64..40,
             cuts in proptest::collection::vec(0usize..4096, 0..40),
         ) {
-            let mut client = LookupClient::<Key64>::new(ClientConfig {
-                addr: "127.0.0.1:9".parse().expect("address"),
-                connections: 1,
-                capacity: 64,
-                request_timeout: Duration::from_secs(60),
-            })
-            .expect("client");
+            let mut client = unconnected_client();
             let gets: Vec<(u64, Get)> = (0..count).map(|key| (key, client.get(key))).collect();
             let outbox = std::mem::take(&mut client.connections[0].outbox);
             let (bytes, expected) = answers(&outbox);
@@ -654,13 +659,7 @@ mod tests {
     /// its requests, after completing the whole frames before it.
     #[test]
     fn a_malformed_frame_split_across_receives_fails_the_rest() {
-        let mut client = LookupClient::<Key64>::new(ClientConfig {
-            addr: "127.0.0.1:9".parse().expect("address"),
-            connections: 1,
-            capacity: 64,
-            request_timeout: Duration::from_secs(60),
-        })
-        .expect("client");
+        let mut client = unconnected_client();
         let first = client.get(1);
         let second = client.get(2);
         let outbox = std::mem::take(&mut client.connections[0].outbox);

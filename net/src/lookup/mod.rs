@@ -10,4 +10,4 @@ pub use client::{
     LookupFunction, LookupRequest,
 };
 pub use latency::{format_duration, parse_duration, Latency, Rng};
-pub use server::{Faults, LookupServer, ServerConfig, ServerStats};
+pub use server::{thread_cpu_ns, Faults, LookupServer, ServerConfig, ServerStats};

@@ -291,7 +291,7 @@ impl Drop for LookupServer {
 
 /// CPU time the calling thread has used (user + system), in ns; 0 if the clock cannot
 /// be read.
-fn thread_cpu_ns() -> u64 {
+pub fn thread_cpu_ns() -> u64 {
     let mut time = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
