@@ -258,7 +258,10 @@ pub fn tokio_batched(ordered: bool, capacity: usize, n: u64) -> Measurement {
         let (count, sum) = if ordered {
             calls.buffered(capacity).fold((0u64, 0u64), fold).await
         } else {
-            calls.buffer_unordered(capacity).fold((0u64, 0u64), fold).await
+            calls
+                .buffer_unordered(capacity)
+                .fold((0u64, 0u64), fold)
+                .await
         };
         let elapsed = start.elapsed();
         completer.abort();

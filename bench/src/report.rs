@@ -552,9 +552,11 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
 /// lookup latency and the buffer timeout, the latency the engine adds under load.
 fn half_load_line(loads: &[(f64, Value)], closed: Option<&Value>) -> Option<String> {
     let saturating = closed?["throughput_records_per_s"].as_f64()?;
-    let (rate, job) = loads
-        .iter()
-        .min_by(|a, b| (a.0 - saturating / 2.0).abs().total_cmp(&(b.0 - saturating / 2.0).abs()))?;
+    let (rate, job) = loads.iter().min_by(|a, b| {
+        (a.0 - saturating / 2.0)
+            .abs()
+            .total_cmp(&(b.0 - saturating / 2.0).abs())
+    })?;
     let p99_us = job["latency_ns"]["p99"].as_f64()? / 1e3;
     let lookup_us = job["lookup_mean_latency_ms"].as_f64()? * 1e3;
     let buffer_us = job["settings"]["buffer_timeout_ms"].as_f64().unwrap_or(1.0) * 1e3;

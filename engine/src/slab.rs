@@ -265,10 +265,7 @@ impl<T> Slab<T> {
             .iter()
             .enumerate()
             .filter_map(|(index, entry)| match &entry.slot {
-                Slot::Occupied(value) => Some((
-                    Key::new(index as u32, entry.generation),
-                    value,
-                )),
+                Slot::Occupied(value) => Some((Key::new(index as u32, entry.generation), value)),
                 Slot::Vacant { .. } => None,
             })
     }

@@ -225,7 +225,9 @@ impl<T> CompletionQueue<T> {
     pub(crate) fn arm_inline(&mut self, key: Key) {
         let block = self.block();
         // SAFETY: owner-only field on the owner thread; no reference into it is live.
-        block.inline.with_mut(|slot| unsafe { (*slot).armed = key.to_u64() });
+        block
+            .inline
+            .with_mut(|slot| unsafe { (*slot).armed = key.to_u64() });
     }
 
     /// Disarms the inline slot and takes the outcome that landed in it, if any. It
@@ -246,7 +248,9 @@ impl<T> CompletionQueue<T> {
     pub(crate) fn push_front(&mut self, completion: Completion<T>) {
         let block = self.block();
         // SAFETY: owner-only field on the owner thread; no reference into it is live.
-        block.local.with_mut(|q| unsafe { (*q).push_front(completion) });
+        block
+            .local
+            .with_mut(|q| unsafe { (*q).push_front(completion) });
     }
 
     /// Whether another thread pushed a completion the owner has not taken.

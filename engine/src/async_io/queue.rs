@@ -205,13 +205,17 @@ impl Segments {
     /// The segment new records join.
     #[inline]
     pub(crate) fn tail_mut(&mut self) -> &mut Segment {
-        self.list.back_mut().expect("there is always a tail segment")
+        self.list
+            .back_mut()
+            .expect("there is always a tail segment")
     }
 
     /// The head segment, whose records may leave.
     #[inline]
     pub(crate) fn head_mut(&mut self) -> &mut Segment {
-        self.list.front_mut().expect("there is always a head segment")
+        self.list
+            .front_mut()
+            .expect("there is always a head segment")
     }
 
     #[inline]

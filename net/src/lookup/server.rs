@@ -398,9 +398,7 @@ impl EventLoop {
             let now = self.now_ns();
             let spin_ns = self.config.spin.as_nanos() as u64;
             let timeout = match self.timers.next_deadline() {
-                Some(deadline) if deadline <= now.saturating_add(spin_ns) => {
-                    Some(Duration::ZERO)
-                }
+                Some(deadline) if deadline <= now.saturating_add(spin_ns) => Some(Duration::ZERO),
                 Some(deadline) => {
                     // Wake `spin` early, then poll until the deadline. One
                     // timerfd_settime per new earliest deadline, not per loop.
