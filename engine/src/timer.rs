@@ -344,6 +344,11 @@ impl<E> TimerWheel<E> {
     }
 
     fn first(&self) -> Option<u32> {
+        if self.len == 0 {
+            // Nothing to find: skip the bitmap search (a wheel that is mostly empty is
+            // asked on every worker turn).
+            return None;
+        }
         match self.first_occupied_offset() {
             Some(offset) => {
                 let slot = (self.base_tick + offset) & self.mask;
@@ -358,6 +363,11 @@ impl<E> TimerWheel<E> {
     fn advance(&mut self, now_ns: u64) {
         let now_tick = now_ns >> self.tick_shift;
         if now_tick <= self.base_tick {
+            return;
+        }
+        if self.len == 0 {
+            // Empty: the window jumps to now (no slot or overflow timer to move).
+            self.base_tick = now_tick;
             return;
         }
         let target = match self.first_occupied_offset() {

@@ -749,3 +749,53 @@ fn completed_records_cancel_their_timeouts() {
     h.finish().unwrap();
     assert_eq!(h.operator().metrics().timed_out, 0);
 }
+
+/// Timeouts run from each record's first invocation in deadline order, also when the
+/// caller's clock goes back between records (a record with an earlier deadline is
+/// placed before later ones); a completed record's timeout stops wherever it stands,
+/// and the next deadline is always a live record's.
+#[test]
+fn timeouts_fire_in_deadline_order_whatever_the_order_of_the_clock() {
+    use weir_engine::async_io::AsyncWaitOperator;
+    use weir_engine::park::Parker;
+    let stash = Stash {
+        timeout_value: Some(0),
+        ..Stash::default()
+    };
+    let timeout_ns = 10 * MS.as_nanos() as u64;
+    let config = AsyncConfig::new(OutputMode::Unordered, 8).with_timeout(10 * MS);
+    let parker = Parker::current();
+    let mut operator = AsyncWaitOperator::new(stash.clone(), config, parker.unparker()).unwrap();
+    let mut out: Vec<StreamElement<u32>> = Vec::new();
+    // Invoked at 5, 3, 7, 1, 4 ms (the clock jumps back twice).
+    for (input, at_ms) in [(5u32, 5u64), (3, 3), (7, 7), (1, 1), (4, 4)] {
+        let now = at_ms * 1_000_000;
+        operator.process_record(input, None, now, &mut out).unwrap();
+    }
+    assert_eq!(operator.pending_timers(), 5);
+    assert_eq!(operator.next_timer_deadline(), Some(1_000_000 + timeout_ns));
+    // Completing records in the middle and at the head of the list stops their timeouts.
+    stash.complete(3);
+    stash.complete(1);
+    operator.drain(8_000_000, &mut out).unwrap();
+    assert_eq!(operator.pending_timers(), 3);
+    assert_eq!(operator.next_timer_deadline(), Some(4_000_000 + timeout_ns));
+    // The rest time out in deadline order, each at its own deadline.
+    let mut fired = Vec::new();
+    while let Some(deadline) = operator.fire_due_timer(u64::MAX, &mut out).unwrap() {
+        fired.push(deadline);
+    }
+    assert_eq!(
+        fired,
+        vec![
+            4_000_000 + timeout_ns,
+            5_000_000 + timeout_ns,
+            7_000_000 + timeout_ns
+        ]
+    );
+    assert_eq!(*stash.timeouts.borrow(), vec![4, 5, 7]);
+    assert_eq!(operator.pending_timers(), 0);
+    assert_eq!(operator.next_timer_deadline(), None);
+    assert_eq!(operator.in_flight(), 0);
+    assert_eq!(operator.metrics().timed_out, 3);
+}

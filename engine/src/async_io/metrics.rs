@@ -19,9 +19,9 @@ pub struct AsyncMetrics {
     pub emitted: u64,
     /// Nanoseconds the task spent waiting for capacity.
     pub backpressured_ns: u64,
-    /// The most timeout and retry timers pending at once in the operator's wheel
-    /// (bounded by twice the capacity: completed records cancel theirs). Merged as a
-    /// maximum over subtasks.
+    /// The most timers pending at once: timeouts running (the operator's deadline list)
+    /// plus retry delays (its wheel). Bounded by twice the capacity: a completed
+    /// record's timeout stops at once. Merged as a maximum over subtasks.
     pub timer_wheel_peak: u64,
     /// Invoke-to-emit latency of every `LATENCY_SAMPLE_EVERY`-th record (by input order),
     /// in ns of the operator's clock.

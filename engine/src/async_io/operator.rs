@@ -11,13 +11,23 @@
 //! Every invocation (first call, retry, timeout hook) gets a new `attempt` number; a
 //! completion whose attempt or slab generation no longer matches is stale and ignored,
 //! which is how "first completion wins" and "a result after the timeout is ignored"
-//! hold without cancelling the call itself. Timers *are* cancelled, in O(1) through the
-//! [`TimerKey`] kept in the entry, the moment they stop mattering (a record completes,
-//! a retry is attempted early, a timeout overtakes a retry delay): the wheel holds at
-//! most two timers per entry, so its memory and [`pending_timers`] stay bounded by the
-//! capacity, and its next deadline is always a live timer's.
+//! hold without cancelling the call itself.
+//!
+//! Timeouts need no timer: every record shares the one timeout, so deadlines grow with
+//! the time of the first invocation, and the records whose timeout runs are kept in a
+//! *deadline list* threaded through their entries, in deadline order. A record joins at
+//! the tail (walking back past later deadlines only if the caller's clock went back)
+//! and leaves in O(1) when it completes or times out; the head is the next timeout, so
+//! [`next_timer_deadline`] is exact (always a live record's deadline) and read without
+//! a search. Per record that is a few link updates where a timer per record cost a
+//! wheel node scheduled and cancelled. Retry delays differ per attempt and are timers
+//! on a timing wheel (the operator's own, or its worker's), cancelled in O(1) through
+//! the [`TimerKey`] kept in the entry the moment they stop mattering (a retry is
+//! attempted early at end of input, a timeout overtakes the delay). [`pending_timers`]
+//! counts both and stays bounded by twice the capacity.
 //!
 //! [`pending_timers`]: AsyncWaitOperator::pending_timers
+//! [`next_timer_deadline`]: AsyncWaitOperator::next_timer_deadline
 //!
 //! A call that completes inside `invoke` (on the operator's thread, before anything
 //! else completes) and may leave at once — no watermark pending, and in ordered mode no
@@ -61,8 +71,13 @@ struct Entry<In, Out> {
     attempt: u32,
     invocations: u32,
     state: State<Out>,
-    /// The timeout timer, until it fires or the record completes.
-    timeout_timer: Option<TimerKey>,
+    /// When its timeout fires (with a timeout configured; `u64::MAX` without).
+    deadline_ns: u64,
+    /// In the deadline list (its timeout runs): until it fires or the record completes.
+    timing: bool,
+    /// Its neighbours in the deadline list.
+    prev_deadline: Option<Key>,
+    next_deadline: Option<Key>,
     /// The retry-delay timer, while the entry waits for its next attempt.
     retry_timer: Option<TimerKey>,
     /// Attempted at once at end of input: its outcome stands (no further retry).
@@ -72,28 +87,35 @@ struct Entry<In, Out> {
     first_invoked_ns: u64,
 }
 
+/// A retry delay's timer: the entry and the attempt it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TimerEvent {
-    Timeout(Key),
-    Retry(Key, u32),
+struct TimerEvent {
+    slot: Key,
+    attempt: u32,
 }
 
 impl TimerEvent {
     fn encode(self) -> TimerPayload {
-        match self {
-            TimerEvent::Timeout(key) => TimerPayload(key.to_u64(), 0),
-            // Attempts start at 1 for a retry (the first call is attempt 0).
-            TimerEvent::Retry(key, attempt) => TimerPayload(key.to_u64(), attempt),
-        }
+        TimerPayload(self.slot.to_u64(), self.attempt)
     }
 
     fn decode(payload: TimerPayload) -> Self {
-        let key = Key::from_u64(payload.0);
-        match payload.1 {
-            0 => TimerEvent::Timeout(key),
-            attempt => TimerEvent::Retry(key, attempt),
+        TimerEvent {
+            slot: Key::from_u64(payload.0),
+            attempt: payload.1,
         }
     }
+}
+
+/// The records whose timeout runs, in deadline order: a doubly linked list threaded
+/// through their entries (see the module docs).
+struct Deadlines {
+    head: Option<Key>,
+    tail: Option<Key>,
+    len: usize,
+    /// The head's deadline, `u64::MAX` when the list is empty (read on every worker
+    /// turn, so kept here rather than looked up in the slab).
+    first_ns: u64,
 }
 
 /// Where an operator's timers live: its own wheel (an operator driven by hand, as in
@@ -156,13 +178,6 @@ impl Timers {
             Timers::Worker(owner) => owner.next_due(),
         }
     }
-
-    fn len(&self) -> usize {
-        match self {
-            Timers::Own(wheel) => wheel.len(),
-            Timers::Worker(owner) => owner.len(),
-        }
-    }
 }
 
 /// Flink's `AsyncWaitOperator`. See the module docs of `async_io` for the semantics.
@@ -184,6 +199,9 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     chains: Chains,
     segments: Segments,
     timers: Timers,
+    deadlines: Deadlines,
+    /// Retry-delay timers pending in `timers`.
+    retry_timers: usize,
     completions: CompletionQueue<F::Out>,
     next_sequence: u64,
     closed: bool,
@@ -215,6 +233,13 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             chains: Chains::new(config.mode, capacity),
             segments: Segments::new(capacity),
             timers: Timers::new(),
+            deadlines: Deadlines {
+                head: None,
+                tail: None,
+                len: 0,
+                first_ns: u64::MAX,
+            },
+            retry_timers: 0,
             completions: CompletionQueue::new(capacity, Box::new(notify)),
             next_sequence: 0,
             closed: false,
@@ -240,17 +265,22 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.in_flight() >= self.capacity
     }
 
-    /// Timeout and retry timers pending in the wheel (at most two per element held).
+    /// Timeouts running and retry delays pending (at most two per element held).
     pub fn pending_timers(&self) -> usize {
-        self.timers.len()
+        self.deadlines.len + self.retry_timers
     }
 
-    /// The earliest pending timer's deadline. Exact (completed records' timers are
-    /// cancelled), and found without scanning the timers. On a runtime worker, whose
-    /// wheel this operator shares, only timers already due are reported: the worker
-    /// watches its wheel for the rest.
+    /// The earliest pending timer's deadline. Exact (a completed record's timeout stops
+    /// at once), and found without scanning: the head of the deadline list, or the
+    /// wheel's first retry delay. On a runtime worker, whose wheel this operator shares,
+    /// only retry delays already due are reported (the worker watches its wheel for the
+    /// rest); timeouts always are.
     pub fn next_timer_deadline(&self) -> Option<u64> {
-        self.timers.next_deadline()
+        let timeout = self.deadlines.head.map(|_| self.deadlines.first_ns);
+        match (timeout, self.timers.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Handles issued and not yet completed (some may be on their way from other threads).
@@ -347,7 +377,12 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             attempt: 0,
             invocations: 1,
             state: State::InFlight,
-            timeout_timer: None,
+            deadline_ns: self
+                .timeout_ns
+                .map_or(u64::MAX, |timeout_ns| now_ns.saturating_add(timeout_ns)),
+            timing: false,
+            prev_deadline: None,
+            next_deadline: None,
             retry_timer: None,
             final_attempt: false,
             next_in_chain: None,
@@ -360,11 +395,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.entry_mut(previous).next_in_chain = Some(slot);
         }
         self.segments.tail_mut().remaining += 1;
-        if let Some(timeout_ns) = self.timeout_ns {
-            let timer = self
-                .timers
-                .schedule(now_ns.saturating_add(timeout_ns), TimerEvent::Timeout(slot));
-            self.entry_mut(slot).timeout_timer = Some(timer);
+        if self.timeout_ns.is_some() {
+            self.link_deadline(slot);
             self.note_timers();
         }
         self.drain_if_waiting(now_ns, out)
@@ -477,7 +509,21 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
 
     /// The deadline of the earliest timer due at or before `limit_ns`.
     pub fn next_due_timer(&mut self, limit_ns: u64) -> Option<u64> {
-        self.timers.peek_due(limit_ns)
+        let retry = self.timers.peek_due(limit_ns);
+        let timeout = self.timeout_due(limit_ns);
+        match (timeout, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The first timeout's deadline, if it is at or before `limit_ns`.
+    #[inline]
+    fn timeout_due(&self, limit_ns: u64) -> Option<u64> {
+        self.deadlines
+            .head
+            .filter(|_| self.deadlines.first_ns <= limit_ns)
+            .map(|_| self.deadlines.first_ns)
     }
 
     /// Fires the earliest timer due at or before `limit_ns`, at its deadline, and
@@ -489,13 +535,23 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         out: &mut impl Collector<F::Out>,
     ) -> Result<Option<u64>, OperatorError> {
         self.check()?;
-        let Some((deadline, event)) = self.timers.pop_due(limit_ns) else {
-            return Ok(None);
+        let timeout = self.timeout_due(limit_ns);
+        let retry = self.timers.peek_due(limit_ns);
+        let deadline = match (timeout, retry) {
+            // A timeout and a retry at the same instant: the timeout first (retries stop
+            // at the timeout).
+            (Some(timeout), retry) if retry.is_none_or(|retry| timeout <= retry) => {
+                let slot = self.deadlines.head.expect("a timeout is due");
+                self.on_timeout(slot);
+                timeout
+            }
+            (_, Some(_)) => {
+                let (deadline, event) = self.timers.pop_due(limit_ns).expect("peeked above");
+                self.on_retry(event.slot, event.attempt, deadline);
+                deadline
+            }
+            (_, None) => return Ok(None),
         };
-        match event {
-            TimerEvent::Timeout(slot) => self.on_timeout(slot),
-            TimerEvent::Retry(slot, attempt) => self.on_retry(slot, attempt, deadline),
-        }
         self.drain(deadline, out)?;
         Ok(Some(deadline))
     }
@@ -523,7 +579,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             let entry = self.entry_mut(slot);
             entry.final_attempt = true;
             let retry = entry.retry_timer.take();
-            self.cancel_timer(retry);
+            self.cancel_retry(retry);
             self.invoke_again(slot, now_ns);
         }
         self.drain(now_ns, out)?;
@@ -646,24 +702,86 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.metrics.retried += 1;
         let timer = self.timers.schedule(
             now_ns.saturating_add(delay_ns),
-            TimerEvent::Retry(slot, attempt),
+            TimerEvent { slot, attempt },
         );
         self.entry_mut(slot).retry_timer = Some(timer);
+        self.retry_timers += 1;
         self.note_timers();
     }
 
-    /// Cancels a timer that no longer matters (O(1); a fired one is a no-op).
-    fn cancel_timer(&mut self, timer: Option<TimerKey>) {
+    /// Cancels a retry timer that no longer matters (O(1); one that already came due on
+    /// the worker's wheel is ignored when it pops: the entry's `retry_timer` is gone).
+    fn cancel_retry(&mut self, timer: Option<TimerKey>) {
         if let Some(timer) = timer {
+            self.retry_timers -= 1;
             self.timers.cancel(timer);
         }
     }
 
+    #[inline]
     fn note_timers(&mut self) {
-        let pending = self.timers.len() as u64;
+        let pending = self.pending_timers() as u64;
         if pending > self.metrics.timer_wheel_peak {
             self.metrics.timer_wheel_peak = pending;
         }
+    }
+
+    /// Links entry `slot` (its `deadline_ns` set) into the deadline list: at the tail,
+    /// after walking back past later deadlines (none unless the clock went back).
+    fn link_deadline(&mut self, slot: Key) {
+        let deadline = self.entry_mut(slot).deadline_ns;
+        let mut after = self.deadlines.tail;
+        while let Some(key) = after {
+            let entry = self.entry_mut(key);
+            if entry.deadline_ns <= deadline {
+                break;
+            }
+            after = entry.prev_deadline;
+        }
+        let before = match after {
+            Some(key) => self.entry_mut(key).next_deadline,
+            None => self.deadlines.head,
+        };
+        let entry = self.entry_mut(slot);
+        entry.timing = true;
+        entry.prev_deadline = after;
+        entry.next_deadline = before;
+        match after {
+            Some(key) => self.entry_mut(key).next_deadline = Some(slot),
+            None => {
+                self.deadlines.head = Some(slot);
+                self.deadlines.first_ns = deadline;
+            }
+        }
+        match before {
+            Some(key) => self.entry_mut(key).prev_deadline = Some(slot),
+            None => self.deadlines.tail = Some(slot),
+        }
+        self.deadlines.len += 1;
+    }
+
+    /// Takes entry `slot` out of the deadline list: its timeout stops.
+    fn unlink_deadline(&mut self, slot: Key) {
+        let entry = self.entry_mut(slot);
+        debug_assert!(entry.timing, "only a timing entry is in the deadline list");
+        entry.timing = false;
+        let prev = entry.prev_deadline.take();
+        let next = entry.next_deadline.take();
+        match prev {
+            Some(key) => self.entry_mut(key).next_deadline = next,
+            None => {
+                self.deadlines.head = next;
+                self.deadlines.first_ns = match next {
+                    Some(key) => self.entry_mut(key).deadline_ns,
+                    None => u64::MAX,
+                };
+            }
+        }
+        match next {
+            Some(key) => self.entry_mut(key).prev_deadline = prev,
+            None => self.deadlines.tail = prev,
+        }
+        self.deadlines.len -= 1;
     }
 
     fn invoke_again(&mut self, slot: Key, _now_ns: u64) {
@@ -687,21 +805,19 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             return;
         }
         entry.retry_timer = None;
+        self.retry_timers -= 1;
         self.invoke_again(slot, now_ns);
     }
 
+    /// The timeout of entry `slot` (the head of the deadline list) fires.
     fn on_timeout(&mut self, slot: Key) {
-        let Some(entry) = self.entries.get_mut(slot) else {
-            return;
-        };
-        if entry.timeout_timer.take().is_none() {
-            return;
-        }
+        self.unlink_deadline(slot);
+        let entry = self.entry_mut(slot);
         let retry = entry.retry_timer.take();
         entry.state = State::TimedOut;
         entry.attempt += 1;
         let attempt = entry.attempt;
-        self.cancel_timer(retry);
+        self.cancel_retry(retry);
         self.metrics.timed_out += 1;
         let handle = self.completions.issue(slot, attempt);
         let input = &self.entries.get(slot).expect("live").input;
@@ -716,9 +832,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         out: &mut impl Collector<F::Out>,
     ) {
         let entry = self.entry_mut(slot);
-        let timeout = entry.timeout_timer.take();
-        let (key, epoch) = (entry.key, entry.epoch);
-        self.cancel_timer(timeout);
+        let (key, epoch, timing) = (entry.key, entry.epoch, entry.timing);
+        if timing {
+            self.unlink_deadline(slot);
+        }
         self.metrics.completed += 1;
         let head = self.chains.is_head(key, slot);
         if head && epoch == self.segments.head_epoch {
@@ -765,6 +882,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let (key, timestamp, next, sequence, first_invoked_ns) = self
             .entries
             .remove_with(slot, |e| {
+                debug_assert!(!e.timing, "an emitted record's timeout has stopped");
                 (
                     e.key,
                     e.timestamp,
@@ -853,7 +971,7 @@ impl<F: AsyncFunction> core::fmt::Debug for AsyncWaitOperator<F> {
             .field("mode", &self.mode)
             .field("capacity", &self.capacity)
             .field("in_flight", &self.in_flight())
-            .field("pending_timers", &self.timers.len())
+            .field("pending_timers", &self.pending_timers())
             .field("failed", &self.failure.is_some())
             .finish_non_exhaustive()
     }
