@@ -108,7 +108,7 @@ impl AsyncFunction for Immediate {
     type Out = u64;
     #[inline]
     fn invoke(&mut self, input: &u64, result: ResultFuture<u64>) {
-        result.complete([*input]);
+        result.complete_one(*input);
     }
     #[inline]
     fn key(&self, input: &u64) -> u64 {
@@ -211,7 +211,7 @@ pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
         }
         std::mem::swap(&mut batch, &mut *pending.borrow_mut());
         for (input, result) in batch.drain(..) {
-            result.complete([input]);
+            result.complete_one(input);
         }
         operator.drain(0, &mut sink).expect("no failure");
     }
@@ -305,7 +305,7 @@ pub fn weir_cross_thread(mode: OutputMode, capacity: usize, n: u64) -> Measureme
         while done < n {
             match incoming.try_pop() {
                 Some((input, result)) => {
-                    result.complete([input]);
+                    result.complete_one(input);
                     done += 1;
                     backoff.reset();
                 }
@@ -403,7 +403,7 @@ impl Task for TimerTask {
             let Some((_, (input, result))) = due else {
                 break;
             };
-            result.complete([input]);
+            result.complete_one(input);
             busy = true;
         }
         busy |= self.operator.drain(now, &mut self.sink)? > 0;

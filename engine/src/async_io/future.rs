@@ -327,6 +327,13 @@ impl<T> ResultFuture<T> {
         self.deliver(Outcome::Results(results));
     }
 
+    /// Completes the call with one result: what `complete([value])` does, without going
+    /// through an iterator (the common 1:1 case of a lookup).
+    #[inline]
+    pub fn complete_one(self, value: T) {
+        self.deliver(Outcome::Results(Results::One(value)));
+    }
+
     /// Completes the call with an error: the operator fails unless a retry applies.
     pub fn complete_err(self, error: AsyncError) {
         self.deliver(Outcome::Error(error));

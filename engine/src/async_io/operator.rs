@@ -53,11 +53,15 @@ use crate::park::Notify;
 use crate::slab::{Key, Slab};
 use crate::timer::{TimerKey, TimerOwner, TimerPayload, TimerWheel, WorkerTimers};
 
-enum State<Out> {
+/// Where an entry stands (see the lifecycle above). A plain tag: the results of a done
+/// entry wait in `Entry::results`, so checking the state is one byte compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
     InFlight,
     RetryWaiting,
     TimedOut,
-    Done(Results<Out>),
+    /// Completed; its results wait in `Entry::results` to be emitted.
+    Done,
 }
 
 struct Entry<In, Out> {
@@ -70,7 +74,9 @@ struct Entry<In, Out> {
     epoch: u64,
     attempt: u32,
     invocations: u32,
-    state: State<Out>,
+    state: State,
+    /// The results of a done entry (`Results::Empty` otherwise).
+    results: Results<Out>,
     /// When its timeout fires (with a timeout configured; `u64::MAX` without).
     deadline_ns: u64,
     /// In the deadline list (its timeout runs): until it fires or the record completes.
@@ -377,6 +383,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             attempt: 0,
             invocations: 1,
             state: State::InFlight,
+            results: Results::Empty,
             deadline_ns: self
                 .timeout_ns
                 .map_or(u64::MAX, |timeout_ns| now_ns.saturating_add(timeout_ns)),
@@ -391,8 +398,12 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         };
         let inserted = self.entries.try_insert(entry);
         debug_assert_eq!(inserted.ok(), Some(slot), "next_key names the next slot");
-        if let Some(previous) = self.chains.append(key, slot) {
-            self.entry_mut(previous).next_in_chain = Some(slot);
+        // Unordered mode keeps no chains: its mode is checked here, one byte, rather than
+        // by matching the chains (whose tag hides in a map's pointer).
+        if self.mode != OutputMode::Unordered {
+            if let Some(previous) = self.chains.append(key, slot) {
+                self.entry_mut(previous).next_in_chain = Some(slot);
+            }
         }
         self.segments.tail_mut().remaining += 1;
         if self.timeout_ns.is_some() {
@@ -648,7 +659,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let timed_out = match entry.state {
             State::InFlight => false,
             State::TimedOut => true,
-            State::RetryWaiting | State::Done(_) => return Ok(()),
+            State::RetryWaiting | State::Done => return Ok(()),
         };
         let retry_allowed = !timed_out && self.may_retry(entry.invocations, entry.final_attempt);
         match completion.outcome {
@@ -837,7 +848,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.unlink_deadline(slot);
         }
         self.metrics.completed += 1;
-        let head = self.chains.is_head(key, slot);
+        let head = self.mode == OutputMode::Unordered || self.chains.is_head(key, slot);
         if head && epoch == self.segments.head_epoch {
             // Emittable now: hand the results straight out instead of storing them.
             let next = self.emit_one(slot, results, now_ns, out);
@@ -847,7 +858,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.advance(now_ns, out);
             return;
         }
-        self.entry_mut(slot).state = State::Done(results);
+        let entry = self.entry_mut(slot);
+        entry.state = State::Done;
+        entry.results = results;
         if head {
             self.park(slot, epoch);
         }
@@ -893,7 +906,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             })
             .expect("emitting a live entry");
         self.segments.head_mut().remaining -= 1;
-        self.chains.pop_head(key, slot, next);
+        if self.mode != OutputMode::Unordered {
+            self.chains.pop_head(key, slot, next);
+        }
         results.for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
         self.metrics.emitted += 1;
         // NB: recording into the histogram on every record is a measurable share of the
@@ -911,7 +926,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     fn follow(&mut self, mut next: Key, now_ns: u64, out: &mut impl Collector<F::Out>) {
         loop {
             let successor = self.entries.get_mut(next).expect("chain successor is live");
-            if !matches!(successor.state, State::Done(_)) {
+            if successor.state != State::Done {
                 return;
             }
             let epoch = successor.epoch;
@@ -919,10 +934,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
                 self.park(next, epoch);
                 return;
             }
-            let State::Done(results) = std::mem::replace(&mut successor.state, State::InFlight)
-            else {
-                unreachable!("checked done above");
-            };
+            let results = std::mem::replace(&mut successor.results, Results::Empty);
             match self.emit_one(next, results, now_ns, out) {
                 Some(after) => next = after,
                 None => return,
@@ -935,9 +947,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     fn emit_chain(&mut self, slot: Key, now_ns: u64, out: &mut impl Collector<F::Out>) {
         let entry = self.entries.get_mut(slot).expect("emitting a live entry");
         debug_assert_eq!(entry.epoch, self.segments.head_epoch);
-        let State::Done(results) = std::mem::replace(&mut entry.state, State::InFlight) else {
-            unreachable!("only done entries are emitted");
-        };
+        debug_assert_eq!(entry.state, State::Done, "only done entries are emitted");
+        let results = std::mem::replace(&mut entry.results, Results::Empty);
         if let Some(next) = self.emit_one(slot, results, now_ns, out) {
             self.follow(next, now_ns, out);
         }

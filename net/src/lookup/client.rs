@@ -160,7 +160,7 @@ impl<R: LookupRequest> Sink<R> {
 impl<R: LookupRequest> Pending<R> {
     fn succeed(self, value: &[u8]) {
         match self.sink {
-            Sink::Call { request, result } => result.complete([request.complete(value)]),
+            Sink::Call { request, result } => result.complete_one(request.complete(value)),
             Sink::Wait { slot, .. } => slot.fill(Ok(value.to_vec())),
         }
     }

@@ -967,7 +967,7 @@ impl<R: RedisRequest> RedisClient<R> {
     fn answer(&mut self, index: usize, reply: Reply<'_>) {
         if let Some(call) = self.connections[index].calls.pop_front() {
             self.outstanding -= 1;
-            call.result.complete([call.request.complete(reply)]);
+            call.result.complete_one(call.request.complete(reply));
         }
     }
 
