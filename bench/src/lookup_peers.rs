@@ -8,7 +8,9 @@
 //!   the stream split in halves, `TCP_NODELAY`, a writer task that drains the calls
 //!   queued since its last wake-up into one buffer and writes it with one call, a
 //!   reader task that decodes every whole response in its read buffer at once, request
-//!   ids that are slab slots; the calls are `buffer_unordered(C)` over it;
+//!   ids that are slab slots, a call queued as it is made; the calls are
+//!   `buffer_unordered(C)` over it, in a task out of tokio's budget that yields every
+//!   128 answers (the budget's own pace; see `YIELD_EVERY`);
 //! - a pipelined tokio loop: one task on a current-thread runtime keeping C requests
 //!   outstanding on the connection, every answer read in a wake-up decoded at once and
 //!   answered with the next request, the requests written every `POLL_BATCH` answers
@@ -25,6 +27,7 @@
 //! All reuse the service's own frame encoder and decoder (`weir_net::lookup::protocol`).
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -202,6 +205,20 @@ type Waiter = (u64, oneshot::Sender<u64>);
 /// Most calls the writer task takes from its queue per wake-up.
 const WRITE_BATCH_MAX: usize = 4096;
 
+/// Answers after which the task driving the calls yields to the runtime: tokio's own
+/// budget (128 operations a poll of a task), spent at a point of the task's choosing.
+///
+/// `buffer_unordered` polls all the calls in one task. Under tokio's budget, the call
+/// whose `oneshot` finds the budget spent answers `Pending` and defers its wake-up to
+/// the scheduler, which `FuturesUnordered` cannot tell from a wait: it goes on polling
+/// every other ready call in vain (each answering `Pending` and queueing a wake-up),
+/// and again after each 128 answers, so a read of R answers costs about R²/256 polls
+/// (futures-rs#2053): at 1024 calls in flight, more than eight polls a call where two
+/// do. The task therefore runs out of the budget (`tokio::task::unconstrained`) and
+/// yields itself at this pace; the writer task then sends the calls made since, so the
+/// service answers them while the task takes the next answers.
+const YIELD_EVERY: u64 = 128;
+
 /// A pipelined client for the lookup protocol on a tokio current-thread runtime (inside
 /// a `LocalSet`): calls queue on an unbounded channel to the writer task, which gives
 /// each a slab slot as its request id; the reader task answers them by slot.
@@ -223,13 +240,16 @@ impl TokioClient {
         Ok(TokioClient { calls })
     }
 
-    /// Looks `key` up.
-    async fn get(&self, key: u64) -> u64 {
+    /// Looks `key` up: queues the call for the writer task at once, as the call is
+    /// made, and returns the future of its answer. (Queued on its first poll instead,
+    /// a call would wait for `FuturesUnordered` to poll every call woken before it, the
+    /// answers of the whole read, and go out with them in one write per window.)
+    fn get(&self, key: u64) -> impl Future<Output = u64> + 'static {
         let (reply, answered) = oneshot::channel();
         self.calls
             .send((key, reply))
             .expect("the writer task runs while the client lives");
-        answered.await.expect("the service answers every request")
+        async move { answered.await.expect("the service answers every request") }
     }
 
     /// Encodes every call queued since the last wake-up into one buffer, then writes it.
@@ -301,21 +321,31 @@ pub fn tokio(server: &LookupServer, c: usize, n: u64) -> Measurement {
         let start = Instant::now();
         let mut latency = histogram();
         let client = &client;
-        let calls = futures::stream::iter(0..n).map(|key| async move {
+        let calls = futures::stream::iter(0..n).map(|key| {
             let invoked = (key % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
-            let value = client.get(key).await;
-            (value, invoked.map(|at| at.elapsed()))
+            let answer = client.get(key);
+            async move { (answer.await, invoked.map(|at| at.elapsed())) }
         });
-        let mut results = calls.buffer_unordered(c);
-        let mut count = 0u64;
-        let mut sum = 0u64;
-        while let Some((value, took)) = results.next().await {
-            sum = sum.wrapping_add(value);
-            if let Some(took) = took {
-                latency.saturating_record(took.as_nanos().max(1) as u64);
+        // Out of tokio's budget, yielding every `YIELD_EVERY` answers instead (see
+        // there): `FuturesUnordered` cannot tell the budget's deferred wake-ups from
+        // waits, and would poll every ready call once per 128 answers.
+        let (count, sum) = tokio::task::unconstrained(async {
+            let mut results = calls.buffer_unordered(c);
+            let mut count = 0u64;
+            let mut sum = 0u64;
+            while let Some((value, took)) = results.next().await {
+                sum = sum.wrapping_add(value);
+                if let Some(took) = took {
+                    latency.saturating_record(took.as_nanos().max(1) as u64);
+                }
+                count += 1;
+                if count % YIELD_EVERY == 0 {
+                    tokio::task::yield_now().await;
+                }
             }
-            count += 1;
-        }
+            (count, sum)
+        })
+        .await;
         let elapsed = start.elapsed();
         let cpu = cpu.stop();
         assert_eq!(count, n);
