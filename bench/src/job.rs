@@ -1317,7 +1317,7 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
         "timers peak",
         format!(
             "{} timers (capacity {})",
-            report.async_metrics.timer_wheel_peak, settings.capacity
+            report.async_metrics.timers_peak, settings.capacity
         ),
     );
     out
@@ -1372,7 +1372,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         "retried": report.async_metrics.retried,
         "timed_out": report.async_metrics.timed_out,
         "backpressured_s": report.backpressured_ns as f64 / 1e9,
-        "timer_wheel_peak": report.async_metrics.timer_wheel_peak,
+        "timers_peak": report.async_metrics.timers_peak,
         "wakeups": report.run.wakeups.iter().map(|w| json!({
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
         })).collect::<Vec<_>>(),

@@ -1,5 +1,6 @@
-//! Hashed timing wheel with O(1) cancellation: timeouts and retry delays on the task's
-//! thread.
+//! Hashed timing wheel with O(1) cancellation, on its owner's thread: the async
+//! operators' retry delays (their timeouts, all of one length, need no wheel: see
+//! `async_io::operator`) and the lookup service's answers that are due out of order.
 //!
 //! Timers live in a slab of nodes (`nodes`, reused through a free list, so the wheel's
 //! memory is bounded by the most timers ever pending at once, not by how many were
@@ -15,8 +16,8 @@
 //! A bitmap of non-empty slots finds the earliest slot in `slots / 64` word reads, and
 //! the head of that slot is the earliest timer: [`TimerWheel::next_deadline`] is exact
 //! and cheap, with no scan of the timers themselves. Scheduling appends at a list's
-//! tail and walks back only past later deadlines (none for a fixed timeout, whose
-//! deadlines grow with the clock). [`TimerWheel::cancel`] unlinks a node in O(1); a
+//! tail and walks back only past later deadlines (none when timers are scheduled in the
+//! order they come due). [`TimerWheel::cancel`] unlinks a node in O(1); a
 //! [`TimerKey`] carries the node's generation, so cancelling a timer that already fired
 //! (or was cancelled) is a no-op, never another timer's removal.
 //!
@@ -399,8 +400,9 @@ pub struct TimerPayload(pub u64, pub u32);
 /// One timer wheel per worker, shared by the timers of every operator of every task on
 /// that worker.
 ///
-/// The worker finds its next deadline in one O(1) look ([`next_deadline`]) instead of
-/// asking each operator, and all its timers share one slab of nodes. Each owner
+/// The worker finds the next deadline of every operator's retry delays in one O(1) look
+/// ([`next_deadline`]), and all of them share one slab of nodes (an operator reports its
+/// timeouts, which are not timers, through its task). Each owner
 /// ([`TimerOwner`], one per operator) keeps a small queue of its timers that came due:
 /// [`advance`] (called by the worker each turn, and by an owner before it looks) moves
 /// every due timer, in deadline order, to its owner's queue; the owner pops them there

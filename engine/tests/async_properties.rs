@@ -190,6 +190,12 @@ proptest! {
                 break;
             }
             prop_assert!(h.in_flight() <= capacity);
+            // Timer bookkeeping: at most a timeout and a retry delay per element held, and
+            // nothing left overdue (every timer due by now has fired).
+            prop_assert!(h.pending_timers() <= 2 * capacity);
+            if let Some(deadline) = h.operator().next_timer_deadline() {
+                prop_assert!(deadline > h.now_ns(), "a timer due at {} left at {}", deadline, h.now_ns());
+            }
         }
         if !failed {
             // End of input: outstanding calls complete with one result each.
@@ -200,6 +206,10 @@ proptest! {
                 handle.complete([id * 10]);
             }
             failed = h.finish().is_err();
+            if !failed {
+                prop_assert_eq!(h.pending_timers(), 0);
+                prop_assert_eq!(h.operator().next_timer_deadline(), None);
+            }
         }
         let output = h.take_output();
         drop(h);

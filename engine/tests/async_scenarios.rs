@@ -744,7 +744,7 @@ fn completed_records_cancel_their_timeouts() {
         h.operator().next_timer_deadline(),
         Some(h.now_ns() + 10_000_000_000)
     );
-    assert_eq!(h.operator().metrics().timer_wheel_peak, 1);
+    assert_eq!(h.operator().metrics().timers_peak, 1);
     function.complete(77);
     h.finish().unwrap();
     assert_eq!(h.operator().metrics().timed_out, 0);

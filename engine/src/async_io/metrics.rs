@@ -22,7 +22,7 @@ pub struct AsyncMetrics {
     /// The most timers pending at once: timeouts running (the operator's deadline list)
     /// plus retry delays (its wheel). Bounded by twice the capacity: a completed
     /// record's timeout stops at once. Merged as a maximum over subtasks.
-    pub timer_wheel_peak: u64,
+    pub timers_peak: u64,
     /// Invoke-to-emit latency of every `LATENCY_SAMPLE_EVERY`-th record (by input order),
     /// in ns of the operator's clock.
     pub latency_ns: Histogram<u64>,
@@ -37,7 +37,7 @@ impl AsyncMetrics {
             failed: 0,
             emitted: 0,
             backpressured_ns: 0,
-            timer_wheel_peak: 0,
+            timers_peak: 0,
             latency_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)
                 .expect("static histogram bounds are valid"),
         }
@@ -59,7 +59,7 @@ impl AsyncMetrics {
         self.failed += other.failed;
         self.emitted += other.emitted;
         self.backpressured_ns += other.backpressured_ns;
-        self.timer_wheel_peak = self.timer_wheel_peak.max(other.timer_wheel_peak);
+        self.timers_peak = self.timers_peak.max(other.timers_peak);
         self.latency_ns
             .add(&other.latency_ns)
             .expect("histograms share bounds");

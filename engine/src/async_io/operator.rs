@@ -1,5 +1,6 @@
 //! The async wait operator itself: entries in a slab, emission order from `queue`,
-//! timeouts and retries on a timing wheel, completions from `future`.
+//! timeouts in a deadline list through the entries, retry delays on a timing wheel,
+//! completions from `future`.
 //!
 //! Entry lifecycle (`State`):
 //! ```text
@@ -732,8 +733,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     #[inline]
     fn note_timers(&mut self) {
         let pending = self.pending_timers() as u64;
-        if pending > self.metrics.timer_wheel_peak {
-            self.metrics.timer_wheel_peak = pending;
+        if pending > self.metrics.timers_peak {
+            self.metrics.timers_peak = pending;
         }
     }
 

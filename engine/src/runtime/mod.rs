@@ -30,8 +30,12 @@
 //!    next turn poll every task: coarse, never lost.
 //!
 //! Each worker has one timer wheel ([`WorkerTimers`]) shared by the timers of all its
-//! tasks' operators: the worker's next deadline is one O(1) look, and a timer that comes
-//! due is moved to its operator's queue, which makes its task due for a poll.
+//! tasks' operators (their retry delays): the worker's next deadline is one O(1) look,
+//! and a timer that comes due is moved to its operator's queue, which makes its task due
+//! for a poll. An operator's timeouts are not on the wheel: the operator reports its next
+//! one itself, so a task holding an operator must report
+//! `AsyncWaitOperator::next_timer_deadline` in its [`Task::next_deadline`] (as the
+//! graph's tasks do), or its timeouts never wake the worker.
 //!
 //! Drivers and parkers are made before the threads start, so wiring (channels, pools)
 //! can name every task's unparker; tasks are built on their worker's thread by a

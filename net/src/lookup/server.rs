@@ -2,9 +2,10 @@
 //!
 //! A TCP server on its own thread (an epoll event loop through `mio`) answering each
 //! request after a latency drawn from a [`Latency`] distribution. Delays are not
-//! sleeps: an answer waits in a queue of due answers ([`Answers`]), so many thousands of
-//! requests wait at once and answers leave out of order. Fault injection: error responses, connection resets,
-//! stalls (a request is never answered) and malformed frames, each at a rate.
+//! sleeps: answers wait for their time in [`Answers`], so many thousands of requests
+//! wait at once and answers leave out of order. Fault injection: error responses,
+//! connection resets, stalls (a request is never answered) and malformed frames, each
+//! at a rate.
 
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -807,7 +808,7 @@ impl EventLoop {
 mod tests {
     use super::*;
 
-    fn waiting(request_id: u64) -> Waiting {
+    fn waiting_for(request_id: u64) -> Waiting {
         Waiting {
             token: 0,
             generation: 0,
@@ -827,7 +828,7 @@ mod tests {
         ) {
             let mut answers = Answers::new();
             for (id, &due) in dues.iter().enumerate() {
-                answers.schedule(due, waiting(id as u64));
+                answers.schedule(due, waiting_for(id as u64));
             }
             let mut expected: Vec<(u64, u64)> =
                 dues.iter().enumerate().map(|(id, &due)| (due, id as u64)).collect();
@@ -855,6 +856,57 @@ mod tests {
                 }
             }
             proptest::prop_assert!(left.is_empty());
+        }
+
+        /// As the service uses it: answers scheduled at `now + delay` between pops, with
+        /// delays that are mostly one fixed latency (a long FIFO) and sometimes shorter
+        /// (out of order, into the wheel, after it moved on), leave in deadline order,
+        /// none early, none left behind.
+        #[test]
+        fn answers_scheduled_between_pops_leave_in_deadline_order(
+            steps in proptest::collection::vec(
+                (0u64..300_000, proptest::collection::vec(proptest::option::weighted(0.8, proptest::strategy::Just(1_000_000u64)), 0..20), 0u64..1_000_000),
+                1..60,
+            ),
+        ) {
+            let mut answers = Answers::new();
+            let mut waiting: Vec<(u64, u64)> = Vec::new();
+            let mut now = 0u64;
+            let mut id = 0u64;
+            for (advance, delays, short) in steps {
+                now += advance;
+                while let Some(answer) = answers.pop_due(now) {
+                    let earliest = waiting.iter().map(|&(due, _)| due).min().expect("one waits");
+                    let position = waiting
+                        .iter()
+                        .position(|&(_, i)| i == answer.request_id)
+                        .expect("answered once");
+                    let (due, _) = waiting.swap_remove(position);
+                    proptest::prop_assert!(due <= now, "answered before its time");
+                    proptest::prop_assert_eq!(due, earliest, "a later answer left first");
+                }
+                proptest::prop_assert!(waiting.iter().all(|&(due, _)| due > now));
+                for delay in delays {
+                    let due = now + delay.unwrap_or(short);
+                    answers.schedule(due, waiting_for(id));
+                    waiting.push((due, id));
+                    id += 1;
+                }
+                proptest::prop_assert_eq!(
+                    answers.next_deadline(),
+                    waiting.iter().map(|&(due, _)| due).min()
+                );
+            }
+            while let Some(answer) = answers.pop_due(u64::MAX / 2) {
+                let earliest = waiting.iter().map(|&(due, _)| due).min().expect("one waits");
+                let position = waiting
+                    .iter()
+                    .position(|&(_, i)| i == answer.request_id)
+                    .expect("answered once");
+                let (due, _) = waiting.swap_remove(position);
+                proptest::prop_assert_eq!(due, earliest, "a later answer left first");
+            }
+            proptest::prop_assert!(waiting.is_empty());
         }
     }
 }
