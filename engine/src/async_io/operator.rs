@@ -78,9 +78,8 @@ struct Entry<In, Out> {
     state: State,
     /// The results of a done entry (`Results::Empty` otherwise).
     results: Results<Out>,
-    /// When its timeout fires (with a timeout configured; `u64::MAX` without).
-    deadline_ns: u64,
     /// In the deadline list (its timeout runs): until it fires or the record completes.
+    /// Its deadline is `first_invoked_ns` plus the timeout.
     timing: bool,
     /// Its neighbours in the deadline list.
     prev_deadline: Option<Key>,
@@ -385,9 +384,6 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             invocations: 1,
             state: State::InFlight,
             results: Results::Empty,
-            deadline_ns: self
-                .timeout_ns
-                .map_or(u64::MAX, |timeout_ns| now_ns.saturating_add(timeout_ns)),
             timing: false,
             prev_deadline: None,
             next_deadline: None,
@@ -738,14 +734,21 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         }
     }
 
-    /// Links entry `slot` (its `deadline_ns` set) into the deadline list: at the tail,
-    /// after walking back past later deadlines (none unless the clock went back).
+    /// The deadline of a record first invoked at `first_invoked_ns` (with a timeout).
+    #[inline]
+    fn deadline_of(&self, first_invoked_ns: u64) -> u64 {
+        first_invoked_ns.saturating_add(self.timeout_ns.unwrap_or(u64::MAX))
+    }
+
+    /// Links entry `slot` into the deadline list: at the tail, after walking back past
+    /// later deadlines (none unless the clock went back). One timeout for all, so the
+    /// deadline order is the order of first invocation.
     fn link_deadline(&mut self, slot: Key) {
-        let deadline = self.entry_mut(slot).deadline_ns;
+        let invoked = self.entry_mut(slot).first_invoked_ns;
         let mut after = self.deadlines.tail;
         while let Some(key) = after {
             let entry = self.entry_mut(key);
-            if entry.deadline_ns <= deadline {
+            if entry.first_invoked_ns <= invoked {
                 break;
             }
             after = entry.prev_deadline;
@@ -762,7 +765,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             Some(key) => self.entry_mut(key).next_deadline = Some(slot),
             None => {
                 self.deadlines.head = Some(slot);
-                self.deadlines.first_ns = deadline;
+                self.deadlines.first_ns = self.deadline_of(invoked);
             }
         }
         match before {
@@ -784,7 +787,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             None => {
                 self.deadlines.head = next;
                 self.deadlines.first_ns = match next {
-                    Some(key) => self.entry_mut(key).deadline_ns,
+                    Some(key) => {
+                        let invoked = self.entry_mut(key).first_invoked_ns;
+                        self.deadline_of(invoked)
+                    }
                     None => u64::MAX,
                 };
             }

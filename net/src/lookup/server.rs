@@ -808,6 +808,21 @@ impl EventLoop {
 mod tests {
     use super::*;
 
+    /// Takes the answer to `request_id` off `waiting` (due, id): its due time, and the
+    /// earliest due time that was waiting.
+    fn answered(waiting: &mut Vec<(u64, u64)>, request_id: u64) -> (u64, u64) {
+        let earliest = waiting
+            .iter()
+            .map(|&(due, _)| due)
+            .min()
+            .expect("one waits");
+        let position = waiting
+            .iter()
+            .position(|&(_, id)| id == request_id)
+            .expect("answered once");
+        (waiting.swap_remove(position).0, earliest)
+    }
+
     fn waiting_for(request_id: u64) -> Waiting {
         Waiting {
             token: 0,
@@ -876,12 +891,7 @@ mod tests {
             for (advance, delays, short) in steps {
                 now += advance;
                 while let Some(answer) = answers.pop_due(now) {
-                    let earliest = waiting.iter().map(|&(due, _)| due).min().expect("one waits");
-                    let position = waiting
-                        .iter()
-                        .position(|&(_, i)| i == answer.request_id)
-                        .expect("answered once");
-                    let (due, _) = waiting.swap_remove(position);
+                    let (due, earliest) = answered(&mut waiting, answer.request_id);
                     proptest::prop_assert!(due <= now, "answered before its time");
                     proptest::prop_assert_eq!(due, earliest, "a later answer left first");
                 }
@@ -898,12 +908,7 @@ mod tests {
                 );
             }
             while let Some(answer) = answers.pop_due(u64::MAX / 2) {
-                let earliest = waiting.iter().map(|&(due, _)| due).min().expect("one waits");
-                let position = waiting
-                    .iter()
-                    .position(|&(_, i)| i == answer.request_id)
-                    .expect("answered once");
-                let (due, _) = waiting.swap_remove(position);
+                let (due, earliest) = answered(&mut waiting, answer.request_id);
                 proptest::prop_assert_eq!(due, earliest, "a later answer left first");
             }
             proptest::prop_assert!(waiting.is_empty());
