@@ -213,8 +213,9 @@ const WRITE_BATCH_MAX: usize = 4096;
 /// the scheduler, which `FuturesUnordered` cannot tell from a wait: it goes on polling
 /// every other ready call in vain (each answering `Pending` and queueing a wake-up),
 /// and again after each 128 answers, so a read of R answers costs about R²/256 polls:
-/// at 1024 calls in flight, more than eight polls a call where two do (counted). The task therefore runs out of the budget (`tokio::task::unconstrained`) and
-/// yields itself at this pace; the writer task then sends the calls made since, so the
+/// at 1024 calls in flight, more than eight polls a call where two do. The task
+/// therefore runs out of the budget (`tokio::task::unconstrained`) and yields itself at
+/// this pace; the writer task then sends the calls made since, so the
 /// service answers them while the task takes the next answers.
 const YIELD_EVERY: u64 = 128;
 

@@ -282,11 +282,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// only retry delays already due are reported (the worker watches its wheel for the
     /// rest); timeouts always are.
     pub fn next_timer_deadline(&self) -> Option<u64> {
-        let timeout = self.deadlines.head.map(|_| self.deadlines.first_ns);
-        match (timeout, self.timers.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.timeout_due(u64::MAX)
+            .into_iter()
+            .chain(self.timers.next_deadline())
+            .min()
     }
 
     /// Handles issued and not yet completed (some may be on their way from other threads).
@@ -518,11 +517,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// The deadline of the earliest timer due at or before `limit_ns`.
     pub fn next_due_timer(&mut self, limit_ns: u64) -> Option<u64> {
         let retry = self.timers.peek_due(limit_ns);
-        let timeout = self.timeout_due(limit_ns);
-        match (timeout, retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.timeout_due(limit_ns).into_iter().chain(retry).min()
     }
 
     /// The first timeout's deadline, if it is at or before `limit_ns`.
