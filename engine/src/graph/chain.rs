@@ -17,12 +17,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::async_io::{AsyncFunction, AsyncWaitOperator};
-use crate::element::StreamElement;
+use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
 use crate::exchange::{GateEvent, InputGate, RecordWriter};
 use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
-use super::partition::{Selector, Stamped};
+use super::partition::Selector;
 use super::sink::Sink;
 use super::source::{Source, SourceEvent};
 use super::{GraphRunError, IoHandler, Shared};
@@ -303,7 +303,7 @@ impl<F: AsyncFunction> Drop for AsyncLink<F> {
 
 /// The end of a stage that feeds an exchange.
 pub(crate) struct WriterLink<T: Codec> {
-    pub(crate) writer: RecordWriter<Stamped<T>, Selector<T>>,
+    pub(crate) writer: RecordWriter<Record<T>, Selector<T>>,
     pub(crate) overflow: VecDeque<StreamElement<T>>,
     pub(crate) finished: bool,
     pub(crate) stage: String,
@@ -311,14 +311,13 @@ pub(crate) struct WriterLink<T: Codec> {
 
 impl<T: Codec> WriterLink<T> {
     #[inline]
-    fn write(&mut self, element: StreamElement<T>, now: u64) -> Result<(), TaskError> {
+    fn write(&mut self, element: &StreamElement<T>, now: u64) -> Result<(), TaskError> {
+        // By reference: the record is encoded from where it lies (moved out first, it
+        // was copied with loads wider than the stores that wrote it, a store-forwarding
+        // stall per record).
         match element {
-            StreamElement::Record(r) => {
-                let stamped = Stamped {
-                    timestamp: r.timestamp,
-                    value: r.value,
-                };
-                self.writer.emit(&stamped, now)?;
+            StreamElement::Record(record) => {
+                self.writer.emit(record, now)?;
                 if let Some((partition, partitions)) = self.writer.selector().out_of_range {
                     return Err(Box::new(GraphRunError::PartitionOutOfRange {
                         stage: self.stage.clone(),
@@ -346,7 +345,7 @@ impl<T: Codec> Link<T> for WriterLink<T> {
         cx: &mut TaskContext<'_>,
     ) -> Result<(), TaskError> {
         if self.overflow.is_empty() && self.writer.is_available() {
-            self.write(element, cx.now_ns)
+            self.write(&element, cx.now_ns)
         } else {
             self.overflow.push_back(element);
             Ok(())
@@ -362,7 +361,7 @@ impl<T: Codec> Link<T> for WriterLink<T> {
             let Some(element) = self.overflow.pop_front() else {
                 break;
             };
-            self.write(element, now)?;
+            self.write(&element, now)?;
             moved = true;
         }
         self.writer.on_timer(now)?;
@@ -448,7 +447,7 @@ pub(crate) trait GateInput<T> {
     fn next(&mut self, now_ns: u64) -> Result<SourceEvent<T>, TaskError>;
 }
 
-impl<T: Codec> GateInput<T> for InputGate<Stamped<T>> {
+impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
     #[inline]
     fn next(&mut self, now_ns: u64) -> Result<SourceEvent<T>, TaskError> {
         Ok(match self.poll_next_at(now_ns)? {

@@ -82,7 +82,7 @@ use chain::{
 pub use cluster::{Cluster, RemoteChannels};
 pub use keys::KeyHashCode;
 pub use partition::{Partitioner, Partitioning};
-use partition::{Route, Selector, Stamped};
+use partition::{Route, Selector};
 pub use sink::{latency_histogram, Collected, Counted, Sink};
 pub use source::{Generator, IterSource, Source, SourceEvent};
 
@@ -1334,7 +1334,7 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
             stage,
             open: Arc::new(move |wiring: &mut Wiring, chain| {
                 let channels = wiring.channels.take().ok_or_else(|| missing("input"))?;
-                let mut gate = InputGate::<Stamped<T>>::new(channels)?;
+                let mut gate = InputGate::<crate::element::Record<T>>::new(channels)?;
                 if let Some(config) = wiring.debloat {
                     gate.set_debloat(config)?;
                 }

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use crate::element::Record;
 use crate::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use crate::exchange::{ChannelSelector, Target};
 use crate::graph::keys::{key_group_for_hash, operator_index_for_key_group};
@@ -101,15 +102,10 @@ pub fn connected(
     }
 }
 
-/// A record with its event timestamp, as it crosses an exchange (Flink's
-/// `StreamRecord` serializes the timestamp with the value).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stamped<T> {
-    pub(crate) timestamp: Option<i64>,
-    pub(crate) value: T,
-}
-
-impl<T: Codec> Codec for Stamped<T> {
+/// A record crosses an exchange with its event timestamp (Flink's `StreamRecord`
+/// serializes the timestamp with the value). The exchange carries [`Record`] itself, so
+/// a record is encoded from where it lies, never moved into a wrapper first.
+impl<T: Codec> Codec for Record<T> {
     #[inline]
     fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
         self.timestamp.encode(out);
@@ -117,9 +113,10 @@ impl<T: Codec> Codec for Stamped<T> {
     }
     #[inline]
     fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
-        Ok(Stamped {
-            timestamp: Option::decode(input)?,
+        let timestamp = Option::decode(input)?;
+        Ok(Record {
             value: T::decode(input)?,
+            timestamp,
         })
     }
 }
@@ -183,9 +180,9 @@ impl<T> Selector<T> {
     }
 }
 
-impl<T> ChannelSelector<Stamped<T>> for Selector<T> {
+impl<T> ChannelSelector<Record<T>> for Selector<T> {
     #[inline]
-    fn select(&mut self, record: &Stamped<T>, subpartitions: usize) -> Target {
+    fn select(&mut self, record: &Record<T>, subpartitions: usize) -> Target {
         match &self.route {
             Route::KeyGroups(hash) => {
                 let group = key_group_for_hash(hash(&record.value), self.max_parallelism);
@@ -254,8 +251,8 @@ mod tests {
         }
     }
 
-    fn stamped(value: u64) -> Stamped<u64> {
-        Stamped {
+    fn stamped(value: u64) -> Record<u64> {
+        Record {
             timestamp: None,
             value,
         }
