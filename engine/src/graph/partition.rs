@@ -251,7 +251,24 @@ mod tests {
         }
     }
 
-    fn stamped(value: u64) -> Record<u64> {
+    #[test]
+    fn a_record_crosses_with_its_timestamp() {
+        for timestamp in [None, Some(-3), Some(i64::MAX)] {
+            let sent = Record {
+                value: (7u64, String::from("seven")),
+                timestamp,
+            };
+            let mut bytes = Vec::new();
+            sent.encode(&mut bytes);
+            let mut input = bytes.as_slice();
+            assert_eq!(Record::decode(&mut input), Ok(sent));
+            assert!(input.is_empty());
+            let mut cut = &bytes[..bytes.len() - 1];
+            assert!(Record::<(u64, String)>::decode(&mut cut).is_err());
+        }
+    }
+
+    fn record(value: u64) -> Record<u64> {
         Record {
             timestamp: None,
             value,
@@ -261,20 +278,20 @@ mod tests {
     #[test]
     fn rebalance_goes_round_from_a_seeded_channel() {
         let mut selector = Selector::<u64>::new(Route::Plain(Partitioning::Rebalance), 128, 4, 6);
-        let picks: Vec<_> = (0..6).map(|v| selector.select(&stamped(v), 4)).collect();
+        let picks: Vec<_> = (0..6).map(|v| selector.select(&record(v), 4)).collect();
         let expected: Vec<_> = [3, 0, 1, 2, 3, 0].iter().map(|&c| Target::One(c)).collect();
         assert_eq!(picks, expected);
         let mut rescale = Selector::<u64>::new(Route::Plain(Partitioning::Rescale), 128, 3, 0);
-        assert_eq!(rescale.select(&stamped(0), 3), Target::One(0));
+        assert_eq!(rescale.select(&record(0), 3), Target::One(0));
     }
 
     #[test]
     fn a_custom_partitioner_out_of_range_is_noted() {
         let custom: CustomFn<u64> = Arc::new(|v: &u64, _| *v as usize);
         let mut selector = Selector::new(Route::Custom(custom), 128, 2, 0);
-        assert_eq!(selector.select(&stamped(1), 2), Target::One(1));
+        assert_eq!(selector.select(&record(1), 2), Target::One(1));
         assert_eq!(selector.out_of_range, None);
-        selector.select(&stamped(7), 2);
+        selector.select(&record(7), 2);
         assert_eq!(selector.out_of_range, Some((7, 2)));
     }
 }
