@@ -157,30 +157,31 @@ impl<T> Slab<T> {
         Ok(Key::new(index, entry.generation))
     }
 
-    /// Stores the value `make` builds and returns its key, or returns `None` without
-    /// calling `make` when full. The value is built after the slot is found, so a
-    /// caller that passes its parts down (not the assembled value) lets the compiler
-    /// write them into the slot instead of assembling the value on the stack and
-    /// copying it (wide loads of narrow stores just made stall store forwarding).
+    /// Stores the value `make` builds and returns its key, or hands `make` back, not
+    /// called, when full. The value is built only once its slot is known, which can let
+    /// the optimiser write a caller's parts straight into the slot rather than assemble
+    /// the value on the stack and copy it there (as a value handed to
+    /// [`try_insert`](Self::try_insert) may be). If `make` panics the slab is as before.
     #[inline(always)]
-    pub fn insert_with(&mut self, make: impl FnOnce() -> T) -> Option<Key> {
+    pub fn insert_with<F: FnOnce() -> T>(&mut self, make: F) -> Result<Key, F> {
         if self.free_head == NO_SLOT {
             debug_assert_eq!(self.len, self.entries.len());
-            return None;
+            return Err(make);
         }
         let index = self.free_head;
         let entry = &mut self.entries[index as usize];
         let Slot::Vacant { next } = entry.slot else {
             unreachable!("free list points at an occupied slot {index}");
         };
-        self.free_head = next;
         entry.slot = Slot::Occupied(make());
+        self.free_head = next;
         self.len += 1;
-        Some(Key::new(index, entry.generation))
+        Ok(Key::new(index, entry.generation))
     }
 
-    /// The key the next [`try_insert`](Self::try_insert) returns, or `None` when full:
-    /// lets a caller hand out a value's key before the value exists.
+    /// The key the next [`try_insert`](Self::try_insert) or
+    /// [`insert_with`](Self::insert_with) returns, or `None` when full: lets a caller
+    /// hand out a value's key before the value exists.
     #[inline]
     pub fn next_key(&self) -> Option<Key> {
         let entry = self.entries.get(self.free_head as usize)?;
@@ -363,23 +364,43 @@ mod tests {
     fn insert_with_builds_only_when_there_is_room() {
         let mut slab = Slab::new(2).unwrap();
         let next = slab.next_key();
-        let a = slab.insert_with(|| 'a').unwrap();
+        let a = slab
+            .insert_with(|| 'a')
+            .unwrap_or_else(|_| panic!("no room"));
         assert_eq!(Some(a), next);
-        let b = slab.insert_with(|| 'b').unwrap();
+        let b = slab
+            .insert_with(|| 'b')
+            .unwrap_or_else(|_| panic!("no room"));
         assert!(slab.is_full());
-        assert_eq!(
-            slab.insert_with(|| unreachable!("built with no room")),
-            None
-        );
+        assert!(slab
+            .insert_with(|| unreachable!("built with no room"))
+            .is_err());
+        let handed_back = slab.insert_with(|| 'x').expect_err("full");
+        assert_eq!(handed_back(), 'x');
         assert_eq!(
             (slab.get(a), slab.get(b), slab.len()),
             (Some(&'a'), Some(&'b'), 2)
         );
         slab.remove(b);
-        let c = slab.insert_with(|| 'c').unwrap();
+        let c = slab
+            .insert_with(|| 'c')
+            .unwrap_or_else(|_| panic!("no room"));
         assert_eq!(c.index(), b.index());
         assert_eq!(slab.get(b), None);
         assert_eq!(slab.get(c), Some(&'c'));
+    }
+
+    #[test]
+    fn a_panicking_insert_with_leaves_the_slab_as_it_was() {
+        let mut slab = Slab::new(1).unwrap();
+        let next = slab.next_key();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = slab.insert_with(|| -> char { panic!("make failed") });
+        }));
+        assert!(panicked.is_err());
+        assert_eq!((slab.len(), slab.next_key()), (0, next));
+        assert_eq!(slab.insert_with(|| 'a').ok(), next);
+        assert!(slab.is_full());
     }
 
     #[test]

@@ -9,6 +9,8 @@ use weir_engine::slab::{Key, Slab};
 #[derive(Debug, Clone)]
 enum Op {
     Insert(u32),
+    /// Insert through `Slab::insert_with`.
+    InsertWith(u32),
     /// Remove the n-th key ever issued (live or stale).
     Remove(usize),
     /// Look up the n-th key ever issued.
@@ -19,7 +21,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => any::<u32>().prop_map(Op::Insert),
+        2 => any::<u32>().prop_map(Op::Insert),
+        2 => any::<u32>().prop_map(Op::InsertWith),
         2 => any::<usize>().prop_map(Op::Remove),
         2 => any::<usize>().prop_map(Op::Get),
         1 => (any::<usize>(), any::<u32>()).prop_map(|(k, v)| Op::Set(k, v)),
@@ -36,19 +39,27 @@ proptest! {
         let mut issued: Vec<Key> = Vec::new();
         for op in ops {
             match op {
-                Op::Insert(v) => match slab.try_insert(v) {
-                    Ok(key) => {
-                        prop_assert!(model.len() < capacity);
-                        prop_assert!(!model.contains_key(&key), "a live key was issued twice");
-                        prop_assert!(!issued.contains(&key), "a stale key was reissued");
-                        model.insert(key, v);
-                        issued.push(key);
+                Op::Insert(v) | Op::InsertWith(v) => {
+                    let inserted = if matches!(op, Op::InsertWith(_)) {
+                        // Refused, the closure comes back unbuilt: build it to compare.
+                        slab.insert_with(|| v).map_err(|make| make())
+                    } else {
+                        slab.try_insert(v)
+                    };
+                    match inserted {
+                        Ok(key) => {
+                            prop_assert!(model.len() < capacity);
+                            prop_assert!(!model.contains_key(&key), "a live key was issued twice");
+                            prop_assert!(!issued.contains(&key), "a stale key was reissued");
+                            model.insert(key, v);
+                            issued.push(key);
+                        }
+                        Err(back) => {
+                            prop_assert_eq!(back, v);
+                            prop_assert_eq!(model.len(), capacity);
+                        }
                     }
-                    Err(back) => {
-                        prop_assert_eq!(back, v);
-                        prop_assert_eq!(model.len(), capacity);
-                    }
-                },
+                }
                 Op::Remove(n) if !issued.is_empty() => {
                     let key = issued[n % issued.len()];
                     prop_assert_eq!(slab.remove(key), model.remove(&key));

@@ -376,9 +376,9 @@ impl<T> core::fmt::Debug for ResultFuture<T> {
 /// Routes `completion` to the operator and gives up the handle's reference.
 ///
 /// Always inlined, into every way of completing a handle: a call completed inside
-/// `invoke` then fills the armed inline slot without a function call (out of line, the
-/// call, its register saves and the completion passed through memory were a sixth of
-/// the operator's instructions per record on the latency-0 path).
+/// `invoke` then fills the armed inline slot without a function call, its register
+/// saves or the completion passed through memory (`scripts/callgrind.sh` tracks the
+/// latency-0 path's instructions per record).
 ///
 /// # Safety
 /// The caller owns one reference to `shared` (a live handle's) and gives it up.

@@ -373,8 +373,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             }
         }
         let epoch = self.segments.tail_epoch();
-        // Built in its slot (see `Slab::insert_with`): built here and moved in, the
-        // entry (with a large input or output type) was copied by a `memmove` call.
+        // Built in its slot (see `Slab::insert_with`), sparing a copy of a large entry.
         let inserted = self.entries.insert_with(move || Entry {
             input: value,
             timestamp,
@@ -394,7 +393,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             next_parked: None,
             first_invoked_ns: now_ns,
         });
-        debug_assert_eq!(inserted, Some(slot), "next_key names the next slot");
+        debug_assert_eq!(inserted.ok(), Some(slot), "next_key names the next slot");
         // Unordered mode keeps no chains: its mode is checked here, one byte, rather than
         // by matching the chains (whose tag hides in a map's pointer).
         if self.mode != OutputMode::Unordered {

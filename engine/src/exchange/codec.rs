@@ -236,6 +236,25 @@ impl<T: Codec> Codec for Option<T> {
     }
 }
 
+/// A record crosses an exchange as its timestamp, then its value (Flink's
+/// `StreamRecord` serializes the timestamp with the value); the exchange carries
+/// [`Record`](crate::element::Record) itself, encoded where it lies.
+impl<T: Codec> Codec for crate::element::Record<T> {
+    #[inline]
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        self.timestamp.encode(out);
+        self.value.encode(out);
+    }
+    #[inline]
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        let timestamp = Option::decode(input)?;
+        Ok(crate::element::Record {
+            value: T::decode(input)?,
+            timestamp,
+        })
+    }
+}
+
 impl<T: Codec, const N: usize> Codec for [T; N] {
     fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
         for item in self {

@@ -312,9 +312,8 @@ pub(crate) struct WriterLink<T: Codec> {
 impl<T: Codec> WriterLink<T> {
     #[inline]
     fn write(&mut self, element: &StreamElement<T>, now: u64) -> Result<(), TaskError> {
-        // By reference: the record is encoded from where it lies (moved out first, it
-        // was copied with loads wider than the stores that wrote it, a store-forwarding
-        // stall per record).
+        // By reference: the record is encoded from where it lies, with no copy of it
+        // (whose wide loads of narrow stores can stall store forwarding).
         match element {
             StreamElement::Record(record) => {
                 self.writer.emit(record, now)?;

@@ -65,6 +65,7 @@ use std::time::Duration;
 
 use crate::async_io::futures::{FutureFunction, LocalExecutor};
 use crate::async_io::{AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, AsyncWaitOperator};
+use crate::element::Record;
 use crate::exchange::codec::Codec;
 use crate::exchange::{
     local_channel, DebloatConfig, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
@@ -1334,7 +1335,7 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
             stage,
             open: Arc::new(move |wiring: &mut Wiring, chain| {
                 let channels = wiring.channels.take().ok_or_else(|| missing("input"))?;
-                let mut gate = InputGate::<crate::element::Record<T>>::new(channels)?;
+                let mut gate = InputGate::<Record<T>>::new(channels)?;
                 if let Some(config) = wiring.debloat {
                     gate.set_debloat(config)?;
                 }

@@ -19,7 +19,6 @@
 use std::sync::Arc;
 
 use crate::element::Record;
-use crate::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use crate::exchange::{ChannelSelector, Target};
 use crate::graph::keys::{key_group_for_hash, operator_index_for_key_group};
 
@@ -99,25 +98,6 @@ pub fn connected(
         let start = (index * downstream).div_ceil(upstream);
         let end = ((index + 1) * downstream).div_ceil(upstream);
         (start..end).collect()
-    }
-}
-
-/// A record crosses an exchange with its event timestamp (Flink's `StreamRecord`
-/// serializes the timestamp with the value). The exchange carries [`Record`] itself, so
-/// a record is encoded from where it lies, never moved into a wrapper first.
-impl<T: Codec> Codec for Record<T> {
-    #[inline]
-    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
-        self.timestamp.encode(out);
-        self.value.encode(out);
-    }
-    #[inline]
-    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
-        let timestamp = Option::decode(input)?;
-        Ok(Record {
-            value: T::decode(input)?,
-            timestamp,
-        })
     }
 }
 
@@ -221,6 +201,7 @@ impl<T> ChannelSelector<Record<T>> for Selector<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exchange::codec::Codec;
 
     #[test]
     fn pointwise_wiring_is_flinks() {
@@ -252,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_crosses_with_its_timestamp() {
+    fn a_record_crosses_as_its_timestamp_then_its_value() {
         for timestamp in [None, Some(-3), Some(i64::MAX)] {
             let sent = Record {
                 value: (7u64, String::from("seven")),
@@ -260,6 +241,15 @@ mod tests {
             };
             let mut bytes = Vec::new();
             sent.encode(&mut bytes);
+            // The wire format: what a peer of another build reads.
+            let mut expected = match timestamp {
+                None => vec![0],
+                Some(t) => [&[1u8][..], &t.to_le_bytes()].concat(),
+            };
+            expected.extend_from_slice(&7u64.to_le_bytes());
+            expected.extend_from_slice(&5u32.to_le_bytes());
+            expected.extend_from_slice(b"seven");
+            assert_eq!(bytes, expected);
             let mut input = bytes.as_slice();
             assert_eq!(Record::decode(&mut input), Ok(sent));
             assert!(input.is_empty());

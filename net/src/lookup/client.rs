@@ -157,7 +157,8 @@ impl<R: LookupRequest> Sink<R> {
     }
 }
 
-/// Fails a lookup that never left (the client is full).
+/// Fails a lookup with `message`: the client was full, or its request failed (an error
+/// answer, expiry, a closed connection or a malformed frame; all rare, hence cold).
 #[cold]
 fn sink_failed<R: LookupRequest>(sink: Sink<R>, message: String) {
     match sink {
@@ -259,32 +260,27 @@ impl<R: LookupRequest> LookupClient<R> {
         Get(slot)
     }
 
-    /// Sends a request for `key` whose outcome goes to the sink `sink` makes, made
-    /// once: in the pending entry's slot, or to fail at once when the client is full.
-    ///
-    /// The sink's parts go down unassembled and the entry is built in its slot.
-    /// Assembled by the caller and moved in, it was copied through the stack with wide
-    /// loads of narrow stores, a store-forwarding stall per lookup; of the ways of
-    /// writing this tried with `perf annotate` (the entry built in `submit`, a closure
-    /// building the whole entry, a check for room before it), this one leaves the
-    /// fewest copies (`weir compare lookup --only "latency 0, 1024"`: the client's CPU
-    /// per lookup fell by a fifth).
+    /// Queues a request for `key` on the next connection, its outcome going to the
+    /// sink `sink` makes: made in the pending entry's slot, or, when the client is
+    /// full, to fail the lookup at once (the connection does not move on then). The
+    /// sink goes down as a closure so that the entry can be built in its slot, which
+    /// spares a copy of it through the stack (`perf annotate` showed that copy's loads
+    /// stalled on store forwarding, once per lookup). The closure is borrowed from an
+    /// `Option` rather than moved into the entry's: of the forms tried, this one left
+    /// the compiler the fewest copies.
     #[inline(always)]
     fn start(&mut self, key: u64, sink: impl FnOnce() -> Sink<R>) {
         let connection = self.next;
         let deadline_ns = self.now_ns.saturating_add(self.timeout_ns);
         let mut sink = Some(sink);
-        let Some(slot) = self.pending.insert_with(|| Pending {
+        match self.pending.insert_with(|| Pending {
             connection: connection as u32,
             sink: (sink.take().expect("made once"))(),
             deadline_ns,
-        }) else {
-            if let Some(sink) = sink.take() {
-                self.overloaded(sink());
-            }
-            return;
-        };
-        self.sent(connection, slot, key);
+        }) {
+            Ok(slot) => self.queue_request(connection, slot, key),
+            Err(_) => self.overloaded((sink.take().expect("not made: the client was full"))()),
+        }
     }
 
     /// Fails a lookup that could not be sent: the client is full.
@@ -298,10 +294,11 @@ impl<R: LookupRequest> LookupClient<R> {
         sink_failed(sink, message);
     }
 
-    /// Writes the request of the pending entry `slot` for `key` to `connection`'s
-    /// outbox, and moves on to the next connection.
+    /// Appends the request of the pending entry `slot` for `key` to `connection`'s
+    /// outbox (sent by the next [`flush`](Self::flush)), and moves on to the next
+    /// connection.
     #[inline(always)]
-    fn sent(&mut self, connection: usize, slot: Key, key: u64) {
+    fn queue_request(&mut self, connection: usize, slot: Key, key: u64) {
         self.next = if connection + 1 == self.connections.len() {
             0
         } else {
@@ -541,8 +538,9 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
     type In = R;
     type Out = R::Out;
 
-    // Inlined into the operator: a handle passed through memory to a call made out of
-    // line was read back wider than it was written (a store-forwarding stall per call).
+    // Inlined into the operator, so that the handle need not pass through memory to a
+    // call made out of line (read back wider than it was written, it stalled store
+    // forwarding once per call).
     #[inline(always)]
     fn invoke(&mut self, input: &R, result: ResultFuture<R::Out>) {
         self.client.borrow_mut().submit(input.clone(), result);
@@ -643,10 +641,14 @@ mod tests {
 
     /// A client whose connection is never made: the tests feed it bytes by hand.
     fn unconnected_client() -> LookupClient<Key64> {
+        client_of_capacity(64)
+    }
+
+    fn client_of_capacity(capacity: usize) -> LookupClient<Key64> {
         LookupClient::<Key64>::new(ClientConfig {
             addr: "127.0.0.1:9".parse().expect("address"),
             connections: 1,
-            capacity: 64,
+            capacity,
             request_timeout: Duration::from_secs(60),
         })
         .expect("client")
@@ -698,15 +700,7 @@ mod tests {
         use weir_engine::element::StreamElement;
         use weir_engine::park::Parker;
 
-        let client = Rc::new(RefCell::new(
-            LookupClient::<Key64>::new(ClientConfig {
-                addr: "127.0.0.1:9".parse().expect("address"),
-                connections: 1,
-                capacity: 2,
-                request_timeout: Duration::from_secs(60),
-            })
-            .expect("client"),
-        ));
+        let client = Rc::new(RefCell::new(client_of_capacity(2)));
         let parker = Parker::current();
         let mut operator = AsyncWaitOperator::new(
             LookupFunction::new(Rc::clone(&client)),
