@@ -142,19 +142,7 @@ impl<T> Slab<T> {
     /// Stores `value` and returns its key, or hands the value back when full.
     #[inline]
     pub fn try_insert(&mut self, value: T) -> Result<Key, T> {
-        if self.free_head == NO_SLOT {
-            debug_assert_eq!(self.len, self.entries.len());
-            return Err(value);
-        }
-        let index = self.free_head;
-        let entry = &mut self.entries[index as usize];
-        let Slot::Vacant { next } = entry.slot else {
-            unreachable!("free list points at an occupied slot {index}");
-        };
-        self.free_head = next;
-        entry.slot = Slot::Occupied(value);
-        self.len += 1;
-        Ok(Key::new(index, entry.generation))
+        self.insert_with(move || value).map_err(|make| make())
     }
 
     /// Stores the value `make` builds and returns its key, or hands `make` back, not
