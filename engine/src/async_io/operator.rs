@@ -335,6 +335,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     ///
     /// # Panics
     /// If the operator is full (a caller bug: it must wait first).
+    // A hint, so that whether a caller's loop inlines the per-record path does not turn
+    // on how unrelated code is split into codegen units (measured: 131 instructions per
+    // record inlined, 168 called, with the same operator code).
+    #[inline]
     pub fn process_record(
         &mut self,
         value: F::In,
