@@ -84,6 +84,79 @@ fn oversubscribe_runs_more_workers_than_cores() {
     );
 }
 
+/// Runs `weir` with `args`, killing it if it has not ended after `limit`: a hang (a
+/// deadlock) fails the test instead of stalling the suite. The limit is a watchdog far
+/// above the run's time, not a performance bound.
+fn weir_or_hang(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .env_remove("WEIR_DRIVER")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("weir starts");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "weir {} hung for {limit:?} (a deadlock?)\n{}{}",
+                args.join(" "),
+                text(&output.stdout),
+                text(&output.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The scale the design targets: the main job's key-hash exchange fans out from every
+/// worker to every worker, and at 64 workers and more a partition once had exactly one
+/// segment per channel, so that with a buffer being written on every channel no segment
+/// was free and the job hung. Enough records that every source writes to every channel.
+#[test]
+fn the_main_job_completes_at_64_128_and_200_workers() {
+    for workers in [64, 128, 200] {
+        let records = (workers * workers * 16).to_string();
+        let workers = workers.to_string();
+        let output = weir_or_hang(
+            &[
+                "run",
+                "--cores",
+                &workers,
+                "--oversubscribe",
+                "--records",
+                &records,
+                // Hundreds of workers and the lookup service share this machine's few
+                // cores: a bounded number of lookups in flight, and a timeout far above
+                // the queueing that oversubscription adds, keep the run about the
+                // exchange (a timed-out lookup would fail the job, not hang it).
+                "--capacity",
+                "50",
+                "--timeout",
+                "120s",
+                "--quiet",
+            ],
+            std::time::Duration::from_secs(600),
+        );
+        let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{workers} workers: {stdout}{stderr}"
+        );
+        assert!(
+            row(&stdout, "outcome").is_some_and(|v| v == "completed"),
+            "{workers} workers: {stdout}"
+        );
+        assert!(
+            row(&stdout, "records out").is_some_and(|v| v == records),
+            "{workers} workers: {stdout}"
+        );
+    }
+}
+
 /// The value of a row of the closing table.
 fn row(table: &str, name: &str) -> Option<String> {
     table.lines().find_map(|line| {

@@ -15,7 +15,7 @@ use weir_engine::exchange::{
     KeyHash, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition,
     RoundRobin, SharedBuffer, Target, WriterConfig,
 };
-use weir_engine::park::Parker;
+use weir_engine::park::{Parker, Wakeup};
 use weir_engine::ExchangeError;
 
 /// A test record: who wrote it, its sequence number, and a payload derived from both.
@@ -524,6 +524,17 @@ fn buffer_timeout_flushes_partial_buffers() {
     assert_eq!(writer.next_flush_deadline(), None);
 }
 
+/// Waits for the pool's notification; a wait that ends by its safety timeout is a lost
+/// wake-up (the writer armed the notification before parking) and fails the test.
+fn park_for_recycle(parker: &Parker) {
+    let wakeup = parker.park(Some(Duration::from_secs(10)), || false);
+    assert_ne!(
+        wakeup,
+        Wakeup::TimedOut,
+        "lost wake-up: no recycled buffer woke the writer"
+    );
+}
+
 /// Two threads, a 4-segment pool of 64-byte segments: the writer is back-pressured
 /// continually, parks until the reader recycles, and every record arrives once, in
 /// order; the pool is whole afterwards.
@@ -566,9 +577,9 @@ fn two_thread_stress_with_a_tiny_pool() {
     let mut waits = 0u64;
     for seq in 0..records {
         while !writer.is_available() {
-            if !writer.available_or_notify() {
+            if !writer.available_or_notify().unwrap() {
                 waits += 1;
-                parker.park(Some(Duration::from_millis(100)), || false);
+                park_for_recycle(&parker);
             }
             writer.resume(0).unwrap();
         }
@@ -577,14 +588,14 @@ fn two_thread_stress_with_a_tiny_pool() {
             .unwrap();
     }
     while !writer.resume(0).unwrap() {
-        if !writer.available_or_notify() {
-            parker.park(Some(Duration::from_millis(100)), || false);
+        if !writer.available_or_notify().unwrap() {
+            park_for_recycle(&parker);
         }
     }
     writer.finish(0).unwrap();
     while !writer.resume(0).unwrap() {
-        if !writer.available_or_notify() {
-            parker.park(Some(Duration::from_millis(100)), || false);
+        if !writer.available_or_notify().unwrap() {
+            park_for_recycle(&parker);
         }
     }
     assert_eq!(reader.join().unwrap(), records);

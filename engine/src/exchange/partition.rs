@@ -34,6 +34,14 @@
 //! debloating), capped at the segment size; a broadcast buffer takes the smallest
 //! announcement. The partition reads the announcement only when it starts a buffer.
 //!
+//! No pool size can deadlock a partition: a buffer being written holds its segment
+//! until it is full or ended, so with a buffer open on every subpartition and no
+//! segment free, nothing would ever come back (the writer waits for a segment, the
+//! readers for bytes). When the pool is dry and every segment it lent is such a buffer,
+//! [`release_if_stuck`](ResultPartition::release_if_stuck) ends them all: the readers
+//! read them to their end and recycle them. An exchange sizes its pool to one segment
+//! more than its subpartitions (Flink's minimum), so there it never has to.
+//!
 //! Invariants:
 //! 1. A consumer is pushed once per buffer and subpartition, before the buffer's first
 //!    byte is published to it; nothing is published to a subpartition whose channel
@@ -88,6 +96,11 @@ pub struct PartitionMetrics {
     /// Segments held at those samples, summed (÷ `segments_held_samples`: the mean
     /// pool usage per channel).
     pub segments_held_total: u64,
+    /// Times the pool was dry with every lent segment a buffer still being written, so
+    /// the partition ended those buffers to get segments back
+    /// ([`ResultPartition::release_if_stuck`]). 0 when the pool holds at least one
+    /// segment more than there are subpartitions, as an exchange sizes it.
+    pub stuck_releases: u64,
 }
 
 /// One buffer start in this many samples the segments its subpartition holds.
@@ -341,6 +354,7 @@ impl ResultPartition {
                     subpartition.slot.enqueued = true;
                     self.metrics.buffers_out += 1;
                 }
+                let enqueued = subpartition.slot.enqueued;
                 if finish {
                     // Dropping the builder publishes everything, finished.
                     subpartition.slot.builder = None;
@@ -349,6 +363,10 @@ impl ResultPartition {
                 }
                 if fresh {
                     self.metrics.publishes += 1;
+                }
+                if fresh || (finish && enqueued) {
+                    // Ending a buffer with nothing new still wakes its reader, which holds
+                    // its consumer until it sees the end: only then is the segment free.
                     subpartition.channel.notify();
                 }
             }
@@ -375,6 +393,7 @@ impl ResultPartition {
                     }
                     self.shared.enqueued = true;
                 }
+                let enqueued = self.shared.enqueued;
                 if finish {
                     self.shared.builder = None;
                 } else if fresh {
@@ -382,6 +401,8 @@ impl ResultPartition {
                 }
                 if fresh {
                     self.metrics.publishes += 1;
+                }
+                if fresh || (finish && enqueued) {
                     for subpartition in &self.subpartitions {
                         subpartition.channel.notify();
                     }
@@ -406,6 +427,45 @@ impl ResultPartition {
         }
         self.unflushed_since_ns = None;
         Ok(())
+    }
+
+    /// Buffers being written now (each holds a segment only the writer can release).
+    pub fn open_buffers(&self) -> usize {
+        let own = self
+            .subpartitions
+            .iter()
+            .filter(|s| s.slot.builder.is_some())
+            .count();
+        own + usize::from(self.shared.builder.is_some())
+    }
+
+    /// When the pool cannot lend (no free segment, or a subpartition at its maximum) and
+    /// every segment it lent is a buffer still being written, nothing would come back by
+    /// itself: ends those buffers (publishing what they hold) so that their readers read
+    /// them to the end and recycle them, and returns `true`. Otherwise (the pool can
+    /// lend, or some ended buffer is still out and will come back once read) changes
+    /// nothing and returns `false`.
+    ///
+    /// A writer calls this before it waits for a recycled buffer; see the module docs.
+    pub fn release_if_stuck(&mut self) -> Result<bool, ExchangeError> {
+        if self.pool.is_available() {
+            return Ok(false);
+        }
+        // `is_available` collected every return so far, so `in_use` counts the segments
+        // not yet back; a segment recycled from here on only makes us end buffers early.
+        let in_use = self.pool.in_use();
+        if in_use > self.subpartitions.len() + 1 {
+            // More segments out than there can be open buffers: some will come back.
+            return Ok(false);
+        }
+        let open = self.open_buffers();
+        debug_assert!(open <= in_use, "an open buffer holds a lent segment");
+        if open == 0 || open < in_use {
+            return Ok(false);
+        }
+        self.metrics.stuck_releases += 1;
+        self.finish_all()?;
+        Ok(true)
     }
 
     /// Publishes and ends every buffer (end of the partition): each segment goes back

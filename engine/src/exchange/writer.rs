@@ -227,29 +227,64 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
     }
 
     /// Like [`is_available`](Self::is_available), but when it is not, registers with
-    /// the pool so its notify fires when a buffer comes back.
-    pub fn available_or_notify(&mut self) -> bool {
-        let available = self.partition.pool().available_or_notify();
-        available && self.pending.is_none()
+    /// the pool so its notify fires when a buffer comes back. When the pool is dry
+    /// because every segment is a buffer still being written, ends those buffers first
+    /// ([`ResultPartition::release_if_stuck`]), so that a buffer does come back.
+    pub fn available_or_notify(&mut self) -> Result<bool, ExchangeError> {
+        loop {
+            if self.partition.pool().available_or_notify() {
+                return Ok(self.pending.is_none());
+            }
+            if !self.partition.release_if_stuck()? {
+                return Ok(false);
+            }
+        }
     }
 
     /// Whether the task can make progress with this writer now: nothing pending (after
     /// resuming what was, on whatever buffers came back) and the pool available. When
     /// not, the pool's notification is armed before returning `false`, so the next
     /// recycled buffer wakes the task: a task that parks on `false` loses no wake-up.
+    /// A pool that is dry because every segment it lent is a buffer still being written
+    /// would never recycle one: those buffers are ended first
+    /// ([`ResultPartition::release_if_stuck`]), so `false` always has a buffer on its
+    /// way back, whatever the pool's size and the partition's fan-out.
     pub fn poll_ready(&mut self, now_ns: u64) -> Result<bool, ExchangeError> {
         loop {
             if self.pending.is_some() {
                 self.resume(now_ns)?;
             }
             if !self.partition.pool().available_or_notify() {
-                // Armed: any buffer recycled from here on notifies.
+                if self.partition.release_if_stuck()? {
+                    // Buffers were ended: check again (and re-arm) before waiting.
+                    continue;
+                }
+                // Armed: any buffer recycled from here on notifies, and one will be.
                 return Ok(false);
             }
             if self.pending.is_none() {
                 return Ok(true);
             }
             // Buffers came back while a write is pending: continue it.
+        }
+    }
+
+    /// Continues a pending record or event as far as the pool allows; returns `true`
+    /// when nothing is pending. When something still is, the pool's notification is
+    /// armed (and buffers being written ended if nothing else could come back, as in
+    /// [`poll_ready`](Self::poll_ready)) before returning `false`: a task that waits on
+    /// `false`, e.g. after [`finish`](Self::finish), loses no wake-up. Unlike
+    /// `poll_ready`, a dry pool with nothing pending is `true`.
+    pub fn poll_pending(&mut self, now_ns: u64) -> Result<bool, ExchangeError> {
+        loop {
+            if self.resume(now_ns)? {
+                return Ok(true);
+            }
+            if !self.partition.pool().available_or_notify() && !self.partition.release_if_stuck()? {
+                // Armed, and a buffer is on its way back.
+                return Ok(false);
+            }
+            // Buffers came back (or were freed) since the resume: continue it.
         }
     }
 

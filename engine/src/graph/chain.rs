@@ -377,7 +377,10 @@ impl<T: Codec> Link<T> for WriterLink<T> {
             self.writer.finish(now)?;
             self.finished = true;
         }
-        Ok(self.writer.resume(now)?)
+        // Arms the pool's notification while the end is pending, so the recycled buffer
+        // that lets it continue wakes this task (a plain `resume` would wait for the
+        // worker's idle sweep).
+        Ok(self.writer.poll_pending(now)?)
     }
 
     fn next_deadline(&self) -> Option<u64> {

@@ -169,7 +169,8 @@ const CHANNEL_FIXED_BYTES: usize = 512;
 pub struct ExchangeSizing {
     /// Bytes per segment.
     pub segment_size: usize,
-    /// Segments each upstream subtask's partition reserves (at least one per channel).
+    /// Segments each upstream subtask's partition reserves (at least one per channel,
+    /// plus one).
     pub segments_per_partition: usize,
     /// Buffers each channel can hold: the partition's segments plus its overdraft, so
     /// a send never finds it full.
@@ -192,15 +193,18 @@ impl ExchangeSizing {
 impl ExchangeSpec {
     /// The exchange's sizes for `sources` partitions of `sinks` subpartitions each.
     ///
-    /// A partition needs a segment per channel, so past `segments` channels the
-    /// partition takes more segments; they shrink instead (halving, down to
+    /// A partition needs a segment per channel and one more (Flink's minimum for a
+    /// result partition's pool): each channel may hold a buffer being written, which
+    /// comes back only once it is full, so with no spare the writer could wait for a
+    /// segment that nothing returns. Past `segments - 1` channels the partition takes
+    /// more segments; they shrink instead (halving, down to
     /// [`FAN_OUT_SEGMENT_MIN`] bytes) so that a partition keeps the
     /// `segments × segment_size` bytes it has at a small fan-out and the network pool
-    /// grows with the number of sources, not with sources × sinks. Up to `segments`
+    /// grows with the number of sources, not with sources × sinks. Below `segments`
     /// channels nothing changes.
     pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
         let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
-        let per_partition = self.segments.max(sinks).max(1);
+        let per_partition = self.segments.max(sinks.saturating_add(1)).max(2);
         let mut segment_size = self.segment_size;
         let budget = self.segments.saturating_mul(self.segment_size);
         while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
