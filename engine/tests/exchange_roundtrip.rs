@@ -719,3 +719,44 @@ fn no_empty_buffer_is_ever_sent() {
     );
     assert_eq!(gate.metrics().buffers_in, 1);
 }
+
+/// A channel that keeps writing records larger than its buffers gets one buffer per
+/// turn, like any other (round robin at buffer granularity): a quiet channel's record,
+/// published after the busy channel's first ten, is read before the busy channel's
+/// second record, not after all of them.
+#[test]
+fn a_busy_channel_spanning_buffers_does_not_starve_a_quiet_one() {
+    let network = NetworkBufferPool::new(64, 64).unwrap();
+    let mut inputs: Vec<Box<dyn InputChannel>> = Vec::new();
+    let mut writers = Vec::new();
+    for _ in 0..2 {
+        let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(24, 1)).unwrap();
+        let (sender, receiver) = local_channel(32, None);
+        inputs.push(Box::new(receiver));
+        let partition = ResultPartition::new(pool, vec![sender]).unwrap();
+        let config = WriterConfig {
+            max_record_size: 1024,
+            buffer_timeout: Some(Duration::ZERO),
+        };
+        writers.push(RecordWriter::<Vec<u8>, Forward>::new(partition, Forward, config).unwrap());
+    }
+    let mut gate: InputGate<Vec<u8>> = InputGate::new(inputs).unwrap();
+    // Channel 0: ten records of 100 bytes over 64-byte buffers, each straddling two or
+    // three of them. Channel 1: one small record, written last.
+    for i in 0..10u8 {
+        writers[0].emit(&vec![i; 100], 0).unwrap();
+    }
+    writers[1].emit(&vec![0xee; 3], 0).unwrap();
+    let mut order = Vec::new();
+    while let Some(event) = gate.poll_next().unwrap() {
+        if let GateEvent::Record { channel, .. } = event {
+            order.push(channel);
+        }
+    }
+    assert_eq!(order.len(), 11);
+    let quiet = order.iter().position(|&c| c == 1).unwrap();
+    assert!(
+        quiet <= 1,
+        "the quiet channel's record came after {quiet} of the busy channel's: {order:?}"
+    );
+}

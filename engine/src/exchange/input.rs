@@ -12,6 +12,9 @@
 //!
 //! Fairness: the gate reads one buffer of a channel, then moves on to the next channel
 //! that has data (round robin at buffer granularity, as Flink's gate polls channels).
+//! A buffer that ends inside a record ends the channel's turn too: the record waits in
+//! the channel's partial until its next turn, so a channel that keeps writing records
+//! larger than its buffers gets one buffer per round like any other.
 //!
 //! Buffers arrive as views of what the producer published (see `channel`); a view may
 //! end inside a record, which the next view of the channel continues.
@@ -86,6 +89,9 @@ enum Frame<T> {
     Record(T),
     Watermark(i64),
     End,
+    /// The channel's buffer is used up in the middle of a frame: its turn ends (the
+    /// frame waits in its partial), though it may have more buffers already.
+    TurnEnded,
 }
 
 /// An input gate decoding records of type `T`.
@@ -256,6 +262,11 @@ impl<T: Codec> InputGate<T> {
                         return Ok(Some(GateEvent::Watermark(advanced)));
                     }
                 }
+                Some(Frame::TurnEnded) => {
+                    // Not idle: the channel may hold more; it gets its next turn after
+                    // the others have had theirs.
+                    idle = 0;
+                }
                 Some(Frame::End) => {
                     idle = 0;
                     self.channels[channel].ended = true;
@@ -383,76 +394,80 @@ impl<T: Codec> InputGate<T> {
         }
     }
 
-    /// The next frame of `channel`, or `None` when it has no complete frame yet and its
-    /// current buffer is used up (the caller moves to the next channel).
+    /// The next frame of `channel`; [`Frame::TurnEnded`] when a buffer was used up in
+    /// the middle of a frame; `None` when the channel has no buffer with unread bytes
+    /// (either way the caller moves to the next channel).
     fn next_frame(&mut self, channel: usize) -> Result<Option<Frame<T>>, ExchangeError> {
         if self.channels[channel].ended {
             return Ok(None);
         }
-        loop {
-            if !self.fill(channel)? {
-                return Ok(None);
-            }
-            let max_record_size = self.max_record_size;
-            let state = &mut self.channels[channel];
-            let buffer = state.buffer.as_ref().expect("filled");
-            let bytes = &buffer.as_slice()[state.offset..];
-            let partial = &mut state.partial;
-            if partial.header_len == 0 && partial.body_len == 0 && bytes.len() >= 4 {
-                // Fast path: the whole frame may lie in this buffer.
-                let tag = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
-                let body_len = frame_body_len(tag, channel, max_record_size)?;
-                if bytes.len() >= 4 + body_len {
-                    let body = &bytes[4..4 + body_len];
-                    let frame = decode_frame(tag, body, channel)?;
-                    state.offset += 4 + body_len;
-                    if state.offset == buffer.len() {
-                        // Consumed: recycle now rather than at the next poll.
-                        state.buffer = None;
-                    }
-                    return Ok(Some(frame));
-                }
-            }
-            // Slow path: copy what this buffer has of the frame into the partial.
-            let mut taken = 0;
-            if partial.header_len < 4 {
-                let count = (4 - partial.header_len).min(bytes.len());
-                partial.header[partial.header_len..partial.header_len + count]
-                    .copy_from_slice(&bytes[..count]);
-                partial.header_len += count;
-                taken += count;
-                if partial.header_len == 4 {
-                    let tag = u32::from_le_bytes(partial.header);
-                    partial.body_len = frame_body_len(tag, channel, max_record_size)?;
-                    partial.body.clear();
-                    partial.body.reserve(partial.body_len);
-                }
-            }
-            if partial.header_len == 4 {
-                let missing = partial.body_len - partial.body.len();
-                let count = missing.min(bytes.len() - taken);
-                partial.body.extend_from_slice(&bytes[taken..taken + count]);
-                taken += count;
-                state.offset += taken;
-                if partial.body.len() == partial.body_len {
-                    let tag = u32::from_le_bytes(partial.header);
-                    let frame = decode_frame(tag, &partial.body, channel)?;
-                    partial.header_len = 0;
-                    partial.body_len = 0;
-                    partial.body.clear();
-                    if state.offset == buffer.len() {
-                        // The record's last piece ended this buffer: recycle it with the
-                        // record, so a writer waiting for it is not held up until the
-                        // next poll.
-                        state.buffer = None;
-                    }
-                    return Ok(Some(frame));
-                }
-            } else {
-                state.offset += taken;
-            }
-            // This buffer is used up; the loop fetches the next one of this channel.
+        if !self.fill(channel)? {
+            return Ok(None);
         }
+        let max_record_size = self.max_record_size;
+        let state = &mut self.channels[channel];
+        let buffer = state.buffer.as_ref().expect("filled");
+        let bytes = &buffer.as_slice()[state.offset..];
+        let partial = &mut state.partial;
+        if partial.header_len == 0 && partial.body_len == 0 && bytes.len() >= 4 {
+            // Fast path: the whole frame may lie in this buffer.
+            let tag = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            let body_len = frame_body_len(tag, channel, max_record_size)?;
+            if bytes.len() >= 4 + body_len {
+                let body = &bytes[4..4 + body_len];
+                let frame = decode_frame(tag, body, channel)?;
+                state.offset += 4 + body_len;
+                if state.offset == buffer.len() {
+                    // Consumed: recycle now rather than at the next poll.
+                    state.buffer = None;
+                }
+                return Ok(Some(frame));
+            }
+        }
+        // Slow path: copy what this buffer has of the frame into the partial.
+        let mut taken = 0;
+        if partial.header_len < 4 {
+            let count = (4 - partial.header_len).min(bytes.len());
+            partial.header[partial.header_len..partial.header_len + count]
+                .copy_from_slice(&bytes[..count]);
+            partial.header_len += count;
+            taken += count;
+            if partial.header_len == 4 {
+                let tag = u32::from_le_bytes(partial.header);
+                partial.body_len = frame_body_len(tag, channel, max_record_size)?;
+                partial.body.clear();
+                partial.body.reserve(partial.body_len);
+            }
+        }
+        if partial.header_len == 4 {
+            let missing = partial.body_len - partial.body.len();
+            let count = missing.min(bytes.len() - taken);
+            partial.body.extend_from_slice(&bytes[taken..taken + count]);
+            taken += count;
+            state.offset += taken;
+            if partial.body.len() == partial.body_len {
+                let tag = u32::from_le_bytes(partial.header);
+                let frame = decode_frame(tag, &partial.body, channel)?;
+                partial.header_len = 0;
+                partial.body_len = 0;
+                partial.body.clear();
+                if state.offset == buffer.len() {
+                    // The record's last piece ended this buffer: recycle it with the
+                    // record, so a writer waiting for it is not held up until the
+                    // next poll.
+                    state.buffer = None;
+                }
+                return Ok(Some(frame));
+            }
+        } else {
+            state.offset += taken;
+        }
+        // This buffer is used up in the middle of a frame, which its partial keeps:
+        // recycle the buffer now and end the channel's turn, so that a channel that
+        // keeps writing large records does not keep the gate from the others.
+        debug_assert_eq!(state.offset, buffer.len());
+        state.buffer = None;
+        Ok(Some(Frame::TurnEnded))
     }
 }
 
