@@ -12,6 +12,20 @@ use weir_engine::graph::{
 };
 use weir_engine::runtime::{Cores, Runtime, RuntimeError};
 
+/// Runs `graph` to its end on `workers` workers and checks that no worker needed the
+/// idle safety net: every wake-up was a notification, I/O or a deadline, so no lost
+/// wake-up hid behind the 100 ms sweep.
+fn run(graph: Graph, workers: usize) -> weir_engine::graph::JobResult {
+    let result = graph.execute(runtime(workers)).expect("runs");
+    for (worker, wakeups) in result.run.wakeups.iter().enumerate() {
+        assert_eq!(
+            wakeups.idle, 0,
+            "worker {worker} woke from the idle safety net: a lost wake-up ({wakeups:?})"
+        );
+    }
+    result
+}
+
 fn runtime(workers: usize) -> Runtime {
     Runtime::builder()
         .cores(Cores::Count(workers))
@@ -49,7 +63,7 @@ fn records_by_subtask<T: Clone>(elements: &[Vec<StreamElement<T>>]) -> Vec<Vec<T
 fn forward_keeps_each_subtask_to_its_peer() {
     let graph = Graph::new();
     let out = tagged(&graph, 3, 50).forward().parallelism(3).collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     let by = records_by_subtask(&out.by_subtask());
     for (j, records) in by.iter().enumerate() {
         assert_eq!(records.len(), 50);
@@ -63,7 +77,7 @@ fn forward_keeps_each_subtask_to_its_peer() {
 fn rebalance_spreads_round_robin() {
     let graph = Graph::new();
     let out = tagged(&graph, 2, 100).rebalance().parallelism(3).collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     let by = records_by_subtask(&out.by_subtask());
     for from in 0..2u64 {
         // Each upstream subtask sends 100 records round robin: 33 or 34 to each.
@@ -85,7 +99,7 @@ fn rebalance_spreads_round_robin() {
 fn rescale_stays_within_the_pointwise_subset() {
     let graph = Graph::new();
     let out = tagged(&graph, 2, 60).rescale().parallelism(4).collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     let by = records_by_subtask(&out.by_subtask());
     for (j, records) in by.iter().enumerate() {
         assert_eq!(records.len(), 30, "subtask {j}");
@@ -109,7 +123,7 @@ fn key_groups_send_equal_keys_to_flinks_subtask() {
             .parallelism(parallelism)
             .max_parallelism(max_parallelism)
             .collect();
-        graph.execute(runtime(2)).expect("runs");
+        run(graph, 2);
         let by = records_by_subtask(&out.by_subtask());
         let mut owner = BTreeMap::new();
         for (j, keys) in by.iter().enumerate() {
@@ -131,14 +145,14 @@ fn key_groups_send_equal_keys_to_flinks_subtask() {
 fn broadcast_and_global() {
     let graph = Graph::new();
     let everywhere = tagged(&graph, 2, 20).broadcast().parallelism(3).collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     for records in records_by_subtask(&everywhere.by_subtask()) {
         let set: HashSet<_> = records.into_iter().collect();
         assert_eq!(set.len(), 40);
     }
     let graph = Graph::new();
     let first = tagged(&graph, 2, 20).global().parallelism(3).collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     let by = records_by_subtask(&first.by_subtask());
     assert_eq!(by.iter().map(Vec::len).collect::<Vec<_>>(), vec![40, 0, 0]);
 }
@@ -153,7 +167,7 @@ fn a_custom_partitioner_routes_and_is_checked() {
         )
         .parallelism(3)
         .collect();
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     for (j, records) in records_by_subtask(&out.by_subtask()).iter().enumerate() {
         assert_eq!(records.len(), 20);
         assert!(records.iter().all(|r| r.1 as usize % 3 == j));
@@ -238,7 +252,7 @@ fn three_stages_of_mixed_parallelism_deliver_exactly_once_with_ordered_watermark
         plan.iter().map(|p| p.workers.clone()).collect::<Vec<_>>(),
         vec![vec![0, 1, 2], vec![0, 1], vec![2, 0, 1, 2]]
     );
-    graph.execute(runtime(3)).expect("runs");
+    run(graph, 3);
     let mut ids = Vec::new();
     for elements in out.by_subtask() {
         let mut watermark = i64::MIN;
@@ -306,7 +320,7 @@ fn async_operators_chain_between_exchanges() {
                 AsyncConfig::new(mode, 4),
             )
             .collect();
-        let result = graph.execute(runtime(2)).expect("runs");
+        let result = run(graph, 2);
         let mut values = out.records();
         values.sort_unstable();
         assert_eq!(values, (0..400).map(|n| n * 10 + 1).collect::<Vec<_>>());
@@ -398,7 +412,7 @@ fn explicit_placement_is_kept() {
     let plan = graph.plan(2).expect("plan");
     assert_eq!(plan[0].workers, vec![1, 1]);
     assert_eq!(plan[1].workers, vec![0]);
-    graph.execute(runtime(2)).expect("runs");
+    run(graph, 2);
     assert_eq!(counted.records(), 20);
 }
 
@@ -425,7 +439,7 @@ fn debloating_gates_deliver_everything_and_bad_settings_are_refused() {
         .from_generator(records, None, |n| n)
         .key_by(|n: &u64| *n)
         .count();
-    graph.execute(runtime(2)).unwrap();
+    run(graph, 2);
     assert_eq!(counted.records(), records);
 
     let graph = Graph::new().with_exchange(ExchangeSpec {
@@ -438,4 +452,43 @@ fn debloating_gates_deliver_everything_and_bad_settings_are_refused() {
     let _counted = graph.from_generator(10, None, |n| n).rebalance().count();
     let error = graph.execute(runtime(1)).unwrap_err();
     assert!(matches!(error, GraphError::Debloat(_)), "{error}");
+}
+
+/// A panicking user function fails the job like an error does: every worker stops (the
+/// run ends instead of hanging on the panicked subtask's peers), and the error names
+/// the subtask and carries the panic's message. The channel's wait is a watchdog
+/// against a hang, not a time limit on the run.
+#[test]
+fn a_panicking_task_fails_the_job_with_its_name_and_message() {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let graph = Graph::new();
+        tagged(&graph, 2, 10_000)
+            .map(|(from, n)| {
+                if from == 1 && n == 5_000 {
+                    panic!("record {n} of subtask {from} is cursed");
+                }
+                (from, n)
+            })
+            .rebalance()
+            .parallelism(2)
+            .count();
+        let _ = done.send(graph.execute(runtime(2)).map(|_| ()));
+    });
+    let result = result
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the run ended (it hung after the panic)");
+    let error = result.expect_err("a panicking task fails the job");
+    let message = error.to_string();
+    match error {
+        GraphError::Runtime(RuntimeError::Panic { task, message, .. }) => {
+            let task = task.expect("the panicking task is named");
+            // The chain's name (source → map) and the subtask that panicked.
+            assert!(task.contains("map"), "{task}");
+            assert!(task.ends_with("(2/2)"), "{task}");
+            assert_eq!(message, "record 5000 of subtask 1 is cursed");
+        }
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+    assert!(message.contains("panicked: record 5000"), "{message}");
 }

@@ -482,6 +482,8 @@ pub(crate) struct StageTask<T> {
     records_in: u64,
     shared: Arc<Shared>,
     stage: usize,
+    /// `stage (subtask/parallelism)`, as Flink names a subtask.
+    name: String,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -490,8 +492,10 @@ impl<T: 'static> StageTask<T> {
         chain: Box<dyn Link<T>>,
         shared: Arc<Shared>,
         stage: usize,
+        info: &crate::graph::SubtaskInfo,
     ) -> Self {
         StageTask {
+            name: format!("{} ({}/{})", info.stage, info.index + 1, info.parallelism),
             input,
             chain,
             phase: Phase::Running,
@@ -571,6 +575,10 @@ impl<T: 'static> StageTask<T> {
 }
 
 impl<T: 'static> Task for StageTask<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let worker = cx.worker;
         self.poll_stage(cx)

@@ -597,6 +597,7 @@ impl Graph {
                 chain,
                 Arc::clone(&wiring.shared),
                 wiring.stage,
+                &wiring.info,
             )) as Box<dyn Task>)
         });
         Stream {
@@ -1348,6 +1349,7 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
                     chain,
                     Arc::clone(&wiring.shared),
                     wiring.stage,
+                    &wiring.info,
                 )) as Box<dyn Task>)
             }),
         }

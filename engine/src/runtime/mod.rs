@@ -147,6 +147,10 @@ pub trait Task {
     fn next_deadline(&self) -> Option<u64> {
         None
     }
+    /// The task's name in errors (a graph's subtasks say `stage (i/n)`).
+    fn name(&self) -> &str {
+        "unnamed"
+    }
     /// Takes control mail. After [`Control::Cancel`] the task is dropped whatever this
     /// returns (release what must not wait for the drop here); after
     /// [`Control::EndOfInput`] it is polled as usual.
@@ -293,14 +297,38 @@ pub enum RuntimeError {
         /// The task's index on it.
         index: usize,
     },
-    /// A worker thread panicked.
-    #[error("worker {worker} panicked: {message}")]
+    /// A task (or its worker) panicked: the run stops, as for a failed task.
+    #[error("{} panicked: {message}", panic_site(*.worker, .task.as_deref()))]
     Panic {
         /// The worker.
         worker: usize,
+        /// The task that was running ([`Task::name`]), when the panic was in one.
+        task: Option<String>,
         /// The panic message.
         message: String,
     },
+}
+
+fn panic_site(worker: usize, task: Option<&str>) -> String {
+    match task {
+        Some(task) => format!("task {task} on worker {worker}"),
+        None => format!("worker {worker}"),
+    }
+}
+
+/// The message a panic carried (`panic!` with a literal or a format string).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+std::thread_local! {
+    /// The index (in its worker's task list) of the task this worker thread is running,
+    /// `usize::MAX` between tasks: names the task a panic came from.
+    static RUNNING_TASK: core::cell::Cell<usize> = const { core::cell::Cell::new(usize::MAX) };
 }
 
 /// Why a parked worker woke, counted per worker.
@@ -490,8 +518,24 @@ impl Runtime {
                         abort: &abort,
                         cancelled: &cancelled,
                     };
-                    let result =
-                        worker_main(index, slot, options, epoch, flags, &mut stats, &mut tasks);
+                    // A panicking task fails the run like a task error: the other
+                    // workers stop, and the cause names the task and the message.
+                    // Unwind safety: after a panic the worker's state is only dropped.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        worker_main(index, slot, options, epoch, flags, &mut stats, &mut tasks)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let running = RUNNING_TASK.with(|t| t.replace(usize::MAX));
+                        let task = tasks
+                            .get(running)
+                            .and_then(|entry| entry.task.as_ref())
+                            .map(|task| task.name().to_string());
+                        Err(RuntimeError::Panic {
+                            worker: index,
+                            task,
+                            message: panic_message(&*panic),
+                        })
+                    });
                     match result {
                         Ok(()) => {}
                         Err(error) => {
@@ -586,14 +630,15 @@ impl Running {
                     cancelled += stats.cancelled;
                 }
                 Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
+                    // A panic outside the worker's loop (say, in a task's drop).
+                    let message = panic_message(&*panic);
                     let mut first = self.failure.lock().unwrap_or_else(|e| e.into_inner());
                     if first.is_none() {
-                        *first = Some(RuntimeError::Panic { worker, message });
+                        *first = Some(RuntimeError::Panic {
+                            worker,
+                            task: None,
+                            message,
+                        });
                     }
                 }
             }
@@ -791,7 +836,7 @@ fn worker_main(
         // operators' tasks report a deadline that has come: they are polled below.
         timers.advance(now_ns);
         let mut busy = false;
-        for entry in tasks.iter_mut() {
+        for (task_index, entry) in tasks.iter_mut().enumerate() {
             let Some(running) = entry.task.as_mut() else {
                 continue;
             };
@@ -804,6 +849,7 @@ fn worker_main(
                 continue;
             }
             stats.polls += 1;
+            RUNNING_TASK.with(|t| t.set(task_index));
             let mut cx = TaskContext {
                 now_ns,
                 driver: driver.as_mut(),
@@ -852,6 +898,7 @@ fn worker_main(
                 }
             }
         }
+        RUNNING_TASK.with(|t| t.set(usize::MAX));
         sweep = false;
         let events = match turn(driver.as_mut(), tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
