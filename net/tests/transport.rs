@@ -688,7 +688,7 @@ fn a_channel_never_served_fails_after_the_request_timeout_on() {
 }
 
 /// A buffer size the consuming gate announces (debloating) reaches the producer's
-/// subpartition in a buffer-size frame.
+/// subpartition in a buffer-size frame, raised to a floor when it is tiny.
 #[test]
 fn an_announced_buffer_size_reaches_the_producer() {
     on_each_driver(an_announced_buffer_size_reaches_the_producer_on);
@@ -715,5 +715,203 @@ fn an_announced_buffer_size_reaches_the_producer_on() {
             assert!(started.elapsed() < GUARD, "the size never arrived");
             thread::sleep(Duration::from_millis(1));
         }
+    }
+    // A peer cannot ask for buffers of a few bytes (one send per record): its
+    // announcement is raised to the floor.
+    channel.announce_buffer_size(1);
+    let started = Instant::now();
+    while partition.announced_buffer_size(0) == 2048 {
+        assert!(started.elapsed() < GUARD, "the size never arrived");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(partition.announced_buffer_size(0), 256);
+}
+
+/// Channel ids outlive neither their job nor their gate: after a gate of three
+/// channels ends, a later consume takes its slot with one channel. A stale buffer for
+/// the old gate's third channel is dropped (it once indexed the new gate's channels and
+/// took the network thread down), the new channel's own buffer arrives, and the old
+/// ids can be consumed again by a later job over the same transport.
+#[test]
+fn stale_frames_of_a_finished_gate_reach_no_other_gate_and_its_ids_are_reusable() {
+    on_each_driver(stale_frames_of_a_finished_gate_reach_no_other_gate_and_its_ids_are_reusable_on);
+}
+
+fn stale_frames_of_a_finished_gate_reach_no_other_gate_and_its_ids_are_reusable_on() {
+    let fake = FakePeer::new();
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let first = consumer
+        .consume(fake.peer(), &[0, 1, 2], &network, None)
+        .expect("consume");
+    let mut stream = fake.accept();
+    for expected in 0..3 {
+        let Frame::PartitionRequest { channel, .. } = read_frame(&mut stream) else {
+            panic!("expected a partition request");
+        };
+        assert_eq!(channel, expected);
+    }
+    for channel in 0..3 {
+        send(&mut stream, Frame::EndOfPartition { channel });
+    }
+    let started = Instant::now();
+    while !first.iter().all(|c| c.is_disconnected()) {
+        assert!(started.elapsed() < GUARD, "the ends never arrived");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(first.iter().all(|c| c.error().is_none()), "a clean end");
+    drop(first);
+    // Give the network thread turns to free the ended gate, so the next takes its slot.
+    thread::sleep(Duration::from_millis(200));
+    let second = consumer
+        .consume(fake.peer(), &[7], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let Frame::PartitionRequest { channel: 7, .. } = read_frame(&mut stream) else {
+        panic!("expected the request for channel 7");
+    };
+    let mut record = 4u32.to_le_bytes().to_vec();
+    record.extend_from_slice(&7u32.to_le_bytes());
+    // A stale buffer of the first gate's channel 2, then channel 7's own.
+    send(
+        &mut stream,
+        Frame::Buffer {
+            channel: 2,
+            sequence: 0,
+            backlog: 0,
+            payload: &record,
+        },
+    );
+    send(
+        &mut stream,
+        Frame::Buffer {
+            channel: 7,
+            sequence: 0,
+            backlog: 0,
+            payload: &record,
+        },
+    );
+    let started = Instant::now();
+    while second.buffered() == 0 {
+        assert!(second.error().is_none(), "{:?}", second.error());
+        assert!(
+            started.elapsed() < GUARD,
+            "channel 7's buffer never arrived"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(second.buffered(), 1, "only its own buffer");
+    // A later job consumes channel 0 again over the same transport.
+    let again = consumer
+        .consume(fake.peer(), &[0], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let Frame::PartitionRequest { channel: 0, .. } = read_frame(&mut stream) else {
+        panic!("expected channel 0 to be requested again");
+    };
+    assert!(again.error().is_none(), "{:?}", again.error());
+    assert!(second.error().is_none(), "{:?}", second.error());
+}
+
+/// Connects to `transport` as process `process` would, handshake exchanged.
+fn dial(transport: &Transport, process: u32) -> TcpStream {
+    let mut stream = TcpStream::connect(transport.local_addr()).expect("connect");
+    stream.set_read_timeout(Some(GUARD)).expect("timeout");
+    send(&mut stream, Frame::Handshake { process });
+    let Frame::Handshake { .. } = read_frame(&mut stream) else {
+        panic!("expected the handshake");
+    };
+    stream
+}
+
+/// Reads frames until an error frame for the whole connection (its message), or until
+/// the connection ends (how it ended).
+fn connection_error(stream: &mut TcpStream) -> Result<String, std::io::ErrorKind> {
+    let mut header = [0u8; 20];
+    loop {
+        stream.read_exact(&mut header).map_err(|e| e.kind())?;
+        let decoded = Header::decode(&header, 1 << 20).expect("a valid header");
+        let mut payload = vec![0u8; decoded.len as usize];
+        stream.read_exact(&mut payload).map_err(|e| e.kind())?;
+        if decoded.kind == weir_net::transport::FrameKind::Error && decoded.channel == u32::MAX {
+            return Ok(String::from_utf8_lossy(&payload).into_owned());
+        }
+    }
+}
+
+/// A peer that floods requests for channels nobody serves cannot grow the waiting list
+/// without bound: past the per-connection bound the connection is refused with a
+/// message that says so (before, every request was kept for the request timeout and
+/// every turn scanned them all). A second request for a waiting channel is refused
+/// on its own, and a peer that keeps making refused requests is refused.
+#[test]
+fn a_flood_of_partition_requests_is_bounded() {
+    on_each_driver(a_flood_of_partition_requests_is_bounded_on);
+}
+
+fn a_flood_of_partition_requests_is_bounded_on() {
+    let producer = transport(1);
+    let mut first = dial(&producer, 7);
+    let mut second = dial(&producer, 8);
+    send(
+        &mut second,
+        Frame::PartitionRequest {
+            channel: 5,
+            credit: 2,
+        },
+    );
+    // Let the second connection's request be first.
+    thread::sleep(Duration::from_millis(100));
+    let mut bytes = Vec::new();
+    for channel in 0..70_000u32 {
+        Frame::PartitionRequest { channel, credit: 2 }.encode(&mut bytes);
+    }
+    first.write_all(&bytes).expect("write");
+    let message = connection_error(&mut first).expect("the connection is refused with why");
+    assert!(message.contains("partition requests waiting"), "{message}");
+    // Channel 5 was the second connection's: the flood's request for it was refused
+    // alone, and the second connection lives on.
+    send(
+        &mut second,
+        Frame::PartitionRequest {
+            channel: 5,
+            credit: 2,
+        },
+    );
+    match read_frame(&mut second) {
+        Frame::Error {
+            channel: 5,
+            message,
+        } => {
+            let message = String::from_utf8_lossy(message);
+            assert!(message.contains("already requested"), "{message}");
+        }
+        other => panic!("expected an error for channel 5, got {other:?}"),
+    }
+    // A peer that keeps asking (and need not read the refusals) is refused as a whole
+    // once its refusals pass the bound, instead of growing the send queue.
+    let mut bytes = Vec::new();
+    for _ in 0..2_000 {
+        Frame::PartitionRequest {
+            channel: 5,
+            credit: 2,
+        }
+        .encode(&mut bytes);
+    }
+    second.write_all(&bytes).expect("write");
+    // The refusal's error frame is written best effort: a peer that did not read the
+    // refusals before it may find the connection reset instead (requests it sent were
+    // left unread). Either way it ends, where it used to stay open (read timeout).
+    match connection_error(&mut second) {
+        Ok(message) => assert!(message.contains("refused requests"), "{message}"),
+        Err(kind) => assert!(
+            matches!(
+                kind,
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+            ),
+            "the connection did not end: {kind:?}"
+        ),
     }
 }

@@ -99,6 +99,7 @@ mod error;
 pub mod frame;
 mod network;
 mod uring;
+mod waiting;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};

@@ -30,6 +30,7 @@ use super::channel::{BufferSizeSlot, FailureSlot};
 use super::error::{FrameError, TransportError};
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX, HEADER_SIZE};
 use super::uring::{self, Uring, UringOps, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
+use super::waiting::{Refusal, Waiting, REQUESTS_WAITING_PER_CONNECTION_MAX};
 use super::{Commands, Peer, TransportConfig};
 use crate::driver::{DriverKind, Wake};
 
@@ -44,6 +45,10 @@ const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 /// Largest buffer header accepted before the channel's pool is known: the engine's
 /// largest segment. The channel's own segment size is checked when it is known.
 const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
+
+/// The smallest buffer size a peer's announcement can ask for: the debloater's default
+/// minimum (Flink's `taskmanager.network.memory.min-segment-size`, 256 bytes).
+const ANNOUNCED_BUFFER_SIZE_MIN: usize = 256;
 
 /// What API calls ask of the network thread.
 pub(crate) enum Command {
@@ -157,6 +162,9 @@ pub(crate) struct Gate {
     /// Where the next round of floating grants starts (round robin).
     rotate: usize,
     conn: usize,
+    /// Tells this gate from earlier ones in the same slot of `Net::gates`: frames that
+    /// name a channel of a freed gate must not reach whichever gate took its slot.
+    generation: u64,
 }
 
 impl Gate {
@@ -175,6 +183,7 @@ impl Gate {
             floating,
             rotate: 0,
             conn: usize::MAX,
+            generation: 0,
         }
     }
 
@@ -293,8 +302,7 @@ struct Out {
 enum Reading {
     Header,
     Payload {
-        gate: usize,
-        index: usize,
+        at: ChannelAt,
         buffer: Buffer,
         len: usize,
         filled: usize,
@@ -307,6 +315,24 @@ enum Reading {
         bytes: Vec<u8>,
         filled: usize,
     },
+}
+
+/// Where a consumed channel lives: its gate's slot in `Net::gates`, that gate's
+/// generation (the slot is reused once the gate is freed), and the channel's index in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChannelAt {
+    gate: usize,
+    generation: u64,
+    index: usize,
+}
+
+/// The receive channel at `at`, if its gate is still the one it was consumed into and
+/// the index is in range: a stale or hostile frame never reaches another gate's channel.
+fn gate_at(gates: &mut [Option<Gate>], at: ChannelAt) -> Option<&mut Gate> {
+    gates
+        .get_mut(at.gate)?
+        .as_mut()
+        .filter(|gate| gate.generation == at.generation && at.index < gate.channels.len())
 }
 
 /// Bytes a connection reads at a time of a payload it drops (of a cancelled channel).
@@ -337,8 +363,11 @@ struct Conn {
     /// Failed and shut down; kept only until its io_uring operations complete.
     dead: bool,
     reading: Reading,
-    /// Channels consumed over this connection: id → (gate, index in the gate).
-    incoming: HashMap<u32, (usize, usize)>,
+    /// Requests of the peer's refused with an error frame (see `refuse_channel`).
+    refusals: u32,
+    /// Channels consumed over this connection, by id. An entry outlives its gate (late
+    /// frames of the channel are then dropped) until the id is consumed again.
+    incoming: HashMap<u32, ChannelAt>,
     outgoing: Vec<SendChannel>,
 }
 
@@ -360,6 +389,7 @@ impl Conn {
             ops: UringOps::new(2 * FRAMES_PER_WRITE_MAX),
             dead: false,
             reading: Reading::Header,
+            refusals: 0,
             incoming: HashMap::new(),
             outgoing: Vec::new(),
         };
@@ -462,11 +492,11 @@ pub(crate) struct Net {
     control: Arc<Control>,
     conns: Vec<Option<Conn>>,
     gates: Vec<Option<Gate>>,
+    /// The generation the next gate gets.
+    gate_generation: u64,
     served: HashMap<u32, Box<dyn InputChannel>>,
-    /// Requests for channels not served yet: (connection, channel, credit), and when
-    /// each was made (it fails after `request_timeout`).
-    waiting: Vec<(usize, u32, u32)>,
-    waiting_since: Vec<Instant>,
+    /// Requests for channels not served yet (each fails after `request_timeout`).
+    waiting: Waiting,
 }
 
 impl Net {
@@ -514,9 +544,9 @@ impl Net {
             control,
             conns: Vec::new(),
             gates: Vec::new(),
+            gate_generation: 0,
             served: HashMap::new(),
-            waiting: Vec::new(),
-            waiting_since: Vec::new(),
+            waiting: Waiting::default(),
         })
     }
 
@@ -729,11 +759,7 @@ impl Net {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let request = self
-            .waiting_since
-            .iter()
-            .min()
-            .map(|&since| since + self.config.request_timeout);
+        let request = self.waiting.next_deadline(self.config.request_timeout);
         self.conns
             .iter()
             .flatten()
@@ -742,32 +768,12 @@ impl Net {
             .min()
     }
 
-    /// Drops the waiting requests that `drop` picks.
-    fn forget_waiting(&mut self, drop: impl Fn(&(usize, u32, u32)) -> bool) {
-        let mut at = 0;
-        while at < self.waiting.len() {
-            if drop(&self.waiting[at]) {
-                self.waiting.swap_remove(at);
-                self.waiting_since.swap_remove(at);
-            } else {
-                at += 1;
-            }
-        }
-    }
-
     /// Fails the requests that waited past `request_timeout` for their channel: the
     /// consumer gets an error frame naming it.
     fn expire_requests(&mut self, now: Instant) -> bool {
         let timeout = self.config.request_timeout;
         let mut expired = false;
-        let mut at = 0;
-        while at < self.waiting.len() {
-            if now.saturating_duration_since(self.waiting_since[at]) < timeout {
-                at += 1;
-                continue;
-            }
-            let (slot, channel, _) = self.waiting.swap_remove(at);
-            self.waiting_since.swap_remove(at);
+        for (slot, channel) in self.waiting.expire(now, timeout) {
             if let Some(conn) = self.conns[slot].as_mut() {
                 let message = format!(
                     "channel {channel} is not served by process {} (waited {timeout:?}): do \
@@ -859,9 +865,7 @@ impl Net {
     }
 
     fn serve(&mut self, channel: u32, input: Box<dyn InputChannel>) {
-        if let Some(at) = self.waiting.iter().position(|&(_, c, _)| c == channel) {
-            self.waiting_since.swap_remove(at);
-            let (slot, _, credit) = self.waiting.swap_remove(at);
+        if let Some((slot, credit)) = self.waiting.take(channel) {
             if let Some(conn) = self.conns[slot].as_mut() {
                 conn.outgoing.push(SendChannel {
                     id: channel,
@@ -896,10 +900,18 @@ impl Net {
                 self.gates.len() - 1
             });
         gate.conn = slot;
+        self.gate_generation += 1;
+        gate.generation = self.gate_generation;
         let conn = self.conns[slot].as_mut().expect("found or made above");
         let exclusive = gate.exclusive;
         for (position, channel) in gate.channels.iter_mut().enumerate() {
-            if conn.incoming.contains_key(&channel.id) {
+            // An id consumed before is taken again once its gate is gone (a later job
+            // over the same transport); while that gate lives, it is a second request.
+            let live = conn
+                .incoming
+                .get(&channel.id)
+                .is_some_and(|&at| gate_at(&mut self.gates, at).is_some());
+            if live {
                 let cause = TransportError::Config(format!(
                     "channel {} from {} is already consumed by this process; request each \
                      channel once",
@@ -909,7 +921,14 @@ impl Net {
                 channel.close(Some(Arc::new(cause)));
                 continue;
             }
-            conn.incoming.insert(channel.id, (index, position));
+            conn.incoming.insert(
+                channel.id,
+                ChannelAt {
+                    gate: index,
+                    generation: gate.generation,
+                    index: position,
+                },
+            );
             channel.credit = exclusive;
             conn.queue(
                 Header::control(FrameKind::PartitionRequest, channel.id, exclusive),
@@ -1318,16 +1337,15 @@ impl Net {
     fn finish_payload(&mut self, conn: &mut Conn, reading: Reading) -> Result<(), Ending> {
         match reading {
             Reading::Payload {
-                gate,
-                index,
+                at,
                 mut buffer,
                 len,
                 ..
             } => {
                 buffer.set_len(len);
-                let channel = self.gates[gate]
-                    .as_mut()
-                    .map(|g| &mut g.channels[index])
+                // The gate may have gone while the payload was read: then it is dropped.
+                let channel = gate_at(&mut self.gates, at)
+                    .map(|g| &mut g.channels[at.index])
                     .filter(|c| c.state == ChannelState::Open);
                 if let Some(channel) = channel {
                     if let Some(ring) = channel.ring.as_mut() {
@@ -1351,14 +1369,14 @@ impl Net {
                     return Err(Ending::Failed(cause));
                 }
                 let cause = Arc::new(cause);
-                if let Some(&(gate, index)) = conn.incoming.get(&channel) {
-                    if let Some(gate) = self.gates[gate].as_mut() {
+                if let Some(&at) = conn.incoming.get(&channel) {
+                    if let Some(gate) = gate_at(&mut self.gates, at) {
                         let failure = TransportError::ChannelFailed {
                             channel,
                             peer: conn.name(),
                             cause,
                         };
-                        gate.channels[index].close(Some(Arc::new(failure)));
+                        gate.channels[at.index].close(Some(Arc::new(failure)));
                     }
                 }
                 Ok(())
@@ -1412,7 +1430,7 @@ impl Net {
             FrameKind::PartitionRequest => {
                 if conn.outgoing.iter().any(|c| c.id == channel) {
                     let message = format!("channel {channel} is already being sent to you");
-                    queue_error(conn, channel, &message);
+                    refuse_channel(conn, channel, &message)?;
                 } else if let Some(input) = self.served.remove(&channel) {
                     conn.outgoing.push(SendChannel {
                         id: channel,
@@ -1422,8 +1440,27 @@ impl Net {
                         sequence: 0,
                     });
                 } else {
-                    self.waiting.push((slot, channel, header.arg0));
-                    self.waiting_since.push(Instant::now());
+                    match self
+                        .waiting
+                        .push(slot, channel, header.arg0, Instant::now())
+                    {
+                        Ok(()) => {}
+                        Err(Refusal::Duplicate { .. }) => {
+                            // One consumer per channel: the first request keeps it.
+                            let message =
+                                format!("channel {channel} is already requested by a consumer");
+                            refuse_channel(conn, channel, &message)?;
+                        }
+                        Err(Refusal::Full) => {
+                            return Err(protocol(
+                                conn,
+                                format!(
+                                    "more than {REQUESTS_WAITING_PER_CONNECTION_MAX} partition \
+                                     requests waiting for channels not served yet"
+                                ),
+                            ))
+                        }
+                    }
                 }
             }
             FrameKind::AddCredit => {
@@ -1437,28 +1474,26 @@ impl Net {
                             ))
                         }
                     }
-                } else if let Some(waiting) = self
-                    .waiting
-                    .iter_mut()
-                    .find(|w| w.0 == slot && w.1 == channel)
-                {
-                    waiting.2 = waiting.2.saturating_add(header.arg0);
+                } else {
+                    // A request still waiting takes it; otherwise the channel ended
+                    // meanwhile, and late credit is harmless.
+                    self.waiting.add_credit(slot, channel, header.arg0);
                 }
-                // Otherwise the channel ended meanwhile: late credit is harmless.
             }
             FrameKind::Cancel => {
                 conn.outgoing.retain(|c| c.id != channel);
-                self.forget_waiting(|w| w.0 == slot && w.1 == channel);
+                self.waiting.cancel(slot, channel);
             }
             FrameKind::EndOfPartition => {
-                let Some(&(gate, index)) = conn.incoming.get(&channel) else {
+                let Some(&at) = conn.incoming.get(&channel) else {
                     return Err(protocol(
                         conn,
                         format!("end of partition for channel {channel}, never requested"),
                     ));
                 };
-                if let Some(gate) = self.gates[gate].as_mut() {
-                    gate.channels[index].close(None);
+                // A channel whose gate is gone (its consumer dropped it) ignores it.
+                if let Some(gate) = gate_at(&mut self.gates, at) {
+                    gate.channels[at.index].close(None);
                 }
             }
             FrameKind::Error => {
@@ -1478,8 +1513,14 @@ impl Net {
             FrameKind::BufferSize => {
                 // The consumer's gate debloated: the subpartition starts its next
                 // buffers at this size. A channel not sent (yet, or any more) ignores it.
+                // A size below the floor is raised to it: a peer cannot make this
+                // process send a buffer per few bytes (0 stays "no limit").
                 if let Some(sender) = conn.outgoing.iter_mut().find(|c| c.id == channel) {
-                    sender.input.announce_buffer_size(header.arg0 as usize);
+                    let size = match header.arg0 as usize {
+                        0 => 0,
+                        size => size.max(ANNOUNCED_BUFFER_SIZE_MIN),
+                    };
+                    sender.input.announce_buffer_size(size);
                 }
             }
         }
@@ -1491,13 +1532,26 @@ impl Net {
     fn buffer(&mut self, conn: &mut Conn, header: Header) -> Result<(), Ending> {
         let channel = header.channel;
         let len = header.len as usize;
-        let Some(&(gate_index, index)) = conn.incoming.get(&channel) else {
+        let Some(&at) = conn.incoming.get(&channel) else {
             return Err(Ending::Rejected(TransportError::Protocol {
                 peer: conn.name(),
                 reason: format!("a buffer for channel {channel}, which was never requested"),
             }));
         };
-        let Some(gate) = self.gates[gate_index].as_mut() else {
+        let index = at.index;
+        let Some(gate) = gate_at(&mut self.gates, at) else {
+            // Its gate is gone (the consumer dropped the channel): a late buffer. The
+            // payload is bounded like any other before it is skipped.
+            if len > BUFFER_PAYLOAD_MAX {
+                return Err(Ending::Rejected(TransportError::Frame {
+                    peer: conn.name(),
+                    source: FrameError::Oversized {
+                        kind: FrameKind::Buffer.name(),
+                        len,
+                        max: BUFFER_PAYLOAD_MAX,
+                    },
+                }));
+            }
             conn.reading = Reading::Discard { left: len };
             return Ok(());
         };
@@ -1548,8 +1602,7 @@ impl Net {
             }));
         };
         conn.reading = Reading::Payload {
-            gate: gate_index,
-            index,
+            at,
             buffer,
             len,
             filled: 0,
@@ -1603,14 +1656,14 @@ impl Net {
                 .push(cause.to_string());
         }
         let cause = Arc::new(cause);
-        for (&channel, &(gate, index)) in &conn.incoming {
-            if let Some(gate) = self.gates[gate].as_mut() {
+        for (&channel, &at) in &conn.incoming {
+            if let Some(gate) = gate_at(&mut self.gates, at) {
                 let failure = TransportError::ChannelFailed {
                     channel,
                     peer: name.clone(),
                     cause: Arc::clone(&cause),
                 };
-                gate.channels[index].close(Some(Arc::new(failure)));
+                gate.channels[at.index].close(Some(Arc::new(failure)));
             }
         }
         for gate in self.gates.iter_mut() {
@@ -1618,7 +1671,7 @@ impl Net {
                 *gate = None;
             }
         }
-        self.forget_waiting(|w| w.0 == slot);
+        self.waiting.forget_connection(slot);
         if let Backend::Epoll { poll, .. } = &self.backend {
             let _ = poll
                 .registry()
@@ -1684,6 +1737,27 @@ impl Net {
 }
 
 /// Queues an error frame, its message cut to what the protocol carries.
+/// Error frames a connection's peer may cause by its requests over the connection's
+/// life: a consumer that asks for channels twice a few times is misconfigured; one
+/// that keeps asking (and may not read the answers) would grow the send queue.
+const REFUSALS_PER_CONNECTION_MAX: u32 = 1024;
+
+/// Refuses a request of the peer's for `channel` with an error frame; past
+/// [`REFUSALS_PER_CONNECTION_MAX`] refuses the connection instead.
+fn refuse_channel(conn: &mut Conn, channel: u32, message: &str) -> Result<(), Ending> {
+    conn.refusals += 1;
+    if conn.refusals > REFUSALS_PER_CONNECTION_MAX {
+        return Err(Ending::Rejected(TransportError::Protocol {
+            peer: conn.name(),
+            reason: format!(
+                "more than {REFUSALS_PER_CONNECTION_MAX} refused requests (the last: {message})"
+            ),
+        }));
+    }
+    queue_error(conn, channel, message);
+    Ok(())
+}
+
 fn queue_error(conn: &mut Conn, channel: u32, message: &str) {
     let mut end = message.len().min(ERROR_MESSAGE_MAX);
     while !message.is_char_boundary(end) {
