@@ -83,12 +83,18 @@ done
 mapfile -t cores < <(nproc --all | xargs seq 0 | head -n "$(nproc)")
 per=$(( ${#cores[@]} / processes )); (( per >= 1 )) || per=1
 echo "cluster: $processes processes, peers $peers${delay:+, netem delay $delay per link}" >&2
+# The cluster secret the processes prove to each other that they hold (readable by
+# this user only).
+secret="$out/secret"
+rm -f "$secret"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$secret")
 pids=()
 for ((i = 0; i < processes; i++)); do
   share=""
   for ((k = 0; k < per; k++)); do share+="${cores[$(( (i * per + k) % ${#cores[@]} ))]},"; done
   ip netns exec "${tag}h$i" "$weir" run --process "$i" --peers "$peers" \
-    --cores "$share" --oversubscribe --quiet --json "$out/process-$i.json" "$@" \
+    --cores "$share" --oversubscribe --quiet --json "$out/process-$i.json" \
+    --secret-file "$secret" "$@" \
     > "$out/process-$i.txt" 2> >(sed "s/^/[process $i] /" >&2) &
   pids+=($!)
 done

@@ -36,6 +36,9 @@ pub struct Launch<'a> {
     pub mean_latency: Duration,
     /// Where to write the summed-up JSON.
     pub json: Option<&'a Path>,
+    /// The cluster secret's file, if the user gave one (otherwise one is made for the
+    /// run, in a directory only this user may read).
+    pub secret_file: Option<&'a Path>,
 }
 
 /// The arguments of `weir run` without the ones the launcher sets per process.
@@ -48,7 +51,7 @@ pub fn child_args(args: &[String]) -> Vec<String> {
         }
         let name = arg.split('=').next().unwrap_or(arg);
         match name {
-            "--processes" | "--json" | "--cores" | "--process" | "--peers" => {
+            "--processes" | "--json" | "--cores" | "--process" | "--peers" | "--secret-file" => {
                 skip_value = !arg.contains('=');
             }
             "--quiet" | "--oversubscribe" => {}
@@ -84,6 +87,31 @@ fn free_loopback_addrs(n: usize) -> Result<Vec<SocketAddr>, RunError> {
         .map_err(|e| RunError::Setting(format!("cannot find free loopback ports: {e}")))
 }
 
+/// Makes a cluster secret for one run and writes it to `dir/secret`, readable by this
+/// user only: the processes it starts prove to each other that they hold it.
+fn write_secret(dir: &Path) -> Result<PathBuf, RunError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let secret =
+        weir_net::transport::Secret::generate().map_err(|e| RunError::Setting(e.to_string()))?;
+    let path = dir.join("secret");
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|source| RunError::Json {
+            path: path.clone(),
+            source,
+        })?;
+    writeln!(file, "{}", secret.to_hex()).map_err(|source| RunError::Json {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
 /// Starts the processes, waits for them, prints the summary; returns the exit status.
 pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError> {
     let n = launch.processes;
@@ -100,6 +128,10 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
         path: dir.clone(),
         source,
     })?;
+    let secret_file = match launch.secret_file {
+        Some(path) => path.to_path_buf(),
+        None => write_secret(&dir)?,
+    };
     let shares = match launch.cores {
         Some(_) => None,
         None => Some(split_cores(&WorkerPlan::machine_cores(), n)),
@@ -132,6 +164,8 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
             .arg(&peer_list)
             .arg("--json")
             .arg(&path)
+            .arg("--secret-file")
+            .arg(&secret_file)
             .arg("--quiet");
         match (&shares, launch.cores) {
             (Some(shares), _) => {
@@ -209,6 +243,7 @@ pub fn summarize_files(paths: &[PathBuf], json: Option<&Path>) -> Result<i32, Ru
             .as_f64()
             .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3)),
         json,
+        secret_file: None,
     };
     let statuses: Vec<Option<i32>> = reports
         .iter()

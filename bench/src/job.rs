@@ -29,6 +29,7 @@ use weir_engine::graph::{
 };
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::cluster::TransportChannels;
+use weir_net::transport::{JobId, TransportConfig};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
 };
@@ -541,6 +542,8 @@ pub struct ClusterSettings {
     pub process: usize,
     /// Each process's transport address.
     pub peers: Vec<SocketAddr>,
+    /// The cluster secret the processes share, if any.
+    pub secret: Option<weir_net::transport::Secret>,
 }
 
 /// How long a process of a cluster waits for the others to start, and for its
@@ -1016,8 +1019,30 @@ fn execute(
     // Over several processes: this process's transport, once every peer listens.
     let transport = match &settings.cluster {
         Some(cluster) => {
+            // What every process must agree on to run the same job: the settings that
+            // shape its graph and data, the worker layout and the peers. A process
+            // started with others is refused in the handshake, not after a timeout.
+            let description = format!(
+                "weir run main job; records {}; rate {:?}; mode {:?}; capacity {}; keys {:?}; \
+                 buffer timeout {:?}; iterator source {}; workers per process {workers}; \
+                 peers {:?}",
+                settings.records,
+                settings.rate,
+                settings.mode,
+                settings.capacity,
+                settings.keys,
+                settings.buffer_timeout,
+                settings.key_iter.is_some(),
+                cluster.peers,
+            );
+            let config = TransportConfig {
+                listen: cluster.peers[cluster.process],
+                secret: cluster.secret.clone(),
+                job: JobId::of(description.as_bytes()),
+                ..TransportConfig::new(cluster.process as u32)
+            };
             let channels = Arc::new(
-                TransportChannels::start(cluster.process, &cluster.peers)
+                TransportChannels::with_config(config, &cluster.peers)
                     .map_err(RunError::Cluster)?,
             );
             channels

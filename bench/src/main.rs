@@ -228,6 +228,13 @@ struct RunArgs {
     /// order (host:port,host:port,...).
     #[arg(long, value_delimiter = ',', requires = "process")]
     peers: Option<Vec<SocketAddr>>,
+    /// The cluster secret every process of the job shares (a file only its owner may
+    /// read, 16 bytes or more, e.g. `head -c 32 /dev/urandom | xxd -p -c 64`): a peer
+    /// that cannot prove it holds the same one is refused. `--processes` makes one
+    /// itself; without one, processes of the same job still find each other but prove
+    /// nothing (see the README's security section).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -456,9 +463,17 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                     peers.len()
                 )));
             }
+            let secret = match &args.secret_file {
+                Some(path) => Some(
+                    weir_net::transport::Secret::from_file(path)
+                        .map_err(|e| RunError::Setting(e.to_string()))?,
+                ),
+                None => None,
+            };
             Some(job::ClusterSettings {
                 process: *process,
                 peers: peers.clone(),
+                secret,
             })
         }
         _ => None,
@@ -474,6 +489,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 None => args.latency.mean(),
             },
             json: args.json.as_deref(),
+            secret_file: args.secret_file.as_deref(),
         };
         if let Some(path) = &args.json {
             open_json(path)?;

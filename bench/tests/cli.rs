@@ -441,3 +441,95 @@ fn a_process_killed_mid_run_fails_the_others_with_the_channel_and_peer_named() {
         "{stderr}"
     );
 }
+
+/// Processes started by hand that do not share the cluster secret, or do not run the
+/// same job, are refused in the handshake, and the process that dialed says why at
+/// once instead of waiting a minute for a peer that is "not running".
+#[test]
+fn processes_without_the_secret_or_of_another_job_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("secrets");
+    let secret = |name: &str, bytes: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        path.display().to_string()
+    };
+    let ours = secret("ours", "0123456789abcdef0123456789abcdef\n");
+    let theirs = secret("theirs", "fedcba9876543210fedcba9876543210\n");
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        })
+        .collect();
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    for (their_secret, their_records, why) in [
+        (&theirs, "1000", "cluster secret"),
+        (&ours, "2000", "another job"),
+    ] {
+        let mut other = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "run",
+                "--process",
+                "1",
+                "--peers",
+                &peers,
+                "--records",
+                their_records,
+            ])
+            .args([
+                "--secret-file",
+                their_secret,
+                "--cores",
+                "1",
+                "--oversubscribe",
+                "--quiet",
+            ])
+            .env_remove("WEIR_DRIVER")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("weir starts");
+        let output = weir_or_hang(
+            &[
+                "run",
+                "--process",
+                "0",
+                "--peers",
+                &peers,
+                "--records",
+                "1000",
+                "--secret-file",
+                &ours,
+                "--cores",
+                "1",
+                "--oversubscribe",
+                "--quiet",
+            ],
+            std::time::Duration::from_secs(50),
+        );
+        let _ = other.kill();
+        let _ = other.wait();
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(stderr.contains("refused"), "{stderr}");
+        assert!(stderr.contains(why), "{stderr}");
+    }
+    // A secret file others may read is a one-line error before anything starts.
+    let open = dir.join("open");
+    std::fs::write(&open, "0123456789abcdef0123456789abcdef").expect("write");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--process",
+        "0",
+        "--peers",
+        &peers,
+        "--secret-file",
+        &open.display().to_string(),
+    ]));
+    assert!(stderr.contains("chmod 600"), "{stderr}");
+}

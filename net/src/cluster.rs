@@ -91,6 +91,11 @@ impl TransportChannels {
             )));
         }
         let (exclusive, floating) = (config.exclusive_buffers, config.floating_buffers);
+        // Only the listed processes may connect.
+        let config = TransportConfig {
+            processes: Some(peers.len().min(u32::MAX as usize) as u32),
+            ..config
+        };
         let transport = Transport::start(config)?;
         Ok(TransportChannels {
             transport,
@@ -152,6 +157,13 @@ impl TransportChannels {
             let Some(missing) = missing else {
                 return Ok(());
             };
+            if let Some(reason) = self.transport.refusal(missing.process) {
+                // Refused in the handshake: dialing again would not change that.
+                return Err(TransportError::Refused {
+                    peer: format!("process {} at {}", missing.process, missing.addr),
+                    reason,
+                });
+            }
             if Instant::now() >= deadline {
                 return Err(TransportError::Io {
                     what: "waiting for a peer process to connect",

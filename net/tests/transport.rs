@@ -15,6 +15,7 @@ use weir_engine::exchange::{
     NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
 };
 use weir_engine::ExchangeError;
+use weir_net::transport::{auth, JobId, Secret};
 use weir_net::transport::{
     Frame, FrameError, Header, Peer, RemoteInputChannel, Transport, TransportConfig, TransportError,
 };
@@ -324,15 +325,40 @@ impl FakePeer {
     fn accept(&self) -> TcpStream {
         let (mut stream, _) = self.listener.accept().expect("accept");
         stream.set_read_timeout(Some(GUARD)).expect("timeout");
-        let Frame::Handshake { process } = read_frame(&mut stream) else {
-            panic!("expected a handshake first");
-        };
+        let process = handshake(&mut stream, 9, None);
         assert_eq!(process, 2);
-        let mut bytes = Vec::new();
-        Frame::Handshake { process: 9 }.encode(&mut bytes);
-        stream.write_all(&bytes).expect("write");
         stream
     }
+}
+
+/// Speaks the handshake as process `me` of the default job with `secret`: exchanges
+/// handshakes, answers the peer's nonce, and checks the peer's answer to ours. Returns
+/// the peer's process id.
+fn handshake(stream: &mut TcpStream, me: u32, secret: Option<&Secret>) -> u32 {
+    let job = JobId::default();
+    let ours = [me as u8; 16];
+    send(
+        stream,
+        Frame::Handshake {
+            process: me,
+            nonce: ours,
+            job: job.0,
+        },
+    );
+    let Frame::Handshake { process, nonce, .. } = read_frame(stream) else {
+        panic!("expected a handshake first");
+    };
+    send(
+        stream,
+        Frame::Auth {
+            tag: auth::tag(secret, &nonce, me, process, &job),
+        },
+    );
+    let Frame::Auth { tag } = read_frame(stream) else {
+        panic!("expected the peer's authentication");
+    };
+    assert!(auth::verify(secret, &ours, process, me, &job, &tag));
+    process
 }
 
 /// Reads one frame, owning its payload by leaking it (tests only).
@@ -819,10 +845,7 @@ fn stale_frames_of_a_finished_gate_reach_no_other_gate_and_its_ids_are_reusable_
 fn dial(transport: &Transport, process: u32) -> TcpStream {
     let mut stream = TcpStream::connect(transport.local_addr()).expect("connect");
     stream.set_read_timeout(Some(GUARD)).expect("timeout");
-    send(&mut stream, Frame::Handshake { process });
-    let Frame::Handshake { .. } = read_frame(&mut stream) else {
-        panic!("expected the handshake");
-    };
+    handshake(&mut stream, process, None);
     stream
 }
 
@@ -914,4 +937,156 @@ fn a_flood_of_partition_requests_is_bounded_on() {
             "the connection did not end: {kind:?}"
         ),
     }
+}
+
+fn transport_with(process: u32, change: impl FnOnce(&mut TransportConfig)) -> Transport {
+    let mut config = config(process);
+    change(&mut config);
+    Transport::start(config).expect("transport starts")
+}
+
+/// Processes of one job that share its cluster secret exchange records; a process with
+/// another secret, or of another job, is refused in the handshake, and the refusal
+/// fails the consumer's channel saying why (no record crosses).
+#[test]
+fn only_members_of_the_job_with_its_secret_are_served() {
+    on_each_driver(only_members_of_the_job_with_its_secret_are_served_on);
+}
+
+fn only_members_of_the_job_with_its_secret_are_served_on() {
+    let secret = Secret::generate().expect("secret");
+    let job = JobId::of(b"a job");
+    let member = |process| {
+        let secret = secret.clone();
+        transport_with(process, move |c| {
+            c.secret = Some(secret);
+            c.job = job;
+            c.processes = Some(4);
+        })
+    };
+    let producer = member(1);
+    let producing = produce(&producer, 3, 0, 1_000, None);
+    // A member reads everything.
+    let consumer = member(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let mut gate = InputGate::<u64>::new(boxed(
+        consumer
+            .consume(producer.peer(), &[3], &network, None)
+            .expect("consume"),
+    ))
+    .expect("gate");
+    assert_eq!(drain(&mut gate).expect("a member is served").len(), 1_000);
+    producing.join().expect("join").expect("producer ok");
+    // Another secret, another job, an id outside the job: refused, each saying why.
+    let wrong_secret = transport_with(3, |c| {
+        c.secret = Some(Secret::generate().expect("secret"));
+        c.job = job;
+    });
+    let wrong_job = transport_with(3, |c| {
+        c.secret = Some(secret.clone());
+        c.job = JobId::of(b"another job");
+    });
+    let outsider = transport_with(7, |c| {
+        c.secret = Some(secret.clone());
+        c.job = job;
+    });
+    for (stranger, why) in [
+        (&wrong_secret, "cluster secret"),
+        (&wrong_job, "another job"),
+        (&outsider, "not one of this job's 4 processes"),
+    ] {
+        let channel = stranger
+            .consume(producer.peer(), &[3], &network, None)
+            .expect("consume")
+            .pop()
+            .expect("one");
+        let message = failure_of(&channel).to_string();
+        assert!(message.contains(why), "{message}");
+        assert!(message.contains("refused"), "{message}");
+        assert_eq!(channel.buffered(), 0);
+    }
+}
+
+/// A peer that answers the handshake and then says nothing at all (no frame, no
+/// heartbeat) fails the connection's channels within the idle timeout, naming the peer
+/// and the channel. A healthy connection with nothing to send stays up past the idle
+/// timeout: heartbeats keep it alive. (The waits are watchdogs, not performance bounds.)
+#[test]
+fn a_silent_peer_is_detected_and_a_quiet_one_is_not() {
+    on_each_driver(a_silent_peer_is_detected_and_a_quiet_one_is_not_on);
+}
+
+fn a_silent_peer_is_detected_and_a_quiet_one_is_not_on() {
+    let liveness = |c: &mut TransportConfig| {
+        c.heartbeat_interval = Duration::from_millis(50);
+        c.idle_timeout = Duration::from_millis(300);
+    };
+    let fake = FakePeer::new();
+    let consumer = transport_with(2, liveness);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(fake.peer(), &[4], &network, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let mut stream = fake.accept();
+    let Frame::PartitionRequest { channel: 4, .. } = read_frame(&mut stream) else {
+        panic!("expected the partition request");
+    };
+    let started = Instant::now();
+    let error = failure_of(&channel);
+    let message = error.to_string();
+    assert!(message.contains("remote channel 4"), "{message}");
+    assert!(message.contains("not even a heartbeat"), "{message}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "failed before the idle timeout: {:?}",
+        started.elapsed()
+    );
+    // The consumer sent heartbeats meanwhile.
+    let mut heartbeats = 0;
+    while heartbeats < 2 {
+        match read_frame(&mut stream) {
+            Frame::Heartbeat => heartbeats += 1,
+            Frame::Error { .. } | Frame::AddCredit { .. } => {}
+            other => panic!("expected heartbeats, got {other:?}"),
+        }
+    }
+    // Two live transports, a channel with nothing to carry for several idle timeouts.
+    let producer = transport_with(1, liveness);
+    let consumer = transport_with(2, liveness);
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).expect("pool");
+    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
+    producer.serve(5, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let mut writer =
+        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    let receive = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let quiet = consumer
+        .consume(producer.peer(), &[5], &receive, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    thread::sleep(Duration::from_millis(1_200));
+    assert!(quiet.error().is_none(), "{:?}", quiet.error());
+    writer.emit(&9, 0).expect("emit");
+    writer.flush().expect("flush");
+    let started = Instant::now();
+    while quiet.buffered() == 0 {
+        assert!(quiet.error().is_none(), "{:?}", quiet.error());
+        assert!(started.elapsed() < GUARD, "the record never arrived");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Bad liveness settings are refused when the transport starts.
+#[test]
+fn heartbeats_must_come_more_often_than_the_idle_timeout() {
+    let mut config = TransportConfig::new(1);
+    config.heartbeat_interval = Duration::from_secs(10);
+    config.idle_timeout = Duration::from_secs(5);
+    let Err(error) = Transport::start(config) else {
+        panic!("a heartbeat slower than the idle timeout was accepted");
+    };
+    assert!(error.to_string().contains("heartbeat_interval"), "{error}");
 }

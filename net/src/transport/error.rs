@@ -101,6 +101,25 @@ pub enum TransportError {
         /// The configured timeout.
         timeout: Duration,
     },
+    /// The peer was refused in the handshake: it is not a member of this job.
+    #[error("refused {peer}: {reason}")]
+    Refused {
+        /// The peer.
+        peer: String,
+        /// Why, and what to fix.
+        reason: String,
+    },
+    /// Nothing arrived from the peer for the idle timeout, not even a heartbeat.
+    #[error(
+        "nothing from {peer} for {idle:?}, not even a heartbeat: the peer hangs, or the network \
+         drops its packets (TransportConfig::idle_timeout)"
+    )]
+    PeerSilent {
+        /// The peer.
+        peer: String,
+        /// The idle timeout that passed.
+        idle: Duration,
+    },
     /// The connection ended (closed or reset) with channels still open on it.
     #[error("connection to {peer} lost: {reason}")]
     ConnectionLost {

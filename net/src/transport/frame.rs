@@ -1,5 +1,5 @@
 //! The transport's frames: a fixed 20-byte header, then a payload whose length the
-//! header gives (only buffers, errors carry one).
+//! header gives (only handshakes, authentications, buffers and errors carry one).
 //!
 //! The header is fixed-size so that a receiver can read a buffer's payload straight into
 //! a pool segment and the next header into its header slot with one vectored read, with
@@ -9,14 +9,16 @@
 //! reserved bytes, the payload length against the limit for that type, the handshake's
 //! magic and version. A header that fails any check is a [`FrameError`], never a panic.
 
+use super::auth::{HELLO_SIZE, JOB_ID_SIZE, NONCE_SIZE, TAG_SIZE};
 use super::error::FrameError;
 
 /// Bytes of every frame header.
 pub const HEADER_SIZE: usize = 20;
 /// "WEIR" in ASCII, little-endian: the handshake's first field.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// The protocol version this build speaks (3: handshakes carry a nonce and the job's
+/// id, authentication and heartbeat frames).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
 pub const ERROR_MESSAGE_MAX: usize = 4096;
 /// The channel value of an error frame about the whole connection.
@@ -26,7 +28,7 @@ pub const CONNECTION_CHANNEL: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
-    /// First frame each way: magic, version, process id.
+    /// First frame each way: magic, version, process id; a nonce and the job's id.
     Handshake = 1,
     /// Consumer → producer: start sending a channel, with an initial credit.
     PartitionRequest = 2,
@@ -43,6 +45,10 @@ pub enum FrameKind {
     /// Consumer → producer: start buffers of at most this many bytes (0: no limit), as
     /// the consumer's gate debloats (version 2).
     BufferSize = 8,
+    /// Second frame each way: the answer to the peer's nonce (see `auth`), version 3.
+    Auth = 9,
+    /// Either way, when a side has sent nothing for a while: it is alive (version 3).
+    Heartbeat = 10,
 }
 
 impl FrameKind {
@@ -56,6 +62,8 @@ impl FrameKind {
             6 => FrameKind::Cancel,
             7 => FrameKind::Error,
             8 => FrameKind::BufferSize,
+            9 => FrameKind::Auth,
+            10 => FrameKind::Heartbeat,
             other => return Err(FrameError::UnknownType(other)),
         })
     }
@@ -71,6 +79,8 @@ impl FrameKind {
             FrameKind::Cancel => "cancel",
             FrameKind::Error => "error",
             FrameKind::BufferSize => "buffer-size",
+            FrameKind::Auth => "authentication",
+            FrameKind::Heartbeat => "heartbeat",
         }
     }
 }
@@ -102,11 +112,12 @@ impl Header {
         }
     }
 
-    /// The handshake of process `process`.
+    /// The handshake header of process `process` (its payload, the nonce and the job's
+    /// id, follows).
     pub fn handshake(process: u32) -> Self {
         Header {
             kind: FrameKind::Handshake,
-            len: 0,
+            len: HELLO_SIZE as u32,
             channel: process,
             arg0: MAGIC,
             arg1: PROTOCOL_VERSION,
@@ -167,6 +178,23 @@ impl Header {
                 });
             }
             FrameKind::Error => {}
+            FrameKind::Handshake | FrameKind::Auth => {
+                let size = if kind == FrameKind::Handshake {
+                    HELLO_SIZE
+                } else {
+                    TAG_SIZE
+                };
+                if len != size {
+                    return Err(FrameError::Malformed {
+                        kind: kind.name(),
+                        reason: if len > size {
+                            "a payload longer than the type's fixed size"
+                        } else {
+                            "a payload shorter than the type's fixed size"
+                        },
+                    });
+                }
+            }
             _ if len != 0 => {
                 return Err(FrameError::Oversized {
                     kind: kind.name(),
@@ -183,8 +211,18 @@ impl Header {
             FrameKind::PartitionRequest | FrameKind::AddCredit | FrameKind::BufferSize => {
                 (true, false)
             }
-            FrameKind::EndOfPartition | FrameKind::Cancel | FrameKind::Error => (false, false),
+            FrameKind::EndOfPartition
+            | FrameKind::Cancel
+            | FrameKind::Error
+            | FrameKind::Auth
+            | FrameKind::Heartbeat => (false, false),
         };
+        if matches!(kind, FrameKind::Auth | FrameKind::Heartbeat) && header.channel != 0 {
+            return Err(FrameError::Malformed {
+                kind: kind.name(),
+                reason: "the channel field of a connection-wide frame is not zero",
+            });
+        }
         if (!arg0_used && header.arg0 != 0) || (!arg1_used && header.arg1 != 0) {
             return Err(FrameError::Malformed {
                 kind: kind.name(),
@@ -225,7 +263,18 @@ pub enum Frame<'a> {
     Handshake {
         /// The sender's process id.
         process: u32,
+        /// A fresh random number the peer's authentication must answer.
+        nonce: [u8; NONCE_SIZE],
+        /// The job the sender runs (`auth::JobId`).
+        job: [u8; JOB_ID_SIZE],
     },
+    /// See [`FrameKind::Auth`].
+    Auth {
+        /// The sender's answer to the peer's nonce (`auth::tag`).
+        tag: [u8; TAG_SIZE],
+    },
+    /// See [`FrameKind::Heartbeat`].
+    Heartbeat,
     /// See [`FrameKind::PartitionRequest`].
     PartitionRequest {
         /// The channel.
@@ -281,7 +330,15 @@ impl<'a> Frame<'a> {
     /// The frame's header.
     pub fn header(&self) -> Header {
         match *self {
-            Frame::Handshake { process } => Header::handshake(process),
+            Frame::Handshake { process, .. } => Header::handshake(process),
+            Frame::Auth { .. } => Header {
+                kind: FrameKind::Auth,
+                len: TAG_SIZE as u32,
+                channel: 0,
+                arg0: 0,
+                arg1: 0,
+            },
+            Frame::Heartbeat => Header::control(FrameKind::Heartbeat, 0, 0),
             Frame::PartitionRequest { channel, credit } => {
                 Header::control(FrameKind::PartitionRequest, channel, credit)
             }
@@ -321,6 +378,11 @@ impl<'a> Frame<'a> {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.header().encode());
         match self {
+            Frame::Handshake { nonce, job, .. } => {
+                out.extend_from_slice(nonce);
+                out.extend_from_slice(job);
+            }
+            Frame::Auth { tag } => out.extend_from_slice(tag),
             Frame::Buffer { payload, .. } => out.extend_from_slice(payload),
             Frame::Error { message, .. } => out.extend_from_slice(message),
             _ => {}
@@ -341,7 +403,13 @@ impl<'a> Frame<'a> {
         let frame = match header.kind {
             FrameKind::Handshake => Frame::Handshake {
                 process: header.channel,
+                nonce: payload[..NONCE_SIZE].try_into().expect("checked size"),
+                job: payload[NONCE_SIZE..].try_into().expect("checked size"),
             },
+            FrameKind::Auth => Frame::Auth {
+                tag: payload.try_into().expect("checked size"),
+            },
+            FrameKind::Heartbeat => Frame::Heartbeat,
             FrameKind::PartitionRequest => Frame::PartitionRequest {
                 channel: header.channel,
                 credit: header.arg0,
@@ -384,7 +452,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u32, u32, u32, Vec<u8>)> {
         (
-            1u8..=8,
+            1u8..=10,
             any::<u32>(),
             1u32..,
             any::<u32>(),
@@ -394,7 +462,19 @@ mod tests {
 
     fn build(kind: u8, channel: u32, arg0: u32, arg1: u32, payload: &[u8]) -> Frame<'_> {
         match kind {
-            1 => Frame::Handshake { process: channel },
+            1 => Frame::Handshake {
+                process: channel,
+                nonce: [arg0 as u8; NONCE_SIZE],
+                job: [arg1 as u8; JOB_ID_SIZE],
+            },
+            8 => Frame::BufferSize {
+                channel,
+                size: arg0,
+            },
+            9 => Frame::Auth {
+                tag: [arg0 as u8; TAG_SIZE],
+            },
+            10 => Frame::Heartbeat,
             2 => Frame::PartitionRequest {
                 channel,
                 credit: arg0,

@@ -37,22 +37,26 @@
 //!
 //! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
 //!
-//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size |
-//! |---|---|---|---|---|---|---|---|---|---|
-//! | 0–3 | length | 0 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 |
-//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 |
-//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel |
-//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) |
-//! | 16–19 | arg1 | version (2) | 0 | backlog | 0 | 0 | 0 | 0 | 0 |
-//! | 20– | payload | | | the buffer's bytes | | | | UTF-8 message | |
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 |
+//! | 16–19 | arg1 | version (3) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | |
 //!
 //! The buffer-size frame (consumer → producer, version 2) carries the size the consuming
 //! gate's debloater announced for a channel; the producer's subpartition starts its next
 //! buffers at that size. It is sent when the size changes, from the network thread's turn.
 //!
-//! Each side sends its handshake first and expects the peer's as the first frame within
-//! [`TransportConfig::handshake_timeout`]. Records, watermarks and the in-band
+//! Each side sends its handshake first and expects the peer's as the first frame, then
+//! answers the peer's nonce with an authentication frame ([`auth`]) and accepts nothing
+//! else until the peer's answer verifies, within [`TransportConfig::handshake_timeout`].
+//! A side that has sent nothing for [`TransportConfig::heartbeat_interval`] sends a
+//! heartbeat; a connection on which nothing arrived for
+//! [`TransportConfig::idle_timeout`] fails with [`TransportError::PeerSilent`]. Records, watermarks and the in-band
 //! end-of-partition tag travel inside buffer payloads exactly as on a local channel; the
 //! end-of-partition *frame* says that the subpartition's channel is closed (its producer
 //! is gone and everything was sent).
@@ -94,6 +98,7 @@
 //! - Dropping a [`RemoteInputChannel`] cancels it at the producer; dropping the
 //!   [`Transport`] stops its thread and fails what is still open.
 
+pub mod auth;
 mod channel;
 mod error;
 pub mod frame;
@@ -109,6 +114,7 @@ use std::time::Duration;
 use weir_engine::exchange::{InputChannel, LocalBufferPool, LocalPoolConfig, NetworkBufferPool};
 use weir_engine::park::{Notify, UnboundParker, Unparker};
 
+pub use auth::{JobId, Secret};
 pub use channel::RemoteInputChannel;
 pub use error::{FrameError, TransportError};
 pub use frame::{Frame, FrameKind, Header, HEADER_SIZE};
@@ -141,6 +147,23 @@ pub struct TransportConfig {
     /// How long the network thread keeps polling with nothing to do before it parks
     /// (0: it parks at once). Latency for idle CPU, as a worker's spin.
     pub spin: Duration,
+    /// The cluster secret every process of the job holds (`None`: no proof of
+    /// membership, see [`auth`]). A peer that cannot prove it holds the same one is
+    /// refused in the handshake.
+    pub secret: Option<Secret>,
+    /// The job this process runs; a peer running another is refused in the handshake
+    /// (the default, all zeros, matches only peers that set none either).
+    pub job: JobId,
+    /// How many processes the job has, when known: a peer whose process id is not
+    /// below it (or is this process's own) is refused in the handshake.
+    pub processes: Option<u32>,
+    /// A connection on which this side sent nothing for this long sends a heartbeat.
+    pub heartbeat_interval: Duration,
+    /// A connection on which nothing arrived for this long (no frame, no heartbeat)
+    /// fails, and so do its channels, naming the peer: a peer that hangs or a network
+    /// that drops its packets is detected, not waited for. Also the sockets' TCP user
+    /// timeout (data unacknowledged this long fails the connection in the kernel).
+    pub idle_timeout: Duration,
 }
 
 impl TransportConfig {
@@ -155,6 +178,11 @@ impl TransportConfig {
             driver: DriverKind::Auto,
             request_timeout: Duration::from_secs(60),
             spin: Duration::ZERO,
+            secret: None,
+            job: JobId::default(),
+            processes: None,
+            heartbeat_interval: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -193,6 +221,20 @@ impl Transport {
             return Err(TransportError::Config(
                 "handshake_timeout must be positive".into(),
             ));
+        }
+        if config.heartbeat_interval.is_zero() || config.heartbeat_interval >= config.idle_timeout {
+            return Err(TransportError::Config(format!(
+                "heartbeat_interval ({:?}) must be positive and below idle_timeout ({:?}), or \
+                 a quiet but healthy peer would be taken for a silent one",
+                config.heartbeat_interval, config.idle_timeout
+            )));
+        }
+        if config.processes.is_some_and(|n| config.process >= n) {
+            return Err(TransportError::Config(format!(
+                "process {} of a job of {} processes: the id must be below the count",
+                config.process,
+                config.processes.unwrap_or_default()
+            )));
         }
         let io = |what, source| TransportError::Io {
             what,
@@ -348,6 +390,20 @@ impl Transport {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Why the handshake with process `process`, dialed by [`connect`](Self::connect),
+    /// last failed by a refusal (either side's), if it did: a member of another job,
+    /// one without the cluster secret, a wrong process id.
+    pub fn refusal(&self, process: u32) -> Option<String> {
+        self.control
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == process)
+            .map(|(_, why)| why.clone())
     }
 
     /// Whether a connection to process `process` has completed its handshake.

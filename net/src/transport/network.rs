@@ -26,6 +26,7 @@ use weir_engine::exchange::{Buffer, InputChannel, LocalBufferPool, SharedBuffer}
 use weir_engine::park::{Notify, Parker};
 use weir_engine::ring::Producer;
 
+use super::auth::{self, JobId, HELLO_SIZE, NONCE_SIZE, TAG_SIZE};
 use super::channel::{BufferSizeSlot, FailureSlot};
 use super::error::{FrameError, TransportError};
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX, HEADER_SIZE};
@@ -45,6 +46,18 @@ const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 /// Largest buffer header accepted before the channel's pool is known: the engine's
 /// largest segment. The channel's own segment size is checked when it is known.
 const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
+
+/// Handshake refusals kept for [`Control::refused`].
+pub(crate) const REFUSALS_KEPT: usize = 64;
+
+/// Connections accepted and not yet authenticated at once: past this, a new connection
+/// is closed as soon as it is accepted (the backlog still drains), so a port scan or a
+/// flood of half-open connections cannot take every descriptor.
+const HANDSHAKES_PENDING_MAX: usize = 64;
+/// How soon to try accepting again after the kernel refused (out of descriptors): the
+/// listener's readiness is edge-triggered on epoll, so no new event would come while
+/// the backlog holds connections.
+const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
 /// The smallest buffer size a peer's announcement can ask for: the debloater's default
 /// minimum (Flink's `taskmanager.network.memory.min-segment-size`, 256 bytes).
@@ -79,6 +92,9 @@ pub(crate) struct Control {
     pub(crate) opened: std::sync::atomic::AtomicUsize,
     /// Why each connection that ended with channels open ended.
     pub(crate) lost: std::sync::Mutex<Vec<String>>,
+    /// Processes this one dialed that refused it, or that it refused, in the handshake
+    /// (the latest [`REFUSALS_KEPT`] at most): why, by process id.
+    pub(crate) refused: std::sync::Mutex<VecDeque<(u32, String)>>,
 }
 
 pub(crate) fn peer_name(process: u32, addr: SocketAddr) -> String {
@@ -310,7 +326,9 @@ enum Reading {
     Discard {
         left: usize,
     },
+    /// The payload of a handshake, an authentication or an error frame.
     Message {
+        kind: FrameKind,
         channel: u32,
         bytes: Vec<u8>,
         filled: usize,
@@ -341,8 +359,17 @@ const DISCARD_SIZE: usize = 4096;
 struct Conn {
     stream: TcpStream,
     addr: SocketAddr,
-    /// The peer's process id, once its handshake arrived.
+    /// The peer's process id, once it authenticated (handshake, then its answer to our
+    /// nonce): until then no other frame is accepted.
     process: Option<u32>,
+    /// The process id the peer's handshake claimed, before it proved it.
+    claimed: Option<u32>,
+    /// The nonce our handshake sent, which the peer's authentication must answer.
+    nonce: [u8; NONCE_SIZE],
+    /// When bytes last arrived (the idle timeout runs from here).
+    last_read: Instant,
+    /// When a frame was last queued (a heartbeat goes out when this grows old).
+    last_queued: Instant,
     /// The process this side connected to, which the handshake must name.
     expected: Option<u32>,
     connecting: bool,
@@ -353,6 +380,10 @@ struct Conn {
     out_offset: usize,
     /// Frames queued since the last write started.
     staged: VecDeque<Out>,
+    /// Frames queued before this side answered the peer's nonce (partition requests of
+    /// a fresh connection): they follow the authentication frame, which the peer wants
+    /// first.
+    held: VecDeque<Out>,
     /// Boxed: the kernel writes into it during an io_uring read, while the
     /// connection itself may move.
     header: Box<[u8; HEADER_SIZE]>,
@@ -372,17 +403,31 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(stream: TcpStream, addr: SocketAddr, connecting: bool, process: u32) -> Self {
+    /// A connection whose first frame, queued here, is this process's handshake.
+    fn new(
+        stream: TcpStream,
+        addr: SocketAddr,
+        connecting: bool,
+        process: u32,
+        job: &JobId,
+    ) -> Self {
+        let now = Instant::now();
+        let nonce = auth::nonce();
         let mut conn = Conn {
             stream,
             addr,
             process: None,
+            claimed: None,
+            nonce,
+            last_read: now,
+            last_queued: now,
             expected: None,
             connecting,
             handshake_deadline: None,
             out: VecDeque::new(),
             out_offset: 0,
             staged: VecDeque::new(),
+            held: VecDeque::new(),
             header: Box::new([0; HEADER_SIZE]),
             header_len: 0,
             discard: vec![0; DISCARD_SIZE].into_boxed_slice(),
@@ -393,7 +438,10 @@ impl Conn {
             incoming: HashMap::new(),
             outgoing: Vec::new(),
         };
-        conn.queue(Header::handshake(process), None);
+        let mut hello = Vec::with_capacity(HELLO_SIZE);
+        hello.extend_from_slice(&nonce);
+        hello.extend_from_slice(&job.0);
+        conn.queue(Header::handshake(process), Some(Payload::Bytes(hello)));
         conn
     }
 
@@ -405,10 +453,19 @@ impl Conn {
     }
 
     fn queue(&mut self, header: Header, payload: Option<Payload>) {
-        self.staged.push_back(Out {
+        let out = Out {
             header: header.encode(),
             payload: payload.unwrap_or(Payload::None),
-        });
+        };
+        let early = matches!(
+            header.kind,
+            FrameKind::Handshake | FrameKind::Auth | FrameKind::Error
+        );
+        if self.claimed.is_none() && !early {
+            self.held.push_back(out);
+        } else {
+            self.staged.push_back(out);
+        }
     }
 
     /// Writes queued frames until the socket would block; `Ok(true)` if it wrote any.
@@ -497,6 +554,8 @@ pub(crate) struct Net {
     served: HashMap<u32, Box<dyn InputChannel>>,
     /// Requests for channels not served yet (each fails after `request_timeout`).
     waiting: Waiting,
+    /// When to try accepting again after the kernel refused a connection.
+    accept_retry: Option<Instant>,
 }
 
 impl Net {
@@ -547,6 +606,7 @@ impl Net {
             gate_generation: 0,
             served: HashMap::new(),
             waiting: Waiting::default(),
+            accept_retry: None,
         })
     }
 
@@ -760,11 +820,20 @@ impl Net {
 
     fn next_deadline(&self) -> Option<Instant> {
         let request = self.waiting.next_deadline(self.config.request_timeout);
+        let (heartbeat, idle) = (self.config.heartbeat_interval, self.config.idle_timeout);
+        let liveness = self
+            .conns
+            .iter()
+            .flatten()
+            .filter(|c| !c.dead && c.process.is_some())
+            .map(|c| (c.last_queued + heartbeat).min(c.last_read + idle));
         self.conns
             .iter()
             .flatten()
             .filter_map(|c| c.handshake_deadline)
             .chain(request)
+            .chain(self.accept_retry)
+            .chain(liveness)
             .min()
     }
 
@@ -791,6 +860,9 @@ impl Net {
     fn turn(&mut self) -> bool {
         let mut busy = self.commands();
         let now = Instant::now();
+        if self.accept_retry.is_some_and(|at| now >= at) {
+            self.accept();
+        }
         if !self.waiting.is_empty() {
             busy |= self.expire_requests(now);
         }
@@ -857,7 +929,14 @@ impl Net {
         let slot = self.free_slot();
         self.register(&stream, slot)
             .map_err(|e| ("registering a connection", e))?;
-        let mut conn = Conn::new(stream, peer.addr, true, self.config.process);
+        set_user_timeout(&stream, self.config.idle_timeout);
+        let mut conn = Conn::new(
+            stream,
+            peer.addr,
+            true,
+            self.config.process,
+            &self.config.job,
+        );
         conn.expected = Some(peer.process);
         conn.handshake_deadline = Some(Instant::now() + self.config.handshake_timeout);
         self.conns[slot] = Some(conn);
@@ -977,25 +1056,43 @@ impl Net {
     }
 
     fn accept(&mut self) {
+        self.accept_retry = None;
         loop {
             match self.listener.accept() {
                 Ok((stream, addr)) => {
+                    let pending = self
+                        .conns
+                        .iter()
+                        .flatten()
+                        .filter(|c| !c.dead && c.process.is_none())
+                        .count();
+                    if pending >= HANDSHAKES_PENDING_MAX {
+                        // Closed at once (dropped): the backlog drains, nothing is kept.
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
+                    set_user_timeout(&stream, self.config.idle_timeout);
                     let slot = self.free_slot();
                     if self.register(&stream, slot).is_err() {
                         continue;
                     }
-                    let mut conn = Conn::new(stream, addr, false, self.config.process);
+                    let mut conn =
+                        Conn::new(stream, addr, false, self.config.process, &self.config.job);
                     conn.handshake_deadline = Some(Instant::now() + self.config.handshake_timeout);
                     self.conns[slot] = Some(conn);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // Out of descriptors or similar: try again at the next event.
-                Err(_) => return,
+                Err(_) => {
+                    // Out of descriptors (EMFILE, ENFILE) or memory: the connections
+                    // wait in the backlog, and an edge-triggered listener would not say
+                    // so again. Try again shortly.
+                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+                    return;
+                }
             }
         }
     }
@@ -1046,11 +1143,26 @@ impl Net {
         }
         let mut busy = if uring { false } else { self.read(slot, conn)? };
         if conn.process.is_some() {
+            if now.saturating_duration_since(conn.last_read) >= self.config.idle_timeout {
+                return Err(Ending::Failed(TransportError::PeerSilent {
+                    peer: conn.name(),
+                    idle: self.config.idle_timeout,
+                }));
+            }
             busy |= self.send(conn);
             for gate in self.gates.iter_mut().flatten() {
                 if gate.conn == slot && !gate.is_closed() {
                     busy |= gate.grant(conn);
                 }
+            }
+            if !conn.staged.is_empty() {
+                conn.last_queued = now;
+            } else if now.saturating_duration_since(conn.last_queued)
+                >= self.config.heartbeat_interval
+            {
+                // Nothing to say for a while: say that we are alive.
+                conn.queue(Header::control(FrameKind::Heartbeat, 0, 0), None);
+                conn.last_queued = now;
             }
         }
         self.gates
@@ -1297,6 +1409,9 @@ impl Net {
 
     /// Accounts for `count` bytes just read in the current state, completing frames.
     fn consumed(&mut self, slot: usize, conn: &mut Conn, count: usize) -> Result<(), Ending> {
+        if count > 0 {
+            conn.last_read = Instant::now();
+        }
         let complete = match &mut conn.reading {
             Reading::Header => {
                 conn.header_len += count;
@@ -1359,6 +1474,17 @@ impl Net {
                 }
                 Ok(())
             }
+            Reading::Message {
+                kind: FrameKind::Handshake,
+                channel,
+                bytes,
+                ..
+            } => self.hello(conn, channel, &bytes),
+            Reading::Message {
+                kind: FrameKind::Auth,
+                bytes,
+                ..
+            } => self.authenticate(conn, &bytes),
             Reading::Message { channel, bytes, .. } => {
                 let message = String::from_utf8_lossy(&bytes).into_owned();
                 let cause = TransportError::Remote {
@@ -1385,6 +1511,136 @@ impl Net {
         }
     }
 
+    /// The peer's handshake: checks who it claims to be and that it runs this job, then
+    /// answers its nonce (see `auth`). It is accepted once its own answer verifies.
+    fn hello(&mut self, conn: &mut Conn, process: u32, bytes: &[u8]) -> Result<(), Ending> {
+        let refuse = |conn: &Conn, reason: String| {
+            Ending::Rejected(TransportError::Refused {
+                peer: conn.name(),
+                reason,
+            })
+        };
+        debug_assert_eq!(bytes.len(), HELLO_SIZE, "checked by Header::decode");
+        if let Some(expected) = conn.expected {
+            if expected != process {
+                return Err(refuse(
+                    conn,
+                    format!(
+                        "it is process {process}, not process {expected} as asked for: check \
+                         the peer list (addresses and process ids)"
+                    ),
+                ));
+            }
+        }
+        if process == self.config.process {
+            return Err(refuse(
+                conn,
+                format!("it claims this process's own id {process}: give every process its own"),
+            ));
+        }
+        if let Some(processes) = self.config.processes {
+            if process >= processes {
+                return Err(refuse(
+                    conn,
+                    format!(
+                        "process id {process} is not one of this job's {processes} processes: \
+                         check the peer list"
+                    ),
+                ));
+            }
+        }
+        if self.is_live(process) {
+            return Err(refuse(
+                conn,
+                format!(
+                    "process {process} is connected already: two processes share an id, or an \
+                     old one still runs"
+                ),
+            ));
+        }
+        let job = JobId(bytes[NONCE_SIZE..].try_into().expect("checked size"));
+        if job != self.config.job {
+            return Err(refuse(
+                conn,
+                format!(
+                    "it runs another job (id {}…, this process {}…): start every process of a \
+                     job with the same graph, worker layout and settings",
+                    job.short(),
+                    self.config.job.short()
+                ),
+            ));
+        }
+        let nonce: [u8; NONCE_SIZE] = bytes[..NONCE_SIZE].try_into().expect("checked size");
+        let tag = auth::tag(
+            self.config.secret.as_ref(),
+            &nonce,
+            self.config.process,
+            process,
+            &self.config.job,
+        );
+        let header = Header {
+            kind: FrameKind::Auth,
+            len: TAG_SIZE as u32,
+            channel: 0,
+            arg0: 0,
+            arg1: 0,
+        };
+        conn.queue(header, Some(Payload::Bytes(tag.to_vec())));
+        conn.claimed = Some(process);
+        // What was queued before (partition requests) goes after the answer.
+        let held = std::mem::take(&mut conn.held);
+        conn.staged.extend(held);
+        Ok(())
+    }
+
+    /// The peer's answer to our nonce: once it verifies, the peer is the process it
+    /// claimed and a member of this job, and its other frames are accepted.
+    fn authenticate(&mut self, conn: &mut Conn, tag: &[u8]) -> Result<(), Ending> {
+        let process = conn
+            .claimed
+            .expect("an authentication frame follows a handshake");
+        let verified = auth::verify(
+            self.config.secret.as_ref(),
+            &conn.nonce,
+            process,
+            self.config.process,
+            &self.config.job,
+            tag,
+        );
+        if !verified {
+            return Err(Ending::Rejected(TransportError::Refused {
+                peer: conn.name(),
+                reason: "its authentication does not verify: it does not hold this job's \
+                         cluster secret (give every process the same --secret-file)"
+                    .into(),
+            }));
+        }
+        if self.is_live(process) {
+            return Err(Ending::Rejected(TransportError::Refused {
+                peer: conn.name(),
+                reason: format!("process {process} is connected already"),
+            }));
+        }
+        conn.process = Some(process);
+        conn.handshake_deadline = None;
+        self.control
+            .connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(process);
+        self.control.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether another live connection belongs to authenticated process `process` (the
+    /// connection being driven is out of `conns` meanwhile).
+    fn is_live(&self, process: u32) -> bool {
+        self.conns
+            .iter()
+            .flatten()
+            .any(|c| !c.dead && c.process == Some(process))
+    }
+
     /// Applies a decoded header.
     fn frame(&mut self, slot: usize, conn: &mut Conn, header: Header) -> Result<(), Ending> {
         let protocol = |conn: &Conn, reason: String| {
@@ -1394,39 +1650,57 @@ impl Net {
             })
         };
         if conn.process.is_none() {
-            if header.kind != FrameKind::Handshake {
-                return Err(protocol(
-                    conn,
-                    format!("a {} frame before the handshake", header.kind.name()),
-                ));
+            // Before the peer authenticated: its handshake, then its answer to our nonce.
+            let expected = if conn.claimed.is_none() {
+                FrameKind::Handshake
+            } else {
+                FrameKind::Auth
+            };
+            if header.kind == FrameKind::Error && header.channel == CONNECTION_CHANNEL {
+                // The peer refused us and says why: read it (fails the connection with
+                // the peer's own words).
+                conn.reading = Reading::Message {
+                    kind: FrameKind::Error,
+                    channel: header.channel,
+                    bytes: vec![0; header.len as usize],
+                    filled: 0,
+                };
+                if header.len == 0 {
+                    let reading = std::mem::replace(&mut conn.reading, Reading::Header);
+                    self.finish_payload(conn, reading)?;
+                }
+                return Ok(());
             }
-            if conn
-                .expected
-                .is_some_and(|expected| expected != header.channel)
-            {
+            if header.kind != expected {
                 return Err(protocol(
                     conn,
                     format!(
-                        "it is process {}, not process {} as asked for: check the peer list \
-                         (addresses and process ids)",
-                        header.channel,
-                        conn.expected.unwrap_or_default()
+                        "a {} frame where its {} was due",
+                        header.kind.name(),
+                        expected.name()
                     ),
                 ));
             }
-            conn.process = Some(header.channel);
-            conn.handshake_deadline = None;
-            self.control
-                .connected
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(header.channel);
-            self.control.opened.fetch_add(1, Ordering::Relaxed);
+            // Fixed-size payloads (checked by `Header::decode`): read, then `hello` or
+            // `authenticate`.
+            conn.reading = Reading::Message {
+                kind: header.kind,
+                channel: header.channel,
+                bytes: vec![0; header.len as usize],
+                filled: 0,
+            };
             return Ok(());
         }
         let channel = header.channel;
         match header.kind {
-            FrameKind::Handshake => return Err(protocol(conn, "a second handshake".into())),
+            FrameKind::Handshake | FrameKind::Auth => {
+                return Err(protocol(
+                    conn,
+                    format!("a second {} frame", header.kind.name()),
+                ))
+            }
+            // Arrived, so the peer is alive (`consumed` noted the time): nothing else.
+            FrameKind::Heartbeat => {}
             FrameKind::PartitionRequest => {
                 if conn.outgoing.iter().any(|c| c.id == channel) {
                     let message = format!("channel {channel} is already being sent to you");
@@ -1500,6 +1774,7 @@ impl Net {
                 let len = header.len as usize;
                 debug_assert!(len <= ERROR_MESSAGE_MAX, "checked by Header::decode");
                 conn.reading = Reading::Message {
+                    kind: FrameKind::Error,
                     channel,
                     bytes: vec![0; len],
                     filled: 0,
@@ -1646,6 +1921,24 @@ impl Net {
                 error
             }
         };
+        if let (None, Some(dialed)) = (conn.process, conn.expected) {
+            // A process we dialed and that refused us (its error frame), or that we
+            // refused: a caller waiting for it is told why instead of waiting on.
+            if matches!(
+                cause,
+                TransportError::Refused { .. } | TransportError::Remote { .. }
+            ) {
+                let mut refused = self
+                    .control
+                    .refused
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if refused.len() == REFUSALS_KEPT {
+                    refused.pop_front();
+                }
+                refused.push_back((dialed, cause.to_string()));
+            }
+        }
         if !conn.incoming.is_empty() || !conn.outgoing.is_empty() {
             // Channels broke: say which peer and why, for the producers whose consumers
             // it took away (they see only their consumer gone).
@@ -1774,6 +2067,24 @@ fn queue_error(conn: &mut Conn, channel: u32, message: &str) {
     conn.queue(header, Some(Payload::Bytes(bytes)));
 }
 
+/// Sets the socket's TCP user timeout: data left unacknowledged this long fails the
+/// connection in the kernel (a peer host gone while we send). Best effort: a kernel
+/// without it leaves the idle timeout to notice.
+fn set_user_timeout(stream: &TcpStream, timeout: Duration) {
+    let ms = timeout.as_millis().min(u128::from(u32::MAX)) as libc::c_uint;
+    // SAFETY: a valid socket descriptor (the stream is live), and a pointer to a
+    // `c_uint` with its size, as TCP_USER_TIMEOUT takes.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        );
+    }
+}
+
 /// The ending of a connection whose socket operation failed.
 fn io_ending(conn: &Conn, error: io::Error) -> Ending {
     Ending::Failed(TransportError::ConnectionLost {
@@ -1799,7 +2110,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let stream = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (peer, addr) = listener.accept().expect("accept");
-        let mut conn = Conn::new(stream, addr, false, 1);
+        let mut conn = Conn::new(stream, addr, false, 1, &JobId::default());
+        // As after the handshake: frames go to the send queue.
+        conn.claimed = Some(2);
+        conn.process = Some(2);
         conn.staged.clear();
         (conn, peer)
     }

@@ -59,6 +59,7 @@ impl Waiting {
     }
 
     /// Requests waiting.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_channel.len()
     }
