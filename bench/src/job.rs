@@ -956,6 +956,7 @@ pub fn run_to_end(
         connections: settings.connections,
         capacity: settings.capacity * 4 + 64,
         request_timeout: settings.attempt_timeout(),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
     };
     // Checked here, once, so that making each subtask's client cannot fail.
     LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;

@@ -142,6 +142,7 @@ pub fn weir(driver: DriverKind, server: &LookupServer, c: usize, n: u64) -> Meas
         connections: 1,
         capacity: c * 2 + 16,
         request_timeout: Duration::from_secs(30),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
     };
     let client = Rc::new(RefCell::new(
         LookupClient::<Key>::new(config).expect("client"),

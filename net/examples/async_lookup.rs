@@ -24,6 +24,7 @@ fn run(keys: u64) -> Result<Vec<(u64, u64)>, Box<dyn std::error::Error>> {
         connections: 1,
         capacity: 512,
         request_timeout: Duration::from_secs(1),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
     };
     Client::new(config.clone())?;
     let runtime = Runtime::builder()

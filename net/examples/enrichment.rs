@@ -80,6 +80,7 @@ fn run(orders: u64) -> Result<Vec<EnrichedOrder>, Box<dyn std::error::Error>> {
         connections: 1,
         capacity: 512,
         request_timeout: Duration::from_secs(1),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
     })?;
 
     let graph = Graph::new().with_parallelism(2);

@@ -1,6 +1,7 @@
 //! Errors of the kernel-facing half.
 
 use std::io;
+use std::time::Duration;
 
 /// Why a driver, a connection or the lookup service failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,31 @@ pub enum NetError {
         /// The service's message.
         message: String,
     },
+    /// A connect did not complete in time (the address drops connection attempts, or
+    /// nothing answers there).
+    #[error(
+        "connecting to {addr} did not complete within {timeout:?}; check that the service \
+         listens there and is reachable, or raise connect_timeout"
+    )]
+    ConnectTimeout {
+        /// The address connected to.
+        addr: String,
+        /// The connect timeout.
+        timeout: Duration,
+    },
+    /// A request went unanswered for the request timeout, and no request sent after it
+    /// was answered: the peer may not be reading, so the connection is closed (which
+    /// drops what is queued for it) and made again by the next request.
+    #[error(
+        "no answer from {peer} within {timeout:?} and none to later requests; closed the \
+         connection, which the next request makes again"
+    )]
+    Unanswered {
+        /// The peer.
+        peer: String,
+        /// The request timeout.
+        timeout: Duration,
+    },
     /// An invalid setting.
     #[error("invalid setting: {0}")]
     Config(String),
@@ -56,5 +82,42 @@ pub enum NetError {
 impl NetError {
     pub(crate) fn io(what: &'static str, source: io::Error) -> Self {
         NetError::Io { what, source }
+    }
+
+    /// A copy, for each of the several requests one connection failure fails (an
+    /// `io::Error` cannot be cloned: the copy keeps its kind and message).
+    pub(crate) fn duplicate(&self) -> NetError {
+        let io = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
+        match self {
+            NetError::DriverSetup { driver, source } => NetError::DriverSetup {
+                driver,
+                source: io(source),
+            },
+            NetError::Io { what, source } => NetError::Io {
+                what,
+                source: io(source),
+            },
+            NetError::Malformed { peer, reason } => NetError::Malformed {
+                peer: peer.clone(),
+                reason: reason.clone(),
+            },
+            NetError::Closed { peer, pending } => NetError::Closed {
+                peer: peer.clone(),
+                pending: *pending,
+            },
+            NetError::Service { key, message } => NetError::Service {
+                key: *key,
+                message: message.clone(),
+            },
+            NetError::ConnectTimeout { addr, timeout } => NetError::ConnectTimeout {
+                addr: addr.clone(),
+                timeout: *timeout,
+            },
+            NetError::Unanswered { peer, timeout } => NetError::Unanswered {
+                peer: peer.clone(),
+                timeout: *timeout,
+            },
+            NetError::Config(message) => NetError::Config(message.clone()),
+        }
     }
 }

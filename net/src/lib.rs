@@ -4,6 +4,8 @@
 //!
 //! - [`driver`]: the driver interface and the io_uring/epoll choice;
 //! - `uring`, `epoll`: the two drivers;
+//! - `connect`: a client's connection on its worker's driver (a non-blocking connect
+//!   with a timeout, shut down when dropped);
 //! - [`lookup`]: the service (binary protocol, latency distributions, fault injection)
 //!   and the pipelined client that is an `AsyncFunction`;
 //! - [`redis`]: Redis as an external system, a pipelined client on the same drivers;
@@ -17,6 +19,7 @@
 )]
 
 pub mod cluster;
+mod connect;
 mod conns;
 pub mod driver;
 pub mod epoll;

@@ -1,22 +1,30 @@
-//! The lookup client on both drivers against the service, and against a misbehaving
-//! peer: values come back intact; a malformed frame closes only its connection and
-//! fails only the requests on it, with a clear error.
+//! The lookup client on both drivers against the service, and against misbehaving
+//! peers: values come back intact; a malformed frame closes only its connection and
+//! fails only the requests on it, with a clear error; an address that drops connection
+//! attempts fails lookups after the connect timeout without holding up the worker; a
+//! service that never reads holds at most the client's capacity of requests; a dropped
+//! client ends its connections.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
+use std::sync::mpsc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use weir_engine::async_io::{AsyncConfig, AsyncWaitOperator, OutputMode};
+use weir_engine::async_io::{AsyncConfig, AsyncError, AsyncWaitOperator, OutputMode};
 use weir_engine::element::StreamElement;
+use weir_engine::graph::IoHandler;
 use weir_engine::park::Parker;
 use weir_engine::runtime::Driver;
 use weir_net::lookup::protocol::{decode_request, encode_response, STATUS_OK};
 use weir_net::lookup::{
-    ClientConfig, LookupClient, LookupFunction, LookupRequest, LookupServer, ServerConfig,
+    ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest, LookupServer, ServerConfig,
 };
-use weir_net::DriverKind;
+use weir_net::{DriverKind, NetError};
 
 #[derive(Debug, Clone, Copy)]
 struct Key(u64);
@@ -90,6 +98,7 @@ fn values_round_trip_on_every_driver() {
             connections: 3,
             capacity: 4096,
             request_timeout: Duration::from_secs(5),
+            connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
         };
         let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
         let keys: Vec<u64> = (0..2000).map(|k| k * 7919).collect();
@@ -158,6 +167,7 @@ fn a_malformed_frame_fails_only_its_connections_requests() {
             connections: 2,
             capacity: 16,
             request_timeout: Duration::from_secs(5),
+            connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
         };
         let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
         // Requests alternate between the two connections: 1 on the bad one, 2 on the good.
@@ -237,4 +247,342 @@ fn a_spinning_service_answers_on_time_never_early() {
     }
     let stats = server.stop();
     assert_eq!(stats.answered, 160);
+}
+
+/// How long a test waits for a worker that should have finished before declaring it
+/// stuck: a watchdog, far above what the work takes.
+const WATCHDOG: Duration = Duration::from_secs(10);
+
+/// A loopback address that drops connection attempts: a listener whose accept queue
+/// is full, which on Linux makes the kernel drop further SYNs, so that a connect there
+/// neither completes nor fails. Returns the listener and the connections filling its
+/// queue; both must be kept for as long as the address is used.
+fn unanswering_address() -> (TcpListener, Vec<TcpStream>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    // Listening again on a listening socket sets its backlog; 0 leaves room for one
+    // connection in the accept queue.
+    // SAFETY: `listen` reads only its two arguments, and the descriptor belongs to
+    // `listener`, which is alive across the call.
+    let listened = unsafe { libc::listen(listener.as_raw_fd(), 0) };
+    assert_eq!(listened, 0, "listen: {}", std::io::Error::last_os_error());
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(stream) => fillers.push(stream),
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
+                return (listener, fillers)
+            }
+            Err(error) => panic!("filling the accept queue of {addr}: {error}"),
+        }
+    }
+    panic!(
+        "{addr} accepted {} connections with a backlog of 0: this kernel does not drop \
+         SYNs to a full accept queue, so the test cannot make an unanswered connect",
+        fillers.len()
+    );
+}
+
+/// What a worker saw of one lookup.
+struct Attempt {
+    outcome: Result<Vec<u8>, AsyncError>,
+    /// From the lookup's start to its outcome.
+    took: Duration,
+    /// The longest the client's I/O hook took in one flush.
+    flush_max: Duration,
+}
+
+/// Looks up one key at `addr` the way a worker does: the client's I/O hook flushed each
+/// turn with the run's clock, the driver waiting until the hook's next deadline (at
+/// most 50 ms) in between.
+fn look_up_once(driver: &mut dyn Driver, addr: SocketAddr, connect_timeout: Duration) -> Attempt {
+    let client: Client = Rc::new(RefCell::new(
+        LookupClient::new(ClientConfig {
+            addr,
+            connections: 1,
+            capacity: 16,
+            request_timeout: Duration::from_secs(60),
+            connect_timeout,
+        })
+        .unwrap(),
+    ));
+    let mut io = ClientIo(Rc::clone(&client));
+    let start = Instant::now();
+    let mut lookup = client.borrow_mut().get(7);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut flush_max = Duration::ZERO;
+    loop {
+        let now_ns = start.elapsed().as_nanos() as u64;
+        let flushed = Instant::now();
+        io.flush(driver, now_ns);
+        flush_max = flush_max.max(flushed.elapsed());
+        if let Poll::Ready(outcome) = std::pin::Pin::new(&mut lookup).poll(&mut cx) {
+            return Attempt {
+                outcome,
+                took: start.elapsed(),
+                flush_max,
+            };
+        }
+        let idle = Duration::from_millis(50);
+        let wait = io.next_deadline().map_or(idle, |deadline_ns| {
+            Duration::from_nanos(deadline_ns.saturating_sub(now_ns)).min(idle)
+        });
+        driver
+            .turn(Some(wait), &mut |event| {
+                io.on_event(&event);
+            })
+            .unwrap();
+    }
+}
+
+/// An address that drops connection attempts does not hold up the worker: no flush
+/// waits for the connect, and the lookup fails with `NetError::ConnectTimeout`, naming
+/// the address and the timeout, once the connect timeout passed and not before, on
+/// every driver. A watchdog fails the test if the worker is stuck instead (a blocking
+/// connect waits there for the kernel's SYN retries, about two minutes).
+#[test]
+fn a_connect_left_unanswered_times_out_without_blocking_the_worker() {
+    let connect_timeout = Duration::from_millis(300);
+    let (listener, _fillers) = unanswering_address();
+    let addr = listener.local_addr().unwrap();
+    let (report, reports) = mpsc::channel();
+    std::thread::spawn(move || {
+        for mut driver in drivers() {
+            let attempt = look_up_once(driver.as_mut(), addr, connect_timeout);
+            if report.send((driver.name(), attempt)).is_err() {
+                return;
+            }
+        }
+    });
+    let mut drivers_seen = 0;
+    loop {
+        let (name, attempt) = match reports.recv_timeout(connect_timeout + WATCHDOG) {
+            Ok(report) => report,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                "the worker is stuck connecting to {addr}: no outcome within {:?}",
+                connect_timeout + WATCHDOG
+            ),
+        };
+        drivers_seen += 1;
+        let error = attempt.outcome.expect_err("nothing answers at the address");
+        let AsyncError::Call(source) = &error else {
+            panic!("{name}: {error}");
+        };
+        match source.downcast_ref::<NetError>() {
+            Some(NetError::ConnectTimeout {
+                addr: named,
+                timeout,
+            }) => {
+                assert_eq!(named, &addr.to_string(), "{name}");
+                assert_eq!(*timeout, connect_timeout, "{name}");
+            }
+            other => panic!("{name}: {error} ({other:?})"),
+        }
+        let message = error.to_string();
+        assert!(message.contains(&addr.to_string()), "{name}: {message}");
+        assert!(message.contains("300ms"), "{name}: {message}");
+        assert!(
+            attempt.took >= connect_timeout,
+            "{name}: failed after {:?}, before the connect timeout",
+            attempt.took
+        );
+        assert!(
+            attempt.flush_max < connect_timeout,
+            "{name}: a flush took {:?}: it waited for the connect",
+            attempt.flush_max
+        );
+    }
+    assert!(drivers_seen >= 1);
+    drop(listener);
+}
+
+/// A service that accepts connections and never reads them.
+struct DeafService {
+    addr: SocketAddr,
+    drain: mpsc::Sender<()>,
+    /// Request frames each connection carried, once drained.
+    frames: mpsc::Receiver<Vec<usize>>,
+}
+
+impl DeafService {
+    fn start() -> DeafService {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (drain, drain_order) = mpsc::channel();
+        let (report, frames) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut streams = Vec::new();
+            while drain_order.try_recv().is_err() {
+                match listener.accept() {
+                    Ok((stream, _)) => streams.push(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+            // Read what reached each connection: up to its end, or until nothing more
+            // comes for a while (a connection still open).
+            let counts = streams
+                .into_iter()
+                .map(|mut stream| {
+                    stream.set_nonblocking(false).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_millis(300)))
+                        .unwrap();
+                    let mut bytes = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    while let Ok(read @ 1..) = stream.read(&mut buffer) {
+                        bytes.extend_from_slice(&buffer[..read]);
+                    }
+                    let mut frames = 0;
+                    let mut offset = 0;
+                    while let Ok(Some((_, used))) = decode_request(&bytes[offset..]) {
+                        offset += used;
+                        frames += 1;
+                    }
+                    assert_eq!(offset, bytes.len(), "whole request frames");
+                    frames
+                })
+                .collect();
+            let _ = report.send(counts);
+        });
+        DeafService {
+            addr,
+            drain,
+            frames,
+        }
+    }
+}
+
+/// Requests waiting for a service that accepts connections but never reads them stay
+/// within the client's capacity: with lookups refilling the client as fast as requests
+/// expire, for many request timeouts, no connection ever carries more request frames
+/// than the capacity (frames beyond it would be queued for the service, in the driver
+/// or the kernel, with no bound). Checked on every driver by letting the service read,
+/// at the end, everything that was queued for it.
+#[test]
+fn requests_for_a_service_that_never_reads_stay_within_capacity() {
+    let capacity = 16;
+    let request_timeout = Duration::from_millis(20);
+    for mut driver in drivers() {
+        let name = driver.name();
+        let service = DeafService::start();
+        let client = Rc::new(RefCell::new(
+            LookupClient::<Key>::new(ClientConfig {
+                addr: service.addr,
+                connections: 1,
+                capacity,
+                request_timeout,
+                connect_timeout: Duration::from_secs(5),
+            })
+            .unwrap(),
+        ));
+        let start = Instant::now();
+        let mut key = 0;
+        while start.elapsed() < request_timeout * 20 {
+            client
+                .borrow_mut()
+                .expire(start.elapsed().as_nanos() as u64);
+            while client.borrow().outstanding() < capacity {
+                drop(client.borrow_mut().get(key));
+                key += 1;
+            }
+            client.borrow_mut().flush(driver.as_mut());
+            driver
+                .turn(Some(Duration::from_millis(1)), &mut |event| {
+                    client.borrow_mut().on_event(&event);
+                })
+                .unwrap();
+        }
+        let sent = client.borrow().stats().requests;
+        assert!(
+            sent > 4 * capacity as u64,
+            "{name}: only {sent} requests in {:?}",
+            request_timeout * 20
+        );
+        // The worker goes on while the service reads: what is still queued in the
+        // driver goes out.
+        service.drain.send(()).unwrap();
+        let deadline = Instant::now() + WATCHDOG;
+        let frames = loop {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the service never drained"
+            );
+            driver
+                .turn(Some(Duration::from_millis(5)), &mut |event| {
+                    client.borrow_mut().on_event(&event);
+                })
+                .unwrap();
+            if let Ok(frames) = service.frames.try_recv() {
+                break frames;
+            }
+        };
+        assert!(!frames.is_empty(), "{name}: no connection made");
+        assert!(
+            frames.iter().all(|&count| count <= capacity),
+            "{name}: request frames per connection {frames:?}, capacity {capacity}, \
+             {sent} requests sent"
+        );
+    }
+}
+
+/// A client dropped while its worker lives on (its task ended, the worker's driver
+/// turns on) ends its connection: the service reads the end of the stream, on every
+/// driver, after answering the lookups made. The service gives up after the watchdog
+/// if the connection stays open.
+#[test]
+fn a_dropped_client_ends_its_connection() {
+    for mut driver in drivers() {
+        let name = driver.name();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = std::thread::spawn(move || -> std::io::Result<usize> {
+            let (mut stream, _) = listener.accept()?;
+            stream.set_read_timeout(Some(WATCHDOG))?;
+            let mut inbox = Vec::new();
+            let mut buffer = [0u8; 4096];
+            let mut answered = 0;
+            loop {
+                let read = stream.read(&mut buffer)?;
+                if read == 0 {
+                    return Ok(answered);
+                }
+                inbox.extend_from_slice(&buffer[..read]);
+                while let Ok(Some((request, used))) = decode_request(&inbox) {
+                    inbox.drain(..used);
+                    let mut out = Vec::new();
+                    encode_response(&mut out, request.request_id, STATUS_OK, b"value");
+                    stream.write_all(&out)?;
+                    answered += 1;
+                }
+            }
+        });
+        let client: Client = Rc::new(RefCell::new(
+            LookupClient::new(ClientConfig {
+                addr,
+                connections: 1,
+                capacity: 16,
+                request_timeout: Duration::from_secs(5),
+                connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
+            })
+            .unwrap(),
+        ));
+        let (out, failure) = run(driver.as_mut(), &client, &[1, 2, 3]);
+        assert_eq!(failure, None, "{name}");
+        assert_eq!(out.len(), 3, "{name}");
+        assert_eq!(Rc::strong_count(&client), 1, "{name}: the last reference");
+        drop(client);
+        let deadline = Instant::now() + WATCHDOG * 2;
+        while !service.is_finished() && Instant::now() < deadline {
+            driver
+                .turn(Some(Duration::from_millis(5)), &mut |_| {})
+                .unwrap();
+        }
+        let answered = service
+            .join()
+            .expect("the service ran")
+            .unwrap_or_else(|error| panic!("{name}: the connection stayed open: {error}"));
+        assert_eq!(answered, 3, "{name}");
+    }
 }

@@ -15,11 +15,39 @@
 //! every eighth of the timeout, so a request fails at most that much after its deadline
 //! and the memory is the fixed slab of outstanding requests, however many were sent
 //! within the timeout. (A timer per request cost a wheel node and its linking on the
-//! hottest path, for a safety net behind the operator's own timeout.) Failures are [`AsyncError::Call`], so the operator's retries
-//! apply. A connection that went away is re-established on the next request.
+//! hottest path, for a safety net behind the operator's own timeout.) Failures are
+//! [`AsyncError::Call`] carrying a [`NetError`] where the failure has a variant of its
+//! own, so the operator's retries apply. A connection that went away is re-established
+//! on the next request.
+//!
+//! Connecting never blocks the worker: the flush that first has requests for a
+//! connection starts a non-blocking connect and hands the socket to the driver, which
+//! sends the requests once the connect completes (see `crate::connect`). A connect not
+//! complete within `connect_timeout` is abandoned, failing the requests on it with
+//! [`NetError::ConnectTimeout`]; the next request connects again. The timeout is
+//! measured by the clock of [`expire`](LookupClient::expire), as request expiry is, and
+//! [`next_deadline`](LookupClient::next_deadline) says when it next needs a flush.
+//!
+//! What waits for a service that does not read is bounded by `capacity`: every
+//! request still queued for an open connection (in its outbox, or in the driver's or
+//! the kernel's buffers) holds its slot, so at most `capacity` request frames wait for
+//! the open connections in all. A slot is freed by an answer, by its connection's
+//! failure (which closes the connection, dropping what is queued for it), or by
+//! expiry. An expired request may still be queued, unread: it is known to have been
+//! read only once a request sent after it on the same connection was answered (a
+//! connection delivers in order, so the service read everything before that one).
+//! Each connection numbers its requests to tell: `sent` counts the requests queued on
+//! it, each pending request keeps its number, and `read_until` is one past the number
+//! of the latest answered. An expired request numbered `read_until` or later closes
+//! its connection, failing the requests on it with [`NetError::Unanswered`]. (Were
+//! expiry to free such slots, each request timeout would admit `capacity` more frames
+//! behind a stalled service, and its queue would grow without bound.)
+//!
+//! Dropping the client (its task ended) shuts its connections down, so the service
+//! sees them end even while the worker's driver lives on (see `crate::connect`).
 
 use std::cell::RefCell;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -29,8 +57,9 @@ use weir_engine::slab::{Key, Slab};
 use super::protocol::{
     decode_response, encode_request, response_size, Malformed, Response, STATUS_OK,
 };
+use crate::connect::{Connect, Link};
 use crate::error::NetError;
-use weir_engine::runtime::{ConnId, Driver, DriverEvent};
+use weir_engine::runtime::{Driver, DriverEvent};
 
 /// A lookup as the client sees it: the key to send, and how to build the result from
 /// the value.
@@ -61,10 +90,24 @@ pub struct ClientConfig {
     pub addr: SocketAddr,
     /// Connections per client (requests go round robin).
     pub connections: usize,
-    /// Requests outstanding at most (beyond: the call fails with "overloaded").
+    /// Requests outstanding at most (beyond: the call fails with "overloaded"); also
+    /// the most request frames that wait for a service that does not read.
     pub capacity: usize,
     /// A request unanswered this long is failed.
     pub request_timeout: Duration,
+    /// A connect not complete this long after it started fails the requests waiting
+    /// on it with [`NetError::ConnectTimeout`]; see
+    /// [`CONNECT_TIMEOUT_DEFAULT`](Self::CONNECT_TIMEOUT_DEFAULT).
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// A connect timeout for a service on the same network: 3 s, long enough for the
+    /// kernel to send a lost SYN again once (after 1 s, the initial retransmission
+    /// timeout of RFC 6298), short enough that lookups to a service that drops
+    /// connection attempts fail in seconds rather than after the kernel's two minutes
+    /// of retries.
+    pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(3);
 }
 
 /// What a client did.
@@ -83,11 +126,26 @@ pub struct ClientStats {
 }
 
 struct Connection {
-    id: Option<ConnId>,
+    /// The connection, once made; dropped when it ends.
+    link: Option<Link>,
     outbox: Vec<u8>,
     /// The head of a response frame split across receives; never a whole frame.
     inbox: Vec<u8>,
     close: bool,
+    /// The number the next request queued here gets (wrapping).
+    sent: u32,
+    /// The service read every request numbered below this (wrapping): one past the
+    /// latest answered, or `sent` when the connection last failed.
+    read_until: u32,
+}
+
+/// Whether request number `a` comes before number `b` on a connection. Numbers wrap;
+/// those compared are never `2^31` apart: they lie between `read_until` and `sent`,
+/// and at most `capacity` (checked to be below `2^31`) requests lie there (see the
+/// module docs).
+#[inline(always)]
+fn is_before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
 }
 
 /// Where a lookup's outcome goes.
@@ -106,6 +164,8 @@ enum Sink<R: LookupRequest> {
 struct Pending<R: LookupRequest> {
     /// The index of the connection it went out on.
     connection: u32,
+    /// Its number on that connection (see [`Connection::sent`]).
+    number: u32,
     sink: Sink<R>,
     /// When it expires.
     deadline_ns: u64,
@@ -114,12 +174,12 @@ struct Pending<R: LookupRequest> {
 /// The shared slot between a pending lookup and its [`Get`] future.
 #[derive(Default)]
 struct Slot {
-    outcome: RefCell<Option<Result<Vec<u8>, String>>>,
+    outcome: RefCell<Option<Result<Vec<u8>, AsyncError>>>,
     waker: RefCell<Option<std::task::Waker>>,
 }
 
 impl Slot {
-    fn fill(&self, outcome: Result<Vec<u8>, String>) {
+    fn fill(&self, outcome: Result<Vec<u8>, AsyncError>) {
         *self.outcome.borrow_mut() = Some(outcome);
         if let Some(waker) = self.waker.borrow_mut().take() {
             waker.wake();
@@ -139,7 +199,7 @@ impl std::future::Future for Get {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         match self.0.outcome.borrow_mut().take() {
-            Some(outcome) => std::task::Poll::Ready(outcome.map_err(AsyncError::call)),
+            Some(outcome) => std::task::Poll::Ready(outcome),
             None => {
                 *self.0.waker.borrow_mut() = Some(cx.waker().clone());
                 std::task::Poll::Pending
@@ -157,13 +217,13 @@ impl<R: LookupRequest> Sink<R> {
     }
 }
 
-/// Fails a lookup with `message`: the client was full, or its request failed (an error
+/// Fails a lookup with `error`: the client was full, or its request failed (an error
 /// answer, expiry, a closed connection or a malformed frame; all rare, hence cold).
 #[cold]
-fn sink_failed<R: LookupRequest>(sink: Sink<R>, message: String) {
+fn sink_failed<R: LookupRequest>(sink: Sink<R>, error: AsyncError) {
     match sink {
-        Sink::Call { result, .. } => result.complete_err(AsyncError::call(message)),
-        Sink::Wait { slot, .. } => slot.fill(Err(message)),
+        Sink::Call { result, .. } => result.complete_err(error),
+        Sink::Wait { slot, .. } => slot.fill(Err(error)),
     }
 }
 
@@ -175,8 +235,8 @@ impl<R: LookupRequest> Pending<R> {
         }
     }
 
-    fn fail(self, message: String) {
-        sink_failed(self.sink, message);
+    fn fail(self, error: AsyncError) {
+        sink_failed(self.sink, error);
     }
 }
 
@@ -189,6 +249,8 @@ pub struct LookupClient<R: LookupRequest> {
     pending: Slab<Pending<R>>,
     /// `config.request_timeout` in nanoseconds.
     timeout_ns: u64,
+    /// `config.connect_timeout` in nanoseconds.
+    connect_timeout_ns: u64,
     now_ns: u64,
     /// When expiry next sweeps the outstanding requests.
     sweep_at_ns: u64,
@@ -206,17 +268,35 @@ impl<R: LookupRequest> LookupClient<R> {
                 u32::MAX
             )));
         }
+        // Request numbers are compared as wrapping `u32`s, valid while fewer than 2^31
+        // lie between those compared (see `is_before`).
+        if i32::try_from(config.capacity).is_err() {
+            return Err(NetError::Config(format!(
+                "a lookup client's capacity must be at most {} requests, not {}",
+                i32::MAX,
+                config.capacity
+            )));
+        }
+        if config.connect_timeout.is_zero() {
+            return Err(NetError::Config(
+                "a lookup client's connect_timeout must be positive".to_string(),
+            ));
+        }
         let pending = Slab::new(config.capacity).map_err(|e| NetError::Config(e.to_string()))?;
         let connections = (0..config.connections)
             .map(|_| Connection {
-                id: None,
+                link: None,
                 outbox: Vec::new(),
                 inbox: Vec::new(),
                 close: false,
+                sent: 0,
+                read_until: 0,
             })
             .collect();
         Ok(LookupClient {
             timeout_ns: u64::try_from(config.request_timeout.as_nanos()).unwrap_or(u64::MAX),
+            connect_timeout_ns: u64::try_from(config.connect_timeout.as_nanos())
+                .unwrap_or(u64::MAX),
             config,
             connections,
             next: 0,
@@ -271,10 +351,12 @@ impl<R: LookupRequest> LookupClient<R> {
     #[inline(always)]
     fn start(&mut self, key: u64, sink: impl FnOnce() -> Sink<R>) {
         let connection = self.next;
+        let number = self.connections[connection].sent;
         let deadline_ns = self.now_ns.saturating_add(self.timeout_ns);
         let mut sink = Some(sink);
         match self.pending.insert_with(|| Pending {
             connection: connection as u32,
+            number,
             sink: (sink.take().expect("made once"))(),
             deadline_ns,
         }) {
@@ -291,7 +373,7 @@ impl<R: LookupRequest> LookupClient<R> {
             "lookup client overloaded: {} requests outstanding",
             self.pending.len()
         );
-        sink_failed(sink, message);
+        sink_failed(sink, AsyncError::call(message));
     }
 
     /// Appends the request of the pending entry `slot` for `key` to `connection`'s
@@ -304,46 +386,71 @@ impl<R: LookupRequest> LookupClient<R> {
         } else {
             connection + 1
         };
-        encode_request(&mut self.connections[connection].outbox, slot.to_u64(), key);
+        let connection = &mut self.connections[connection];
+        encode_request(&mut connection.outbox, slot.to_u64(), key);
+        connection.sent = connection.sent.wrapping_add(1);
         self.stats.requests += 1;
     }
 
-    /// Hands the outboxes to `driver`, connecting where needed, and closes connections
-    /// marked for closing.
+    /// Hands the outboxes to `driver`, connecting where needed (without waiting for the
+    /// connect), closes connections marked for closing and abandons connects past
+    /// `connect_timeout` (by the clock [`expire`](Self::expire) and
+    /// [`set_now`](Self::set_now) set).
     pub fn flush(&mut self, driver: &mut dyn Driver) {
         for index in 0..self.connections.len() {
-            if self.connections[index].close {
-                self.connections[index].close = false;
-                if let Some(id) = self.connections[index].id.take() {
-                    driver.close(id);
+            let connection = &mut self.connections[index];
+            if connection.close {
+                connection.close = false;
+                if let Some(link) = connection.link.take() {
+                    link.close(driver);
+                }
+            }
+            if let Some(link) = connection.link.as_mut() {
+                if link.poll_connect(self.now_ns, self.connect_timeout_ns) == Connect::TimedOut {
+                    if let Some(link) = connection.link.take() {
+                        link.close(driver);
+                    }
+                    let error = NetError::ConnectTimeout {
+                        addr: self.config.addr.to_string(),
+                        timeout: self.config.connect_timeout,
+                    };
+                    self.fail_connection(index, &error);
                 }
             }
             if self.connections[index].outbox.is_empty() {
                 continue;
             }
-            if self.connections[index].id.is_none() {
-                match TcpStream::connect(self.config.addr)
-                    .map_err(|e| NetError::io("connecting to the lookup service", e))
-                {
-                    Ok(stream) => match driver
-                        .register(stream.into())
-                        .map_err(|e| NetError::io("registering a connection", e))
-                    {
-                        Ok(id) => {
-                            self.connections[index].id = Some(id);
-                            self.connections[index].inbox.clear();
-                            self.stats.connects += 1;
-                        }
-                        Err(error) => self.fail_connection(index, &error),
-                    },
-                    Err(error) => self.fail_connection(index, &error),
+            if self.connections[index].link.is_none() {
+                match Link::open(self.config.addr, driver, self.now_ns) {
+                    Ok(link) => {
+                        self.connections[index].link = Some(link);
+                        self.connections[index].inbox.clear();
+                        self.stats.connects += 1;
+                    }
+                    Err(source) => {
+                        let error = NetError::io("connecting to the lookup service", source);
+                        self.fail_connection(index, &error);
+                    }
                 }
             }
             let connection = &mut self.connections[index];
-            if let Some(id) = connection.id {
-                driver.send(id, &mut connection.outbox);
+            if let Some(link) = &connection.link {
+                driver.send(link.id(), &mut connection.outbox);
             }
         }
+    }
+
+    /// When a connect in progress times out, by the clock of [`expire`](Self::expire):
+    /// the client needs a [`flush`](Self::flush) then, even with no I/O.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.connections
+            .iter()
+            .filter_map(|c| {
+                c.link
+                    .as_ref()?
+                    .connect_deadline_ns(self.connect_timeout_ns)
+            })
+            .min()
     }
 
     /// Takes a driver event for one of this client's connections; returns whether it was.
@@ -352,7 +459,11 @@ impl<R: LookupRequest> LookupClient<R> {
             DriverEvent::Received { conn, bytes } => (*conn, Some(*bytes)),
             DriverEvent::Closed { conn, .. } => (*conn, None),
         };
-        let Some(index) = self.connections.iter().position(|c| c.id == Some(conn)) else {
+        let Some(index) = self
+            .connections
+            .iter()
+            .position(|c| c.link.as_ref().is_some_and(|link| link.id() == conn))
+        else {
             return false;
         };
         match received {
@@ -370,7 +481,7 @@ impl<R: LookupRequest> LookupClient<R> {
                         pending: self.count_on(index),
                     },
                 };
-                self.connections[index].id = None;
+                self.connections[index].link = None;
                 self.fail_connection(index, &error);
             }
         }
@@ -394,13 +505,27 @@ impl<R: LookupRequest> LookupClient<R> {
                 .map(|(slot, _)| slot),
         );
         for &slot in &expired {
-            if let Some(pending) = self.pending.remove(slot) {
-                self.stats.failed += 1;
-                let message = format!(
-                    "no answer from the lookup service within {}",
-                    super::format_duration(self.config.request_timeout)
-                );
-                pending.fail(message);
+            // Gone already when an earlier expiry closed its connection.
+            let Some(pending) = self.pending.remove(slot) else {
+                continue;
+            };
+            self.stats.failed += 1;
+            let index = pending.connection as usize;
+            debug_assert!(is_before(pending.number, self.connections[index].sent));
+            let read = is_before(pending.number, self.connections[index].read_until);
+            let message = format!(
+                "no answer from the lookup service within {}",
+                super::format_duration(self.config.request_timeout)
+            );
+            pending.fail(AsyncError::call(message));
+            if !read {
+                // It may still wait in a queue: free its slot only with the queue.
+                self.connections[index].close = true;
+                let error = NetError::Unanswered {
+                    peer: self.config.addr.to_string(),
+                    timeout: self.config.request_timeout,
+                };
+                self.fail_connection(index, &error);
             }
         }
         self.expired = expired;
@@ -477,6 +602,13 @@ impl<R: LookupRequest> LookupClient<R> {
         let Some(pending) = self.take(Key::from_u64(response.request_id)) else {
             return;
         };
+        // Answered, so read, with every request before it on its connection.
+        let connection = &mut self.connections[pending.connection as usize];
+        debug_assert!(is_before(pending.number, connection.sent));
+        let next = pending.number.wrapping_add(1);
+        if is_before(connection.read_until, next) {
+            connection.read_until = next;
+        }
         if response.status == STATUS_OK {
             self.stats.values += 1;
             pending.succeed(response.value);
@@ -486,7 +618,7 @@ impl<R: LookupRequest> LookupClient<R> {
                 key: pending.sink.key(),
                 message: String::from_utf8_lossy(response.value).into_owned(),
             };
-            pending.fail(error.to_string());
+            pending.fail(AsyncError::call(error));
         }
     }
 
@@ -502,7 +634,9 @@ impl<R: LookupRequest> LookupClient<R> {
         self.fail_connection(index, &error);
     }
 
-    /// Fails every request outstanding on connection `index` with `error`.
+    /// Fails every request outstanding on connection `index` with `error`, and drops
+    /// what is queued for it here (the caller closes the connection, or it is closed:
+    /// the driver drops its queue).
     fn fail_connection(&mut self, index: usize, error: &NetError) {
         let slots: Vec<Key> = self
             .pending
@@ -513,12 +647,13 @@ impl<R: LookupRequest> LookupClient<R> {
         for slot in slots {
             if let Some(pending) = self.take(slot) {
                 self.stats.failed += 1;
-                pending.fail(error.to_string());
+                pending.fail(AsyncError::call(error.duplicate()));
             }
         }
         let connection = &mut self.connections[index];
         connection.outbox.clear();
         connection.inbox.clear();
+        connection.read_until = connection.sent;
     }
 }
 
@@ -592,6 +727,10 @@ impl<R: LookupRequest> weir_engine::graph::IoHandler for ClientIo<R> {
     fn on_event(&mut self, event: &DriverEvent<'_>) -> bool {
         self.0.borrow_mut().on_event(event)
     }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.0.borrow().next_deadline()
+    }
 }
 
 #[cfg(test)]
@@ -650,6 +789,7 @@ mod tests {
             connections: 1,
             capacity,
             request_timeout: Duration::from_secs(60),
+            connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
         })
         .expect("client")
     }
@@ -684,7 +824,9 @@ mod tests {
                 let (_, want) = expected.iter().find(|(k, _)| *k == key).expect("answered");
                 match (outcome, want) {
                     (Ok(value), Ok(want)) => proptest::prop_assert_eq!(&value, want),
-                    (Err(message), Err(())) => proptest::prop_assert!(message.contains("no")),
+                    (Err(error), Err(())) => {
+                        proptest::prop_assert!(error.to_string().contains("no"))
+                    }
                     (outcome, want) => proptest::prop_assert!(false, "{outcome:?} for {want:?}"),
                 }
             }
@@ -718,7 +860,8 @@ mod tests {
         let refused = client.borrow_mut().get(3);
         let message = refused.0.outcome.borrow_mut().take();
         assert!(
-            matches!(&message, Some(Err(m)) if m.contains("overloaded: 2 requests outstanding")),
+            matches!(&message, Some(Err(e))
+                if e.to_string().contains("overloaded: 2 requests outstanding")),
             "{message:?}"
         );
         let error = operator
@@ -754,11 +897,74 @@ mod tests {
         assert_eq!(client.stats().malformed, 1);
         assert_eq!(client.outstanding(), 0);
         assert!(client.connections[0].close);
-        assert_eq!(
+        assert!(matches!(
             first.0.outcome.borrow_mut().take(),
-            Some(Ok(b"one".to_vec()))
-        );
+            Some(Ok(value)) if value == b"one"
+        ));
         assert!(matches!(second.0.outcome.borrow_mut().take(), Some(Err(_))));
+    }
+
+    /// An expired request closes its connection only when no request sent after it on
+    /// that connection was answered: one the service stalled on while answering a
+    /// later one expires alone; one with nothing answered after it (it may be unread,
+    /// still queued) closes the connection, failing the rest with
+    /// `NetError::Unanswered`. Also across the wrap of the request numbers.
+    #[test]
+    fn expiry_closes_a_connection_only_when_nothing_after_the_request_was_answered() {
+        let timeout_ns = 1_000_000;
+        for first in [0, u32::MAX - 1] {
+            let mut client = LookupClient::<Key64>::new(ClientConfig {
+                addr: "127.0.0.1:9".parse().expect("address"),
+                connections: 1,
+                capacity: 8,
+                request_timeout: Duration::from_nanos(timeout_ns),
+                connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
+            })
+            .expect("client");
+            client.connections[0].sent = first;
+            client.connections[0].read_until = first;
+            client.expire(0);
+            let stalled = client.get(1);
+            let _answered = client.get(2);
+            let outbox = std::mem::take(&mut client.connections[0].outbox);
+            let (_, used) = decode_request(&outbox).expect("valid").expect("whole");
+            let (second, _) = decode_request(&outbox[used..])
+                .expect("valid")
+                .expect("whole");
+            let mut bytes = Vec::new();
+            encode_response(&mut bytes, second.request_id, STATUS_OK, b"v");
+            client.receive(0, &bytes);
+            client.expire(2 * timeout_ns);
+            assert_eq!(client.outstanding(), 0, "first request {first}");
+            assert!(!client.connections[0].close, "first request {first}");
+            let timed_out = stalled.0.outcome.borrow_mut().take();
+            assert!(
+                matches!(&timed_out, Some(Err(e)) if e.to_string().contains("no answer")),
+                "{timed_out:?}"
+            );
+            let _unread = client.get(3);
+            client.expire(2 * timeout_ns + timeout_ns / 2);
+            let behind = client.get(4);
+            client.expire(3 * timeout_ns + timeout_ns / 4);
+            assert!(client.connections[0].close, "first request {first}");
+            assert_eq!(client.outstanding(), 0, "first request {first}");
+            assert_eq!(client.connections[0].outbox.len(), 0);
+            assert_eq!(
+                client.connections[0].read_until, client.connections[0].sent,
+                "nothing left unread"
+            );
+            match behind.0.outcome.borrow_mut().take() {
+                Some(Err(AsyncError::Call(error))) => assert!(
+                    matches!(
+                        error.downcast_ref::<NetError>(),
+                        Some(NetError::Unanswered { .. })
+                    ),
+                    "{error}"
+                ),
+                other => panic!("first request {first}: {other:?}"),
+            }
+            assert_eq!(client.stats().failed, 3);
+        }
     }
 
     /// Expiry keeps nothing per answered request and fails an unanswered one within an
@@ -771,6 +977,7 @@ mod tests {
             connections: 1,
             capacity: 64,
             request_timeout: Duration::from_nanos(timeout_ns),
+            connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
         })
         .expect("client");
         let mut responses = Vec::new();
