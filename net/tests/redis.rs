@@ -1,6 +1,7 @@
 //! The Redis client on both drivers against a real server: hits and misses, hashes,
 //! a reply bigger than a receive buffer, credentials and databases, a server killed and
-//! restarted mid-run with the operator retrying; and against a misbehaving peer.
+//! restarted mid-run with the operator retrying; and against misbehaving peers: garbage,
+//! a connection closed mid-reply, replies nested too deep, a reply trickled byte by byte.
 //!
 //! The tests that need Redis find it through `WEIR_REDIS_URL` (`scripts/test.sh` and CI
 //! set it after `scripts/redis.sh start`); without it they print a note and pass. The
@@ -20,7 +21,7 @@ use weir_engine::element::StreamElement;
 use weir_engine::park::Parker;
 use weir_net::redis::{
     value_of, Args, Batching, BlockingConnection, Lookup, RedisClient, RedisConfig, RedisError,
-    RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions,
+    RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions, REPLY_DEPTH_MAX,
 };
 use weir_net::DriverKind;
 
@@ -605,5 +606,222 @@ fn a_connect_that_never_completes_times_out() {
                 started.elapsed()
             );
         }
+    }
+}
+
+/// A fake Redis server for one connection on 127.0.0.1: it reads commands (arrays of
+/// bulk strings) and writes `answer(arguments)` for each, a byte every `byte_gap` when
+/// one is given. It stops when the client hangs up, or after 30 s without a client.
+struct FakeRedis {
+    url_base: String,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl FakeRedis {
+    fn start(
+        byte_gap: Option<Duration>,
+        mut answer: impl FnMut(&[Vec<u8>]) -> Vec<u8> + Send + 'static,
+    ) -> FakeRedis {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("non-blocking");
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut stream = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => return,
+                }
+            };
+            stream.set_nonblocking(false).expect("blocking");
+            let mut inbox = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                while let Some(args) = next_command(&mut inbox) {
+                    let reply = answer(&args);
+                    let written = match byte_gap {
+                        None => stream.write_all(&reply).is_ok(),
+                        Some(gap) => reply.iter().all(|byte| {
+                            std::thread::sleep(gap);
+                            stream.write_all(&[*byte]).is_ok()
+                        }),
+                    };
+                    if !written {
+                        return;
+                    }
+                }
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => inbox.extend_from_slice(&chunk[..n]),
+                }
+            }
+        });
+        FakeRedis {
+            url_base: format!("redis://127.0.0.1:{port}"),
+            thread,
+        }
+    }
+
+    /// Its URL with `?protocol=...`.
+    fn url(&self, protocol: &str) -> RedisUrl {
+        format!("{}?protocol={protocol}", self.url_base)
+            .parse()
+            .expect("url")
+    }
+
+    fn join(self) {
+        self.thread.join().expect("fake server");
+    }
+}
+
+/// Takes the first whole command (`*n\r\n` then `n` bulk strings) off `inbox`.
+fn next_command(inbox: &mut Vec<u8>) -> Option<Vec<Vec<u8>>> {
+    fn header(bytes: &[u8], at: usize, kind: u8) -> Option<(usize, usize)> {
+        let end = at + bytes.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        assert_eq!(bytes[at], kind, "a command is an array of bulk strings");
+        let n = std::str::from_utf8(&bytes[at + 1..end])
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    }
+    let (count, mut at) = header(inbox, 0, b'*')?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, start) = header(inbox, at, b'$')?;
+        args.push(inbox.get(start..start + len)?.to_vec());
+        at = start + len + 2;
+        if inbox.len() < at {
+            return None;
+        }
+    }
+    inbox.drain(..at);
+    Some(args)
+}
+
+/// The `HELLO 3` reply of a RESP3 server.
+const HELLO_REPLY: &[u8] = b"%1\r\n$5\r\nproto\r\n:3\r\n";
+
+/// `*1\r\n` nested `depth` times around a bulk string.
+fn nested_reply(depth: usize) -> Vec<u8> {
+    let mut reply = b"*1\r\n".repeat(depth);
+    reply.extend_from_slice(b"$1\r\nx\r\n");
+    reply
+}
+
+/// A reply nesting arrays 100,000 deep, which would overflow the stack of the
+/// recursive decoder: the connection fails with a typed error naming the nesting limit,
+/// on both protocols and drivers; every lookup in flight fails with it, none is lost.
+#[test]
+fn a_deeply_nested_reply_fails_the_connection_not_the_stack() {
+    for driver in drivers() {
+        for protocol in ["resp2", "resp3"] {
+            let fake = FakeRedis::start(None, |args| match args[0].as_slice() {
+                b"HELLO" => HELLO_REPLY.to_vec(),
+                _ => nested_reply(100_000),
+            });
+            let client = client(&fake.url(protocol), Batching::Off);
+            let requests = (0..3).map(|n| Req::Get("k".into(), n)).collect();
+            let error = redis_error(
+                run(driver, &client, requests, unordered(3), |_| {}).expect_err("too deep"),
+            );
+            let RedisError::TooDeep { depth_max, .. } = error else {
+                panic!("{driver:?} {protocol}: {error:?}")
+            };
+            assert_eq!(depth_max, REPLY_DEPTH_MAX);
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!("deeper than {REPLY_DEPTH_MAX} levels")),
+                "{message}"
+            );
+            assert!(error.is_transient());
+            let stats = client.borrow().stats();
+            assert_eq!(client.borrow().outstanding(), 0, "{stats:?}");
+            assert_eq!((stats.failed, stats.malformed), (3, 1), "{stats:?}");
+            drop(client);
+            fake.join();
+        }
+    }
+}
+
+/// The blocking connection takes a reply nested exactly `REPLY_DEPTH_MAX` deep, and
+/// refuses one level more, or 100,000 levels, with the typed error naming the limit.
+#[test]
+fn a_deeply_nested_reply_fails_the_blocking_connection() {
+    for depths in [&[REPLY_DEPTH_MAX, REPLY_DEPTH_MAX + 1][..], &[100_000]] {
+        let fake = FakeRedis::start(None, |args| {
+            let depth = std::str::from_utf8(&args[1]).expect("a depth");
+            nested_reply(depth.parse().expect("a depth"))
+        });
+        let mut connection =
+            BlockingConnection::connect(&fake.url("resp2"), Duration::from_secs(5))
+                .expect("connect");
+        for &depth in depths {
+            let reply = connection.command(&[b"GET", depth.to_string().as_bytes()]);
+            if depth <= REPLY_DEPTH_MAX {
+                let frame = format!("{:?}", reply.expect("within the limit"));
+                assert_eq!(frame.matches("Array(").count(), depth, "{frame}");
+                continue;
+            }
+            let error = reply.expect_err("too deep");
+            let RedisError::TooDeep { depth_max, .. } = error else {
+                panic!("{error:?}")
+            };
+            assert_eq!(depth_max, REPLY_DEPTH_MAX);
+            assert!(
+                error.to_string().contains(&REPLY_DEPTH_MAX.to_string()),
+                "{error}"
+            );
+        }
+        drop(connection);
+        fake.join();
+    }
+}
+
+/// A server that trickles a reply a byte at a time keeps the connection busy
+/// (each byte resets the request timeout): the response timeout fails it, and every
+/// lookup on it, soon after it expires.
+#[test]
+fn a_reply_trickled_byte_by_byte_fails_at_the_response_timeout() {
+    for driver in drivers() {
+        let fake = FakeRedis::start(Some(Duration::from_millis(10)), |_| {
+            let mut reply = b"$200\r\n".to_vec();
+            reply.extend_from_slice(&[b'v'; 200]);
+            reply.extend_from_slice(b"\r\n");
+            reply
+        });
+        let mut config = RedisConfig::new(fake.url("resp2"));
+        config.request_timeout = Duration::from_secs(2);
+        config.response_timeout = Duration::from_millis(300);
+        let client = Rc::new(RefCell::new(RedisClient::new(config).expect("client")));
+        let started = Instant::now();
+        let requests = (0..2).map(|n| Req::Get("k".into(), n)).collect();
+        let outcome = run(driver, &client, requests, unordered(2), |_| {});
+        let error = redis_error(outcome.expect_err("trickled reply"));
+        let elapsed = started.elapsed();
+        let RedisError::ResponseTimeout { timeout, .. } = error else {
+            panic!("{driver:?}: {error:?}")
+        };
+        assert_eq!(timeout, Duration::from_millis(300));
+        assert!(error.to_string().contains("300ms"), "{error}");
+        assert!(error.to_string().contains("response timeout"), "{error}");
+        assert!(error.is_transient());
+        // The reply takes 2 s to trickle in; the connection failed at 300 ms.
+        assert!(elapsed >= Duration::from_millis(300), "{elapsed:?}");
+        assert!(
+            elapsed < Duration::from_millis(1500),
+            "{driver:?}: {elapsed:?}"
+        );
+        let stats = client.borrow().stats();
+        assert_eq!(
+            (stats.failed, client.borrow().outstanding()),
+            (2, 0),
+            "{stats:?}"
+        );
+        drop(client);
+        fake.join();
     }
 }

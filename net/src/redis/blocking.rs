@@ -1,6 +1,9 @@
 //! A blocking RESP2 connection for set-up work outside the workers (loading keys,
 //! administration in tests and tools), and the pipelined bulk loader behind
 //! `weir load-redis`.
+//!
+//! Replies nested deeper than [`REPLY_DEPTH_MAX`] are refused before decoding, as on
+//! the workers' connections (the decoder recurses per level).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -10,7 +13,7 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::{OwnedFrame, Resp2Frame};
 
 use super::error::RedisError;
-use super::resp;
+use super::resp::{self, Refused, REPLY_DEPTH_MAX};
 use super::url::RedisUrl;
 
 /// Commands per write of the bulk loader.
@@ -120,6 +123,22 @@ impl BlockingConnection {
 
     fn read_reply(&mut self, command: String) -> Result<OwnedFrame, RedisError> {
         loop {
+            // The decoder recurses per level of nesting: bound the levels first.
+            match resp::check_depth(&self.inbox, false) {
+                Ok(_) => {}
+                Err(Refused::TooDeep) => {
+                    return Err(RedisError::TooDeep {
+                        addr: self.addr.clone(),
+                        depth_max: REPLY_DEPTH_MAX,
+                    })
+                }
+                Err(Refused::Malformed(reason)) => {
+                    return Err(RedisError::Malformed {
+                        addr: self.addr.clone(),
+                        reason,
+                    })
+                }
+            }
             match decode(&self.inbox) {
                 Ok(Some((frame, used))) => {
                     self.inbox.drain(..used);

@@ -18,8 +18,11 @@
 //!
 //! Failures, so that nothing hangs and the operator's timeouts and retries apply:
 //! every call on a connection that is reset or closed, whose set-up fails or times
-//! out, whose reply is malformed, or whose server stays silent for `request_timeout`
-//! while replies are due, fails with a [`RedisError`] and the connection is closed. The
+//! out, whose reply is malformed (not RESP, not what its command expects, longer than
+//! `max_reply_bytes`, or nested deeper than [`REPLY_DEPTH_MAX`]), whose server stays
+//! silent for `request_timeout` while replies are due, or whose oldest command is not
+//! answered whole within `response_timeout` of being sent, fails with a [`RedisError`]
+//! and the connection is closed. The
 //! connection is made again when calls wait for it: at once after a connection that
 //! worked, then after a back-off that doubles from `backoff.initial` to `backoff.max`
 //! while attempts keep failing. An error reply (`WRONGTYPE`...) fails only its call
@@ -35,7 +38,7 @@ use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
 use super::error::RedisError;
-use super::resp::{self, Parsed, Span};
+use super::resp::{self, Parsed, Refused, Span, REPLY_DEPTH_MAX};
 use super::url::{Protocol, RedisUrl};
 
 /// Which lookup a request is.
@@ -222,16 +225,36 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// A connection with replies due that receives nothing this long is closed.
     pub request_timeout: Duration,
+    /// Each command's reply must have arrived whole this long after the command was
+    /// sent (handed to the driver), or the connection is closed and its calls fail with
+    /// [`RedisError::ResponseTimeout`]: a bound on a command's round trip, as
+    /// redis-rs's response timeout is, but one that also recycles the connection,
+    /// because the replies of later commands queue behind the late one. It is what
+    /// catches a server that keeps sending without finishing (a reply trickled a byte at
+    /// a time resets the request timeout with every byte). Only the oldest command
+    /// unanswered is checked: Redis answers in order. Commands that wait for the
+    /// connection's set-up are sent, and timed, once it is ready.
+    pub response_timeout: Duration,
     /// Reconnection back-off.
     pub backoff: Backoff,
     /// Largest reply buffered (a longer one is malformed: the connection closes).
     pub max_reply_bytes: usize,
 }
 
+/// The default [`RedisConfig::max_reply_bytes`]: 64 MiB.
+///
+/// A lookup's value is small (bytes to kilobytes), and a batch of lookups is a few
+/// thousand of them; a reply is buffered whole before it is parsed, so this is also the
+/// memory one connection to a broken or hostile server can hold. 64 MiB leaves room for
+/// an `MGET` of 1024 values of 64 KiB; raise it for larger values (Redis's own limit
+/// for one string is 512 MiB).
+pub const MAX_REPLY_BYTES_DEFAULT: usize = 64 << 20;
+
 impl RedisConfig {
     /// Defaults for `url`: one connection, 4096 calls outstanding, no batching, 1 s
-    /// connect timeout, 5 s request timeout, back-off 10 ms doubling to 1 s, replies
-    /// up to 512 MiB (Redis's own bulk-string limit).
+    /// connect timeout, 5 s request timeout, 10 s response timeout (longer: the request
+    /// timeout is the one that catches a silent server), back-off 10 ms doubling to 1 s,
+    /// replies up to [`MAX_REPLY_BYTES_DEFAULT`] (64 MiB).
     pub fn new(url: RedisUrl) -> Self {
         RedisConfig {
             url,
@@ -240,11 +263,12 @@ impl RedisConfig {
             batching: Batching::Off,
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
             backoff: Backoff {
                 initial: Duration::from_millis(10),
                 max: Duration::from_secs(1),
             },
-            max_reply_bytes: 512 << 20,
+            max_reply_bytes: MAX_REPLY_BYTES_DEFAULT,
         }
     }
 
@@ -261,8 +285,11 @@ impl RedisConfig {
             Some("capacity must be at least 1")
         } else if self.batching == (Batching::Mget { max_keys: 0 }) {
             Some("MGET batching needs max_keys of at least 1; use Batching::Off for none")
-        } else if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
-            Some("connect and request timeouts must be positive")
+        } else if self.connect_timeout.is_zero()
+            || self.request_timeout.is_zero()
+            || self.response_timeout.is_zero()
+        {
+            Some("connect, request and response timeouts must be positive")
         } else if self.backoff.initial > self.backoff.max {
             Some("the initial back-off must not exceed the maximum")
         } else {
@@ -295,7 +322,8 @@ pub struct RedisStats {
     pub failed: u64,
     /// Connections made (set-up started).
     pub connects: u64,
-    /// Connections closed because of a malformed reply.
+    /// Connections closed because of a malformed reply (one nested too deep or longer
+    /// than `max_reply_bytes` included).
     pub malformed: u64,
 }
 
@@ -384,6 +412,18 @@ impl Expect {
     }
 }
 
+/// A reply due on a connection.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    expect: Expect,
+    /// When its command was handed to the driver; [`UNSENT`] while it waits in the
+    /// outbox.
+    sent_ns: u64,
+}
+
+/// [`Due::sent_ns`] of a command not sent yet.
+const UNSENT: u64 = u64::MAX;
+
 /// A set-up command awaiting its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -406,8 +446,9 @@ struct Connection<R: RedisRequest> {
     state: State,
     /// Commands for when the connection is ready.
     outbox: Vec<u8>,
-    /// Replies due, in order (commands sent and those still in `outbox`).
-    expected: VecDeque<Expect>,
+    /// Replies due, in order (commands sent, then those still in `outbox`: a suffix
+    /// with `sent_ns == UNSENT`).
+    expected: VecDeque<Due>,
     /// Calls in the order of the replies that answer them.
     calls: VecDeque<Call<R>>,
     /// Set-up replies due, before any in `expected`.
@@ -592,7 +633,10 @@ impl<R: RedisRequest> RedisClient<R> {
         if connection.expected.is_empty() {
             connection.waiting_since_ns = now_ns;
         }
-        connection.expected.push_back(expect);
+        connection.expected.push_back(Due {
+            expect,
+            sent_ns: UNSENT,
+        });
         connection.calls.push_back(call);
     }
 
@@ -627,10 +671,13 @@ impl<R: RedisRequest> RedisClient<R> {
         if connection.expected.is_empty() {
             connection.waiting_since_ns = self.now_ns;
         }
-        connection.expected.push_back(if keys == 1 {
-            Expect::Value(Lookup::Get)
-        } else {
-            Expect::Mget(keys as u32)
+        connection.expected.push_back(Due {
+            expect: if keys == 1 {
+                Expect::Value(Lookup::Get)
+            } else {
+                Expect::Mget(keys as u32)
+            },
+            sent_ns: UNSENT,
         });
         connection.calls.extend(self.batch.calls.drain(..));
         self.stats.commands += 1;
@@ -665,6 +712,7 @@ impl<R: RedisRequest> RedisClient<R> {
                     }
                 }
                 State::Ready { .. } => {
+                    let oldest_sent_ns = connection.expected.front().map(|due| due.sent_ns);
                     if !connection.expected.is_empty()
                         && now_ns.saturating_sub(connection.waiting_since_ns)
                             > self.config.request_timeout.as_nanos() as u64
@@ -672,6 +720,16 @@ impl<R: RedisRequest> RedisClient<R> {
                         let error = RedisError::Timeout {
                             addr: self.peer.clone(),
                             timeout: self.config.request_timeout,
+                        };
+                        self.fail_connection(index, &error, true);
+                    } else if oldest_sent_ns.is_some_and(|sent_ns| {
+                        sent_ns != UNSENT
+                            && now_ns.saturating_sub(sent_ns)
+                                > self.config.response_timeout.as_nanos() as u64
+                    }) {
+                        let error = RedisError::ResponseTimeout {
+                            addr: self.peer.clone(),
+                            timeout: self.config.response_timeout,
                         };
                         self.fail_connection(index, &error, true);
                     }
@@ -682,8 +740,17 @@ impl<R: RedisRequest> RedisClient<R> {
                 State::SettingUp { id, .. } if !connection.setup_out.is_empty() => {
                     driver.send(id, &mut connection.setup_out);
                 }
-                State::Ready { id } if !connection.outbox.is_empty() => {
-                    driver.send(id, &mut connection.outbox);
+                State::Ready { id } => {
+                    if !connection.outbox.is_empty() {
+                        driver.send(id, &mut connection.outbox);
+                    }
+                    // The unsent replies are a suffix; their commands went just now.
+                    for due in connection.expected.iter_mut().rev() {
+                        if due.sent_ns != UNSENT {
+                            break;
+                        }
+                        due.sent_ns = now_ns;
+                    }
                 }
                 _ => {}
             }
@@ -700,7 +767,7 @@ impl<R: RedisRequest> RedisClient<R> {
     }
 
     /// When the client next needs a flush without any I/O: a reconnection attempt, a
-    /// connect timeout or a request timeout (by the flush clock).
+    /// connect timeout, a request or a response timeout (by the flush clock).
     pub fn next_deadline(&self) -> Option<u64> {
         let nanos = |d: Duration| d.as_nanos() as u64;
         self.connections
@@ -710,8 +777,16 @@ impl<R: RedisRequest> RedisClient<R> {
                 State::SettingUp { since_ns, .. } => {
                     Some(since_ns + nanos(self.config.connect_timeout) + 1)
                 }
-                State::Ready { .. } => (!c.expected.is_empty())
-                    .then(|| c.waiting_since_ns + nanos(self.config.request_timeout) + 1),
+                State::Ready { .. } => {
+                    let oldest = c.expected.front()?;
+                    let silence = c.waiting_since_ns + nanos(self.config.request_timeout) + 1;
+                    let response = match oldest.sent_ns {
+                        // Sent at the next flush, which comes without a deadline.
+                        UNSENT => u64::MAX,
+                        sent_ns => sent_ns.saturating_add(nanos(self.config.response_timeout) + 1),
+                    };
+                    Some(silence.min(response))
+                }
             })
             .min()
     }
@@ -838,10 +913,17 @@ impl<R: RedisRequest> RedisClient<R> {
                     }
                 }
                 Ok(None) => break,
-                Err(malformed) => {
+                Err(Refused::Malformed(reason)) => {
                     failure = Some(RedisError::Malformed {
                         addr: self.peer.clone(),
-                        reason: malformed.0,
+                        reason,
+                    });
+                    break;
+                }
+                Err(Refused::TooDeep) => {
+                    failure = Some(RedisError::TooDeep {
+                        addr: self.peer.clone(),
+                        depth_max: REPLY_DEPTH_MAX,
                     });
                     break;
                 }
@@ -857,7 +939,10 @@ impl<R: RedisRequest> RedisClient<R> {
             });
         }
         if let Some(error) = failure {
-            if matches!(error, RedisError::Malformed { .. }) {
+            if matches!(
+                error,
+                RedisError::Malformed { .. } | RedisError::TooDeep { .. }
+            ) {
                 self.stats.malformed += 1;
                 eprintln!("weir redis client: {error}");
             }
@@ -885,7 +970,7 @@ impl<R: RedisRequest> RedisClient<R> {
             reason,
         };
         let connection = &mut self.connections[index];
-        let Some(expect) = connection.expected.pop_front() else {
+        let Some(Due { expect, .. }) = connection.expected.pop_front() else {
             return Err(malformed("a reply to no command".into()));
         };
         if connection.calls.len() < expect.calls() {
@@ -1403,6 +1488,7 @@ mod tests {
             (|c| c.capacity = 0, "capacity"),
             (|c| c.batching = Batching::Mget { max_keys: 0 }, "max_keys"),
             (|c| c.request_timeout = Duration::ZERO, "timeouts"),
+            (|c| c.response_timeout = Duration::ZERO, "response timeouts"),
         ] {
             let mut config = config(Batching::Off);
             change(&mut config);
@@ -1548,6 +1634,104 @@ mod tests {
         let error = redis_error(harness.run_mailbox().expect_err("request timeout"));
         assert!(matches!(error, RedisError::Timeout { .. }), "{error}");
         assert!(error.to_string().contains("request timeout"), "{error}");
+    }
+
+    /// The response timeout runs from when a command is handed to the driver, for the
+    /// oldest command unanswered: bytes trickling in (each resetting the request
+    /// timeout) do not extend it, the next command's deadline starts from its own
+    /// send, and a command still in the outbox has none.
+    #[test]
+    fn the_oldest_command_must_be_answered_whole_within_the_response_timeout() {
+        let mut driver = weir_engine::runtime::NoIo::new();
+        let second = 1_000_000_000;
+        let (client, mut harness) = ready(Batching::Off);
+        client.borrow_mut().config.response_timeout = Duration::from_secs(3);
+        harness.process_record(Req::Get(1), None).expect("submit");
+        // Unsent: only the request timeout (5 s from the submit at 0) applies.
+        assert_eq!(client.borrow().next_deadline(), Some(5 * second + 1));
+        client.borrow_mut().flush(&mut driver, second);
+        assert_eq!(client.borrow().next_deadline(), Some(4 * second + 1));
+        harness.process_record(Req::Get(2), None).expect("submit");
+        client.borrow_mut().flush(&mut driver, 2 * second);
+        // The first reply trickles in a byte every quarter second, from 2.25 s to 3.75 s.
+        let reply = b"$2\r\nv1\r\n";
+        for (n, byte) in reply[..reply.len() - 1].iter().enumerate() {
+            let now = 2 * second + (n as u64 + 1) * second / 4;
+            client.borrow_mut().flush(&mut driver, now);
+            client.borrow_mut().receive(0, std::slice::from_ref(byte));
+        }
+        assert!(harness.run_mailbox().is_ok(), "within the response timeout");
+        assert_eq!(client.borrow().next_deadline(), Some(4 * second + 1));
+        client.borrow_mut().flush(&mut driver, 4 * second);
+        assert!(harness.run_mailbox().is_ok(), "at the response timeout");
+        client.borrow_mut().receive(0, &reply[reply.len() - 1..]);
+        assert_eq!(outputs(&mut harness).len(), 1, "the first reply came whole");
+        // The second command was sent at 2 s.
+        assert_eq!(client.borrow().next_deadline(), Some(5 * second + 1));
+        client.borrow_mut().receive(0, b"$2\r\nv");
+        client.borrow_mut().flush(&mut driver, 5 * second + 1);
+        let error = redis_error(harness.run_mailbox().expect_err("response timeout"));
+        let RedisError::ResponseTimeout { timeout, .. } = error else {
+            panic!("{error}")
+        };
+        assert_eq!(timeout, Duration::from_secs(3));
+        assert!(error.to_string().contains("3s"), "{error}");
+        let c = client.borrow();
+        assert_eq!((c.outstanding(), c.stats().failed), (0, 1));
+        assert_eq!(c.connections[0].state, State::Down);
+    }
+
+    /// A reply nested deeper than `REPLY_DEPTH_MAX` (here 100,000 levels, which would
+    /// overflow the decoder's stack) closes the connection and fails every call on it
+    /// with the typed error, counted as malformed.
+    #[test]
+    fn a_reply_nested_too_deep_fails_the_connection_and_its_calls() {
+        for resp3 in [false, true] {
+            let (client, mut harness) = ready(Batching::Off);
+            client.borrow_mut().connections[0].resp3 = resp3;
+            harness.process_record(Req::Get(1), None).expect("submit");
+            harness.process_record(Req::Get(2), None).expect("submit");
+            let _ = sent(&client);
+            let mut reply = b"*1\r\n".repeat(100_000);
+            reply.extend_from_slice(b"$1\r\nx\r\n");
+            // In two parts: refused before it is whole.
+            client.borrow_mut().receive(0, &reply[..1000]);
+            let error = redis_error(harness.run_mailbox().expect_err("too deep"));
+            let RedisError::TooDeep { depth_max, .. } = error else {
+                panic!("{error}")
+            };
+            assert_eq!(depth_max, REPLY_DEPTH_MAX);
+            let c = client.borrow();
+            assert_eq!((c.outstanding(), c.stats().failed), (0, 2));
+            assert_eq!(c.stats().malformed, 1);
+            assert_eq!(c.to_close, vec![7]);
+        }
+    }
+
+    /// By default a reply may be 64 MiB, a bound on what one connection buffers; one
+    /// byte more closes the connection with a malformed-reply error naming the setting.
+    #[test]
+    fn replies_are_capped_at_64_mib_by_default() {
+        let (client, mut harness) = ready(Batching::Off);
+        assert_eq!(client.borrow().config.max_reply_bytes, 64 << 20);
+        harness.process_record(Req::Get(1), None).expect("submit");
+        let _ = sent(&client);
+        // A 100 MiB string: its header, then 64 MiB of it in 1 MiB reads.
+        let header = b"$104857600\r\n";
+        client.borrow_mut().receive(0, header);
+        let chunk = vec![b'v'; 1 << 20];
+        for _ in 0..63 {
+            client.borrow_mut().receive(0, &chunk);
+        }
+        let last = (1 << 20) - header.len();
+        client.borrow_mut().receive(0, &chunk[..last]);
+        assert_eq!(client.borrow().outstanding(), 1, "64 MiB are buffered");
+        client.borrow_mut().receive(0, b"v");
+        let error = redis_error(harness.run_mailbox().expect_err("too long"));
+        assert!(matches!(error, RedisError::Malformed { .. }), "{error}");
+        assert!(error.to_string().contains("max_reply_bytes"), "{error}");
+        // The buffer went with the connection.
+        assert_eq!(client.borrow().connections[0].inbox.capacity(), 0);
     }
 
     #[test]

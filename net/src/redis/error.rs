@@ -137,13 +137,33 @@ pub enum RedisError {
         /// What was wrong.
         reason: String,
     },
-    /// The oldest command on a connection went unanswered too long; the connection was
-    /// closed.
+    /// A reply nested aggregates deeper than
+    /// [`REPLY_DEPTH_MAX`](super::REPLY_DEPTH_MAX) levels; the connection was closed
+    /// before decoding it.
+    #[error("reply from Redis at {addr} nests arrays or maps deeper than {depth_max} levels (REPLY_DEPTH_MAX); the connection was closed: a lookup's reply nests one level, so check that a Redis server answers at that address")]
+    TooDeep {
+        /// The server.
+        addr: String,
+        /// The limit.
+        depth_max: usize,
+    },
+    /// A connection with replies due received nothing for the request timeout; the
+    /// connection was closed.
     #[error("Redis at {addr} did not answer within {timeout:?} (request timeout); the connection was closed")]
     Timeout {
         /// The server.
         addr: String,
         /// The request timeout.
+        timeout: Duration,
+    },
+    /// The oldest command on a connection did not get its whole reply within the
+    /// response timeout of being sent (a server stalled, or trickling its reply); the
+    /// connection was closed.
+    #[error("Redis at {addr} did not finish answering a command within {timeout:?} of it being sent (response timeout); the connection was closed: raise response_timeout if the server may be this slow")]
+    ResponseTimeout {
+        /// The server.
+        addr: String,
+        /// The response timeout.
         timeout: Duration,
     },
     /// The server answered the command with an error reply.
@@ -193,7 +213,9 @@ impl RedisError {
                 | RedisError::ConnectTimeout { .. }
                 | RedisError::Closed { .. }
                 | RedisError::Malformed { .. }
+                | RedisError::TooDeep { .. }
                 | RedisError::Timeout { .. }
+                | RedisError::ResponseTimeout { .. }
                 | RedisError::Overloaded { .. }
                 | RedisError::Io { .. }
         )
@@ -239,7 +261,15 @@ impl RedisError {
                 addr: addr.clone(),
                 reason: reason.clone(),
             },
+            RedisError::TooDeep { addr, depth_max } => RedisError::TooDeep {
+                addr: addr.clone(),
+                depth_max: *depth_max,
+            },
             RedisError::Timeout { addr, timeout } => RedisError::Timeout {
+                addr: addr.clone(),
+                timeout: *timeout,
+            },
+            RedisError::ResponseTimeout { addr, timeout } => RedisError::ResponseTimeout {
                 addr: addr.clone(),
                 timeout: *timeout,
             },

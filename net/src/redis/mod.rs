@@ -4,7 +4,8 @@
 //!   `GET`, `HGET` and `HMGET` lookups, with optional `MGET` batching) and [`RedisIo`]
 //!   (its hook into the worker's driver);
 //! - [`url`]: `redis://[user:password@]host:port/db` URLs;
-//! - `resp`: RESP2/RESP3 framing (replies parsed in place by `redis-protocol`);
+//! - `resp`: RESP2/RESP3 framing (replies parsed in place by `redis-protocol`, after a
+//!   check that they nest at most [`REPLY_DEPTH_MAX`] levels);
 //! - [`blocking`]: a blocking connection for set-up work and the pipelined bulk loader;
 //! - [`process`]: a `redis-server` child process for tests, benchmarks and examples.
 
@@ -18,11 +19,11 @@ pub mod url;
 pub use blocking::{key_name, load_keys, load_keys_with, value_of, BlockingConnection, Loaded};
 pub use client::{
     Args, Backoff, Batching, Fields, Lookup, RedisClient, RedisConfig, RedisFunction, RedisIo,
-    RedisRequest, RedisStats, Reply, SharedStats,
+    RedisRequest, RedisStats, Reply, SharedStats, MAX_REPLY_BYTES_DEFAULT,
 };
 pub use error::{RedisError, UrlError};
 pub use process::{RedisServer, ServerOptions};
-pub use resp::encode_command;
+pub use resp::{encode_command, REPLY_DEPTH_MAX};
 pub use url::{Protocol, RedisUrl};
 
 /// The environment variable naming the Redis server the integration tests use
