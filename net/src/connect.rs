@@ -71,6 +71,12 @@ impl Link {
         self.id
     }
 
+    /// Whether the connect was not yet seen complete (by
+    /// [`poll_connect`](Self::poll_connect)): a failure now is a failed connect.
+    pub(crate) fn is_connecting(&self) -> bool {
+        self.connecting_since_ns.is_some()
+    }
+
     /// Whether the connect completed, at `now_ns`, given `timeout_ns`. A connect that
     /// failed (refused, reset) reads as in progress here: the driver reports the
     /// connection closed.

@@ -469,11 +469,19 @@ impl<R: LookupRequest> LookupClient<R> {
         match received {
             Some(bytes) => self.receive(index, bytes),
             None => {
+                let connecting = self.connections[index]
+                    .link
+                    .as_ref()
+                    .is_some_and(Link::is_connecting);
                 let error = match event {
                     DriverEvent::Closed {
                         error: Some(error), ..
                     } => NetError::io(
-                        "lookup connection",
+                        if connecting {
+                            "connecting to the lookup service"
+                        } else {
+                            "lookup connection"
+                        },
                         std::io::Error::new(error.kind(), error.to_string()),
                     ),
                     _ => NetError::Closed {
