@@ -208,7 +208,8 @@ fn a_buffer_open_on_every_subpartition_does_not_deadlock() {
         segment_size: 1024,
         timeout: None,
     };
-    let records: Vec<(u32, usize)> = (0..1000).map(|i| (i % 64, 16)).collect();
+    let count = if cfg!(miri) { 200 } else { 1000 };
+    let records: Vec<(u32, usize)> = (0..count).map(|i| (i % 64, 16)).collect();
     let (releases, x) = run(&settings, &records);
     assert!(
         releases > 0,
@@ -231,7 +232,8 @@ fn one_spare_segment_never_needs_a_rescue() {
         segment_size: 1024,
         timeout: None,
     };
-    let records: Vec<(u32, usize)> = (0..5000).map(|i| ((i * 7) % 64, 16)).collect();
+    let count = if cfg!(miri) { 300 } else { 5000 };
+    let records: Vec<(u32, usize)> = (0..count).map(|i| ((i * 7) % 64, 16)).collect();
     let (releases, _) = run(&settings, &records);
     assert_eq!(releases, 0);
 }
