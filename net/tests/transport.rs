@@ -1090,3 +1090,80 @@ fn heartbeats_must_come_more_often_than_the_idle_timeout() {
     };
     assert!(error.to_string().contains("heartbeat_interval"), "{error}");
 }
+
+/// A transport that stops says goodbye: it half-closes its connections and reads what
+/// its peers still send until they close, instead of closing with bytes unread, which
+/// makes the kernel reset the connection (and a reset may discard, at the peer, the
+/// tail of what was sent: the last buffers and end-of-partition frames).
+#[test]
+fn a_stopping_transport_closes_its_connections_without_a_reset() {
+    on_each_driver(a_stopping_transport_closes_its_connections_without_a_reset_on);
+}
+
+fn a_stopping_transport_closes_its_connections_without_a_reset_on() {
+    let producer = transport(1);
+    let producing = produce(&producer, 6, 0, 100, None);
+    let mut stream = dial(&producer, 2);
+    send(
+        &mut stream,
+        Frame::PartitionRequest {
+            channel: 6,
+            credit: 64,
+        },
+    );
+    loop {
+        match read_frame(&mut stream) {
+            Frame::EndOfPartition { channel: 6 } => break,
+            Frame::Buffer { .. } | Frame::Heartbeat => {}
+            other => panic!("expected buffers, got {other:?}"),
+        }
+    }
+    producing.join().expect("join").expect("producer ok");
+    producer.drain(GUARD).expect("drained");
+    // The consumer keeps sending (credit and heartbeats, as in a real run) while the
+    // producer stops, until it sees the producer's end; then it closes too, as a
+    // transport does on end of stream.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writer = stream.try_clone().expect("clone");
+    let writing = {
+        let done = Arc::clone(&done);
+        thread::spawn(move || {
+            let mut bytes = Vec::new();
+            for _ in 0..16 {
+                Frame::Heartbeat.encode(&mut bytes);
+            }
+            let started = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Acquire) && started.elapsed() < GUARD {
+                if writer.write_all(&bytes).is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(20));
+    let stopping = thread::spawn(move || drop(producer));
+    // Read only after the producer has stopped (its end waits in this socket's receive
+    // buffer, where a reset would discard it), then expect a clean end of stream (after
+    // any heartbeat it sent), not a reset.
+    thread::sleep(Duration::from_millis(250));
+    let mut header = [0u8; 20];
+    let ended = loop {
+        match stream.read_exact(&mut header) {
+            Ok(()) => {
+                let decoded = Header::decode(&header, 1 << 20).expect("a valid header");
+                assert_eq!(decoded.kind, weir_net::transport::FrameKind::Heartbeat);
+            }
+            Err(error) => break error.kind(),
+        }
+    };
+    done.store(true, std::sync::atomic::Ordering::Release);
+    writing.join().expect("writer");
+    drop(stream);
+    stopping.join().expect("the transport stops");
+    assert_eq!(
+        ended,
+        std::io::ErrorKind::UnexpectedEof,
+        "the connection was reset"
+    );
+}

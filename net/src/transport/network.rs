@@ -47,6 +47,10 @@ const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 /// largest segment. The channel's own segment size is checked when it is known.
 const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
 
+/// How long a stopping transport waits for its peers to close their ends (see
+/// `Net::linger`).
+const LINGER: Duration = Duration::from_millis(500);
+
 /// Handshake refusals kept for [`Control::refused`].
 pub(crate) const REFUSALS_KEPT: usize = 64;
 
@@ -1983,7 +1987,73 @@ impl Net {
         }
     }
 
+    /// Says goodbye to the peers whose connections are sent to their end: a half-close
+    /// (FIN after everything queued), then reading and dropping what they still send
+    /// until they close too, for at most [`LINGER`]. Closing a socket with bytes unread
+    /// makes the kernel reset the connection, and a reset may discard at the peer what
+    /// it has received but not yet read: the tail of what this side sent (its last
+    /// buffers, its end-of-partition frames). A connection with frames still queued is
+    /// not waited for: its peer stopped reading, and it fails as before.
+    fn linger(&mut self) {
+        let deadline = Instant::now() + LINGER;
+        let mut open = Vec::new();
+        for (slot, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let sent = conn.out.is_empty() && conn.staged.is_empty() && !conn.ops.write;
+            if conn.dead || conn.process.is_none() || !sent {
+                continue;
+            }
+            if conn.stream.shutdown(std::net::Shutdown::Write).is_ok() {
+                open.push(slot);
+            }
+        }
+        let mut scratch = [0u8; DISCARD_SIZE];
+        while !open.is_empty() && Instant::now() < deadline {
+            match self.backend {
+                Backend::Uring(_) => {
+                    for &slot in &open {
+                        if let Some(mut conn) = self.conns[slot].take() {
+                            if !conn.dead && !conn.ops.read {
+                                let _ = self.submit_read(slot, &mut conn);
+                            }
+                            self.conns[slot] = Some(conn);
+                        }
+                    }
+                    if let Backend::Uring(ring) = &mut self.backend {
+                        if ring.wait(Duration::from_millis(1)).is_err() {
+                            return;
+                        }
+                    }
+                    // A read of 0 bytes (the peer closed) ends the connection.
+                    self.complete();
+                    open.retain(|&slot| self.conns[slot].as_ref().is_some_and(|c| !c.dead));
+                }
+                Backend::Epoll { .. } => {
+                    open.retain(|&slot| {
+                        let Some(conn) = self.conns[slot].as_mut() else {
+                            return false;
+                        };
+                        loop {
+                            match (&conn.stream).read(&mut scratch) {
+                                Ok(0) => return false,
+                                Ok(_) => {}
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                                Err(_) => return false,
+                            }
+                        }
+                    });
+                    if !open.is_empty() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                Backend::Stopped => return,
+            }
+        }
+    }
+
     fn shutdown(&mut self) {
+        self.linger();
         for slot in 0..self.conns.len() {
             if let Some(conn) = self.conns[slot].take() {
                 if conn.dead {
@@ -2029,7 +2099,6 @@ impl Net {
     }
 }
 
-/// Queues an error frame, its message cut to what the protocol carries.
 /// Error frames a connection's peer may cause by its requests over the connection's
 /// life: a consumer that asks for channels twice a few times is misconfigured; one
 /// that keeps asking (and may not read the answers) would grow the send queue.
@@ -2051,6 +2120,7 @@ fn refuse_channel(conn: &mut Conn, channel: u32, message: &str) -> Result<(), En
     Ok(())
 }
 
+/// Queues an error frame, its message cut to what the protocol carries.
 fn queue_error(conn: &mut Conn, channel: u32, message: &str) {
     let mut end = message.len().min(ERROR_MESSAGE_MAX);
     while !message.is_char_boundary(end) {
