@@ -720,14 +720,16 @@ impl Net {
         let Backend::Uring(ring) = &mut self.backend else {
             return;
         };
-        let completions = std::mem::take(&mut ring.completions);
+        let completions = std::mem::take(&mut ring.ring.completions);
         self.completed = !completions.is_empty();
         for &(user_data, result) in &completions {
             let (slot, op) = uring::parse(user_data);
             match op {
                 OP_WAKE => {
                     if let Backend::Uring(ring) = &mut self.backend {
-                        ring.wake_in_flight = false;
+                        // A failed read is read again next turn (the parker's state,
+                        // not the eventfd's count, carries the wake-up).
+                        let _ = ring.ring.wake_done(result);
                     }
                 }
                 OP_LISTEN => {
@@ -801,7 +803,7 @@ impl Net {
             }
         }
         if let Backend::Uring(ring) = &mut self.backend {
-            ring.completions = completions;
+            ring.ring.completions = completions;
         }
     }
 
@@ -2069,8 +2071,8 @@ impl Net {
         self.wake.wake();
         let deadline = Instant::now() + Duration::from_secs(5);
         while let Backend::Uring(ring) = &mut self.backend {
-            let busy =
-                ring.wake_in_flight || self.conns.iter().flatten().any(|c| c.ops.in_flight());
+            let busy = ring.ring.wake_in_flight()
+                || self.conns.iter().flatten().any(|c| c.ops.in_flight());
             if !busy {
                 break;
             }
@@ -2082,7 +2084,7 @@ impl Net {
                 std::mem::forget(std::mem::take(&mut self.conns));
                 if let Backend::Uring(ring) = std::mem::replace(&mut self.backend, Backend::Stopped)
                 {
-                    std::mem::forget(ring);
+                    ring.ring.leak();
                 }
                 break;
             }

@@ -14,7 +14,9 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, types};
+
+use crate::uring::ring::{Ring, Wait};
 
 /// A connection's read.
 pub(super) const OP_RECV: u64 = 1;
@@ -82,28 +84,17 @@ impl UringOps {
 
 /// The ring, and the operations that are the thread's own.
 pub(super) struct Uring {
-    ring: IoUring,
-    pub(super) completions: Vec<(u64, i32)>,
-    wake_buffer: Box<u64>,
-    pub(super) wake_in_flight: bool,
+    /// The ring, its completions and the wake-up eventfd's read (shared with the
+    /// workers' driver: `crate::uring::ring`).
+    pub(super) ring: Ring,
     pub(super) listen_in_flight: bool,
 }
 
 impl Uring {
     /// A ring; fails where the kernel refuses io_uring or lacks timed waits (5.11).
     pub(super) fn new() -> io::Result<Self> {
-        let ring = IoUring::new(RING_ENTRIES)?;
-        if !ring.params().is_feature_ext_arg() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "kernel lacks IORING_FEAT_EXT_ARG (Linux 5.11)",
-            ));
-        }
         Ok(Uring {
-            ring,
-            completions: Vec::with_capacity(RING_ENTRIES as usize),
-            wake_buffer: Box::new(0),
-            wake_in_flight: false,
+            ring: Ring::new(RING_ENTRIES)?,
             listen_in_flight: false,
         })
     }
@@ -114,28 +105,13 @@ impl Uring {
     /// Every buffer `entry` points to must stay valid and untouched until its completion
     /// is reaped (module docs).
     pub(super) unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-        // SAFETY: the caller guarantees the buffers outlive the operation.
-        while unsafe { self.ring.submission().push(entry) }.is_err() {
-            self.ring.submit()?;
-        }
-        Ok(())
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { self.ring.push(entry) }
     }
 
     /// Keeps a read of the wake-up eventfd and a poll of the listener in flight.
     pub(super) fn arm(&mut self, wake: RawFd, listener: RawFd) -> io::Result<()> {
-        if !self.wake_in_flight {
-            let entry = opcode::Read::new(
-                types::Fd(wake),
-                (&mut *self.wake_buffer as *mut u64).cast(),
-                8,
-            )
-            .build()
-            .user_data(user_data(0, OP_WAKE));
-            // SAFETY: `wake_buffer` is boxed in the ring's owner, which is dropped only
-            // after every completion is reaped (`Net::shutdown`).
-            unsafe { self.push(&entry)? };
-            self.wake_in_flight = true;
-        }
+        self.ring.arm_wake(wake, user_data(0, OP_WAKE))?;
         if !self.listen_in_flight {
             let entry = opcode::PollAdd::new(types::Fd(listener), libc::POLLIN as u32)
                 .build()
@@ -148,27 +124,8 @@ impl Uring {
     }
 
     /// Submits what was pushed, waits up to `timeout` for a completion (zero: not at
-    /// all), and collects the completions.
+    /// all), and collects the completions (in `ring.completions`).
     pub(super) fn wait(&mut self, timeout: Duration) -> io::Result<()> {
-        let result = if timeout.is_zero() {
-            self.ring.submit()
-        } else {
-            let ts = types::Timespec::from(timeout);
-            let args = types::SubmitArgs::new().timespec(&ts);
-            self.ring.submitter().submit_with_args(1, &args)
-        };
-        match result {
-            Ok(_) => {}
-            Err(e)
-                if e.raw_os_error() == Some(libc::ETIME)
-                    || e.raw_os_error() == Some(libc::EINTR)
-                    || e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => return Err(e),
-        }
-        self.completions.clear();
-        for cqe in self.ring.completion() {
-            self.completions.push((cqe.user_data(), cqe.result()));
-        }
-        Ok(())
+        self.ring.enter(Wait::For(timeout))
     }
 }

@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, types};
 
 use weir_engine::park::ParkBackend;
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
@@ -27,6 +27,9 @@ use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 use crate::conns::Conns;
 use crate::driver::Wake;
 use crate::error::NetError;
+
+pub(crate) mod ring;
+use ring::{Ring, Wait};
 
 const KIND_RECV: u64 = 1;
 const KIND_SEND: u64 = 2;
@@ -57,17 +60,11 @@ impl Connection {
 
 /// See the module docs.
 pub struct UringDriver {
-    ring: IoUring,
+    ring: Ring,
     wake: Arc<Wake>,
-    wake_buffer: Box<u64>,
-    wake_in_flight: bool,
     connections: Conns<Connection>,
-    completions: Vec<(u64, i32)>,
     /// Connection ids, reused every turn (no allocation per turn).
     scratch_ids: Vec<ConnId>,
-    /// Pushes that succeed before every further one fails (tests of the error paths).
-    #[cfg(test)]
-    pushes_before_failure: Option<u32>,
 }
 
 impl UringDriver {
@@ -78,23 +75,12 @@ impl UringDriver {
             driver: "uring",
             source,
         };
-        let ring = IoUring::new(RING_ENTRIES).map_err(setup)?;
-        if !ring.params().is_feature_ext_arg() {
-            return Err(setup(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "kernel lacks IORING_FEAT_EXT_ARG",
-            )));
-        }
+        let ring = Ring::new(RING_ENTRIES).map_err(setup)?;
         Ok(UringDriver {
             ring,
             wake: Arc::new(Wake::new()?),
-            wake_buffer: Box::new(0),
-            wake_in_flight: false,
             connections: Conns::new(),
-            completions: Vec::with_capacity(RING_ENTRIES as usize),
             scratch_ids: Vec::new(),
-            #[cfg(test)]
-            pushes_before_failure: None,
         })
     }
 
@@ -104,36 +90,14 @@ impl UringDriver {
     /// Every buffer `entry` points to must stay valid and untouched until its
     /// completion is reaped (see the module docs).
     unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(left) = self.pushes_before_failure {
-            if left == 0 {
-                return Err(io::Error::other("injected submission failure"));
-            }
-            self.pushes_before_failure = Some(left - 1);
-        }
-        // SAFETY: the caller guarantees the buffers outlive the operation.
-        while unsafe { self.ring.submission().push(entry) }.is_err() {
-            self.ring.submit()?;
-        }
-        Ok(())
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { self.ring.push(entry) }
     }
 
     fn prepare(&mut self) -> io::Result<()> {
         // Each operation is marked in flight only once its push succeeded: a failed push
         // leaves nothing for `Drop` to wait for.
-        if !self.wake_in_flight {
-            let entry = opcode::Read::new(
-                types::Fd(self.wake.raw()),
-                (&mut *self.wake_buffer as *mut u64).cast(),
-                8,
-            )
-            .build()
-            .user_data(KIND_WAKE);
-            // SAFETY: `wake_buffer` is a Box owned by the driver, freed only after every
-            // completion is reaped (Drop).
-            unsafe { self.push(&entry)? };
-            self.wake_in_flight = true;
-        }
+        self.ring.arm_wake(self.wake.raw(), KIND_WAKE)?;
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.clear();
         ids.extend(self.connections.iter().map(|(id, _)| id));
@@ -188,13 +152,6 @@ impl UringDriver {
         Ok(())
     }
 
-    fn reap(&mut self) {
-        self.completions.clear();
-        for cqe in self.ring.completion() {
-            self.completions.push((cqe.user_data(), cqe.result()));
-        }
-    }
-
     /// Applies one completion. Every result is checked: a failed receive or send
     /// closes its connection with the error; a failed or short read of the wake-up
     /// eventfd is the driver's own error (its wake-ups could no longer be trusted).
@@ -207,28 +164,9 @@ impl UringDriver {
         let kind = user_data & ((1 << KIND_BITS) - 1);
         let id = (user_data >> KIND_BITS) as ConnId;
         match kind {
-            KIND_WAKE => {
-                self.wake_in_flight = false;
-                match result {
-                    8 => {}
-                    // Interrupted or cancelled: simply read again next turn.
-                    r if r == -libc::EINTR || r == -libc::ECANCELED || r == -libc::EAGAIN => {}
-                    r if r < 0 => {
-                        return Err(io::Error::new(
-                            io::Error::from_raw_os_error(-r).kind(),
-                            format!(
-                                "reading the worker's wake-up eventfd failed: {}",
-                                io::Error::from_raw_os_error(-r)
-                            ),
-                        ))
-                    }
-                    r => {
-                        return Err(io::Error::other(format!(
-                            "short read of the worker's wake-up eventfd: {r} of 8 bytes"
-                        )))
-                    }
-                }
-            }
+            KIND_WAKE => self.ring.wake_done(result).map_err(|error| {
+                io::Error::new(error.kind(), format!("the worker's driver: {error}"))
+            })?,
             KIND_RECV => {
                 let Some(connection) = self.connections.get_mut(id) else {
                     return Ok(());
@@ -329,33 +267,21 @@ impl Driver for UringDriver {
             .connections
             .values()
             .any(|c| c.closing && !c.in_flight());
-        let result = match (timeout, closing_pending) {
-            (Some(t), false) if t.is_zero() => self.ring.submit(),
-            (_, true) => self.ring.submit(),
-            (Some(t), false) => {
-                let ts = types::Timespec::from(t);
-                let args = types::SubmitArgs::new().timespec(&ts);
-                self.ring.submitter().submit_with_args(1, &args)
-            }
-            (None, false) => self.ring.submit_and_wait(1),
+        // A connection closing with nothing in flight is reported this turn: no wait.
+        let wait = match (timeout, closing_pending) {
+            (_, true) => Wait::No,
+            (Some(t), false) => Wait::For(t),
+            (None, false) => Wait::Forever,
         };
-        match result {
-            Ok(_) => {}
-            Err(e)
-                if e.raw_os_error() == Some(libc::ETIME)
-                    || e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => return Err(e),
-        }
-        self.reap();
-        let completions = std::mem::take(&mut self.completions);
+        self.ring.enter(wait)?;
+        let completions = std::mem::take(&mut self.ring.completions);
         let mut failure = None;
         for &(user_data, result) in &completions {
             if let Err(error) = self.complete(user_data, result, on_event) {
                 failure.get_or_insert(error);
             }
         }
-        self.completions = completions;
+        self.ring.completions = completions;
         let mut finished = std::mem::take(&mut self.scratch_ids);
         finished.clear();
         finished.extend(
@@ -393,7 +319,8 @@ impl Drop for UringDriver {
         self.wake.wake();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let busy = self.wake_in_flight || self.connections.values().any(Connection::in_flight);
+            let busy =
+                self.ring.wake_in_flight() || self.connections.values().any(Connection::in_flight);
             if !busy {
                 return;
             }
@@ -404,18 +331,18 @@ impl Drop for UringDriver {
                     "weir: io_uring operations did not complete at shutdown; leaking their buffers"
                 );
                 std::mem::forget(std::mem::replace(&mut self.connections, Conns::new()));
-                std::mem::forget(std::mem::replace(&mut self.wake_buffer, Box::new(0)));
+                self.ring.leak_wake_buffer();
                 return;
             }
-            let ts = types::Timespec::from(Duration::from_millis(10));
-            let args = types::SubmitArgs::new().timespec(&ts);
-            let _ = self.ring.submitter().submit_with_args(1, &args);
-            self.reap();
-            for &(user_data, _) in &self.completions {
+            let _ = self.ring.enter(Wait::For(Duration::from_millis(10)));
+            let completions = std::mem::take(&mut self.ring.completions);
+            for &(user_data, result) in &completions {
                 let kind = user_data & ((1 << KIND_BITS) - 1);
                 let id = (user_data >> KIND_BITS) as ConnId;
                 match kind {
-                    KIND_WAKE => self.wake_in_flight = false,
+                    KIND_WAKE => {
+                        let _ = self.ring.wake_done(result);
+                    }
                     KIND_RECV => {
                         if let Some(c) = self.connections.get_mut(id) {
                             c.recv_in_flight = false;
@@ -463,19 +390,19 @@ mod tests {
         let mut bytes = b"hello".to_vec();
         driver.send(id, &mut bytes);
         // The wake-up read goes in; the connection's receive is refused.
-        driver.pushes_before_failure = Some(1);
+        driver.ring.pushes_before_failure = Some(1);
         let error = driver
             .turn(Some(Duration::ZERO), &mut |_| {})
             .expect_err("the push fails");
         assert!(error.to_string().contains("injected"), "{error}");
-        assert!(driver.wake_in_flight);
+        assert!(driver.ring.wake_in_flight());
         assert!(driver.connections.values().all(|c| !c.in_flight()));
         // Then the receive goes in and the send is refused.
-        driver.pushes_before_failure = Some(1);
+        driver.ring.pushes_before_failure = Some(1);
         assert!(driver.turn(Some(Duration::ZERO), &mut |_| {}).is_err());
         let connection = driver.connections.get_mut(id).expect("open");
         assert!(connection.recv_in_flight && !connection.send_in_flight);
-        driver.pushes_before_failure = None;
+        driver.ring.pushes_before_failure = None;
         let started = Instant::now();
         drop(driver);
         assert!(
@@ -492,9 +419,9 @@ mod tests {
             return;
         };
         let mut events = |_: DriverEvent<'_>| {};
-        driver.wake_in_flight = true;
+        driver.ring.set_wake_in_flight(true);
         assert!(driver.complete(KIND_WAKE, 8, &mut events).is_ok());
-        assert!(!driver.wake_in_flight);
+        assert!(!driver.ring.wake_in_flight());
         let error = driver
             .complete(KIND_WAKE, -libc::EBADF, &mut events)
             .expect_err("a failed wake read");
