@@ -26,6 +26,20 @@ pub use process::{RedisServer, ServerOptions};
 pub use resp::{encode_command, REPLY_DEPTH_MAX};
 pub use url::{Protocol, RedisUrl};
 
+/// Reads the first reply in `bytes` as the client does (the nesting check, then the
+/// protocol's decoder; `resp3` picks the grammar): how many bytes it takes, `None` if
+/// it is not complete yet, or why the bytes are refused. For fuzzing and tools: the
+/// client's own path goes on to match the reply to its command.
+pub fn check_reply(bytes: &[u8], resp3: bool) -> Result<Option<usize>, String> {
+    match resp::decode(bytes, resp3) {
+        Ok(reply) => Ok(reply.map(|(_, used)| used)),
+        Err(resp::Refused::Malformed(reason)) => Err(reason),
+        Err(resp::Refused::TooDeep) => Err(format!(
+            "a reply nested deeper than {REPLY_DEPTH_MAX} levels"
+        )),
+    }
+}
+
 /// The environment variable naming the Redis server the integration tests use
 /// (`redis://127.0.0.1:PORT`); `scripts/redis.sh start` prints it.
 pub const TEST_URL_VAR: &str = "WEIR_REDIS_URL";
