@@ -1,5 +1,6 @@
-//! A client's connection on its worker's driver: connected without blocking the
-//! worker, given up when the connect takes too long, and shut down when it is dropped.
+//! A client's connection on its worker's driver, for both the lookup client and the
+//! Redis client: connected without blocking the worker, given up when the connect
+//! takes too long, and shut down when it is dropped.
 //!
 //! A blocking `TcpStream::connect` waits for the handshake to end: against an address
 //! that drops connection attempts that is minutes (the kernel retransmits the SYN
@@ -9,6 +10,13 @@
 //! what is queued on it once the connect completes); its owner asks
 //! [`Link::poll_connect`] each turn whether the handshake ended, and closes the link
 //! when the connect timeout passed first.
+//!
+//! How each client times its connect: the lookup client polls the connect against its
+//! `connect_timeout` as above. The Redis client times its set-up (the connect, then
+//! `HELLO`, `AUTH`, `SELECT`) against its `connect_timeout` from the moment it opened
+//! the link, and a connection with no set-up command against its request timeout, as
+//! it does with commands; it does not poll the connect, so [`Link::is_connecting`]
+//! means nothing to it.
 //!
 //! The link keeps a second descriptor of the socket (a `dup`) that the driver does not
 //! know, for two things the driver interface does not offer: seeing whether the
@@ -21,9 +29,15 @@
 //!
 //! Invariants:
 //! 1. `socket` and the driver's connection `id` are the same socket.
-//! 2. The owner drops the link as soon as the connection ends: when it closes it
-//!    ([`Link::close`]) or the driver reports it closed. So the extra descriptor never
-//!    outlives the driver's, and an ended connection is not kept open by it.
+//! 2. The owner drops the link as soon as the connection ends: when it closes it or
+//!    the driver reports it closed. So the extra descriptor never outlives the
+//!    driver's, and an ended connection is not kept open by it.
+//! 3. An owner that closes a connection closes it with [`Link::close`], or drops the
+//!    link and closes its id through the driver before the driver's next turn (the
+//!    Redis client, which fails a connection while it handles a driver event, and
+//!    closes it at its next flush). The shutdown lets the driver see the end at its
+//!    next turn and forget the id, which it may then give to a new connection: a later
+//!    close of the id would close that one.
 
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};

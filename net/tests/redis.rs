@@ -1,7 +1,8 @@
 //! The Redis client on both drivers against a real server: hits and misses, hashes,
 //! a reply bigger than a receive buffer, credentials and databases, a server killed and
-//! restarted mid-run with the operator retrying; and against misbehaving peers: garbage,
-//! a connection closed mid-reply, replies nested too deep, a reply trickled byte by byte.
+//! restarted mid-run with the operator retrying; against misbehaving peers: garbage,
+//! a connection closed mid-reply, replies nested too deep, a reply trickled byte by byte;
+//! and a client dropped while its worker's driver lives on, which ends its connection.
 //!
 //! The tests that need Redis find it through `WEIR_REDIS_URL` (`scripts/test.sh` and CI
 //! set it after `scripts/redis.sh start`); without it they print a note and pass. The
@@ -19,6 +20,7 @@ use weir_engine::async_io::{
 };
 use weir_engine::element::StreamElement;
 use weir_engine::park::Parker;
+use weir_engine::runtime::Driver;
 use weir_net::redis::{
     value_of, Args, Batching, BlockingConnection, Lookup, RedisClient, RedisConfig, RedisError,
     RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions, REPLY_DEPTH_MAX,
@@ -109,16 +111,28 @@ fn client(url: &RedisUrl, batching: Batching) -> Client {
 }
 
 /// Runs `requests` through an unordered operator of `capacity` over `client` on a
-/// `driver`, until all are emitted or the operator fails. `hook` is called each turn
-/// with the count emitted so far (to disturb the server mid-run).
+/// fresh driver of kind `driver` (dropped at the end, with the sockets it holds),
+/// until all are emitted or the operator fails. `hook` is called each turn with the
+/// count emitted so far (to disturb the server mid-run).
 fn run(
     driver: DriverKind,
     client: &Client,
     requests: Vec<Req>,
     config: AsyncConfig<Out>,
-    mut hook: impl FnMut(usize),
+    hook: impl FnMut(usize),
 ) -> Result<Vec<Out>, OperatorError> {
     let mut driver = weir_net::build_driver(driver).expect("driver");
+    run_on(driver.as_mut(), client, requests, config, hook)
+}
+
+/// [`run`] on `driver`, which lives on after it.
+fn run_on(
+    driver: &mut dyn Driver,
+    client: &Client,
+    requests: Vec<Req>,
+    config: AsyncConfig<Out>,
+    mut hook: impl FnMut(usize),
+) -> Result<Vec<Out>, OperatorError> {
     let parker = Parker::current();
     let mut operator = AsyncWaitOperator::new(
         RedisFunction::new(Rc::clone(client)),
@@ -144,7 +158,7 @@ fn run(
             operator.process_record(request, None, now, &mut out)?;
         }
         while operator.fire_due_timer(now, &mut out)?.is_some() {}
-        client.borrow_mut().flush(driver.as_mut(), now);
+        client.borrow_mut().flush(driver, now);
         let wait = if operator.has_completions() {
             Duration::ZERO
         } else {
@@ -823,5 +837,69 @@ fn a_reply_trickled_byte_by_byte_fails_at_the_response_timeout() {
         );
         drop(client);
         fake.join();
+    }
+}
+
+/// A client dropped while its worker lives on (its task ended, the worker's driver
+/// turns on) ends its connection: the server reads the end of the stream, on both
+/// drivers and protocols (with and without a set-up), after answering the lookups
+/// made. The server gives up after the watchdog if the connection stays open.
+#[test]
+fn a_dropped_client_ends_its_connection() {
+    const WATCHDOG: Duration = Duration::from_secs(10);
+    for kind in drivers() {
+        for protocol in ["resp2", "resp3"] {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let server = std::thread::spawn(move || -> std::io::Result<usize> {
+                let (mut stream, _) = listener.accept()?;
+                stream.set_read_timeout(Some(WATCHDOG))?;
+                let mut inbox = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut answered = 0;
+                loop {
+                    while let Some(args) = next_command(&mut inbox) {
+                        if args[0] == b"HELLO" {
+                            stream.write_all(HELLO_REPLY)?;
+                        } else {
+                            stream.write_all(b"$5\r\nvalue\r\n")?;
+                            answered += 1;
+                        }
+                    }
+                    match stream.read(&mut chunk)? {
+                        0 => return Ok(answered),
+                        n => inbox.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+            let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol={protocol}")
+                .parse()
+                .expect("url");
+            let client = client(&url, Batching::Off);
+            let mut driver = weir_net::build_driver(kind).expect("driver");
+            let requests = (0..3).map(|n| Req::Get("k".into(), n)).collect();
+            let outputs = run_on(driver.as_mut(), &client, requests, unordered(3), |_| {})
+                .expect("no failure");
+            assert_eq!(outputs.len(), 3, "{kind:?} {protocol}");
+            assert_eq!(
+                Rc::strong_count(&client),
+                1,
+                "{kind:?} {protocol}: the last reference"
+            );
+            drop(client);
+            let deadline = Instant::now() + WATCHDOG * 2;
+            while !server.is_finished() && Instant::now() < deadline {
+                driver
+                    .turn(Some(Duration::from_millis(5)), &mut |_| {})
+                    .expect("driver turn");
+            }
+            let answered = server
+                .join()
+                .expect("the server ran")
+                .unwrap_or_else(|error| {
+                    panic!("{kind:?} {protocol}: the connection stayed open: {error}")
+                });
+            assert_eq!(answered, 3, "{kind:?} {protocol}");
+        }
     }
 }

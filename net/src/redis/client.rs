@@ -11,10 +11,12 @@
 //! `max_keys` keys: one command for the server to parse and dispatch instead of many.
 //! A call of another kind closes the open batch first, so replies keep their order.
 //!
-//! Connection set-up: a non-blocking connect registered with the driver at once, then
-//! `HELLO 3` (with `AUTH` when the URL has credentials; RESP2 with `AUTH` where the
-//! server refuses `HELLO` or the URL says `protocol=resp2`) and `SELECT`, all within
-//! `connect_timeout`. Commands queued meanwhile wait and go once the set-up succeeds.
+//! Connection set-up: a non-blocking connect registered with the driver at once (a
+//! `crate::connect::Link`, as the lookup client's connections are), then `HELLO 3`
+//! (with `AUTH` when the URL has credentials; RESP2 with `AUTH` where the server
+//! refuses `HELLO` or the URL says `protocol=resp2`) and `SELECT`, all within
+//! `connect_timeout` of the connect's start. Commands queued meanwhile wait and go once
+//! the set-up succeeds.
 //!
 //! Failures, so that nothing hangs and the operator's timeouts and retries apply:
 //! every call on a connection that is reset or closed, whose set-up fails or times
@@ -27,6 +29,9 @@
 //! worked, then after a back-off that doubles from `backoff.initial` to `backoff.max`
 //! while attempts keep failing. An error reply (`WRONGTYPE`...) fails only its call
 //! (all of an `MGET`'s). A missing key or field is a value, `None`, not an error.
+//!
+//! Dropping the client (its task ended) shuts its connections down, so the server sees
+//! them end even while the worker's driver lives on (see `crate::connect`).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -40,6 +45,7 @@ use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 use super::error::RedisError;
 use super::resp::{self, Parsed, Refused, Span, REPLY_DEPTH_MAX};
 use super::url::{Protocol, RedisUrl};
+use crate::connect::Link;
 
 /// Which lookup a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +450,11 @@ enum State {
 
 struct Connection<R: RedisRequest> {
     state: State,
+    /// The socket of the state's connection (`link.id()` is its id), from `connect`
+    /// until the connection fails: dropped then, which shuts the socket down (see
+    /// `crate::connect`), and with the client. `None` while the state is `Down`, and
+    /// where the state was set without a socket (unit tests).
+    link: Option<Link>,
     /// Commands for when the connection is ready.
     outbox: Vec<u8>,
     /// Replies due, in order (commands sent, then those still in `outbox`: a suffix
@@ -472,6 +483,7 @@ impl<R: RedisRequest> Connection<R> {
     fn new() -> Self {
         Connection {
             state: State::Down,
+            link: None,
             outbox: Vec::new(),
             expected: VecDeque::new(),
             calls: VecDeque::new(),
@@ -792,12 +804,20 @@ impl<R: RedisRequest> RedisClient<R> {
     }
 
     /// Starts connection `index`: a non-blocking connect handed to the driver, the
-    /// set-up commands queued behind it (the kernel sends them once connected).
+    /// set-up commands queued behind it (the driver sends them once connected). The
+    /// set-up is timed from now (`connect_timeout`), the connect included.
     fn connect(&mut self, index: usize, driver: &mut dyn Driver) {
-        let registered = mio::net::TcpStream::connect(self.addr)
-            .and_then(|stream| driver.register(std::os::fd::OwnedFd::from(stream)));
-        let id = match registered {
-            Ok(id) => id,
+        assert_eq!(self.connections[index].state, State::Down);
+        assert!(
+            self.connections[index].link.is_none(),
+            "a failed connection drops its link"
+        );
+        let id = match Link::open(self.addr, driver, self.now_ns) {
+            Ok(link) => {
+                let id = link.id();
+                self.connections[index].link = Some(link);
+                id
+            }
             Err(source) => {
                 let error = RedisError::Connect {
                     addr: self.peer.clone(),
@@ -1133,6 +1153,10 @@ impl<R: RedisRequest> RedisClient<R> {
                 self.to_close.push(id);
             }
         }
+        // The connection ended (the driver closed it) or is to be closed (at the next
+        // flush, through the driver): the link goes now, shutting the socket down, so
+        // its second descriptor does not outlive the driver's.
+        connection.link = None;
         let backoff = self.config.backoff;
         let delay = match connection.failures {
             0 => Duration::ZERO,
