@@ -100,9 +100,13 @@
 
 pub mod auth;
 mod channel;
+mod conn;
 mod error;
 pub mod frame;
+mod handshake;
+mod incoming;
 mod network;
+mod recv;
 mod uring;
 mod waiting;
 
@@ -120,7 +124,8 @@ pub use error::{FrameError, TransportError};
 pub use frame::{Frame, FrameKind, Header, HEADER_SIZE};
 
 use crate::driver::DriverKind;
-use network::{Command, Control, Gate, RecvChannel};
+use network::{Command, Control};
+use recv::{Gate, RecvChannel};
 
 /// Settings of a [`Transport`].
 #[derive(Debug, Clone)]
@@ -470,4 +475,4 @@ impl core::fmt::Debug for Transport {
 }
 
 /// Shared with the network thread: commands from API calls (control plane, rare).
-pub(crate) type Commands = Mutex<Vec<Command>>;
+type Commands = Mutex<Vec<Command>>;

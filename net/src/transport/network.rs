@@ -1,17 +1,17 @@
-//! The network thread: connections, the receive side's credit accounting, the send
-//! side's queues, and the loop that drives them (see the module docs of `transport`).
+//! The network thread: its loop (turns, waits on io_uring or epoll, deadlines), accepting
+//! and dialing connections, reading and writing them, the send side's queues, serving
+//! and consuming channels, and ending connections and the thread (see the module docs
+//! of `transport`). Its other parts live beside it: a connection (`conn`), the receive
+//! side and its credit (`recv`), incoming frames (`incoming`), the handshake's checks
+//! (`handshake`), waiting partition requests (`waiting`).
 //!
 //! Ownership: everything here belongs to the network thread. Other threads reach it only
 //! through `Control` (commands under a mutex, the stop flag), the rings of the channels
 //! (the thread owns the receive rings' producers and the served channels' consumers),
 //! and the receive pools' recycling (lock-free, from the gates' threads).
-//!
-//! Credit invariant, per gate: the sum over its channels of (buffers its pool lent to the
-//! channel and has not seen back + credit outstanding) never exceeds the pool's size. A
-//! buffer that arrives against a credit therefore always finds a free segment.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,16 +22,18 @@ use io_uring::{opcode, types};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
-use weir_engine::exchange::{Buffer, InputChannel, LocalBufferPool, SharedBuffer};
-use weir_engine::park::{Notify, Parker};
-use weir_engine::ring::Producer;
+use weir_engine::exchange::InputChannel;
+use weir_engine::park::Parker;
 
-use super::auth::{self, JobId, HELLO_SIZE, NONCE_SIZE, TAG_SIZE};
-use super::channel::{BufferSizeSlot, FailureSlot};
-use super::error::{FrameError, TransportError};
-use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX, HEADER_SIZE};
-use super::uring::{self, Uring, UringOps, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
-use super::waiting::{Refusal, Waiting, REQUESTS_WAITING_PER_CONNECTION_MAX};
+use super::conn::{
+    io_ending, os_error, queue_error, set_user_timeout, Conn, Ending, Out, Payload, Reading,
+    SendChannel, DISCARD_SIZE, FRAMES_PER_WRITE_MAX,
+};
+use super::error::TransportError;
+use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, HEADER_SIZE};
+use super::recv::{gate_at, ChannelAt, Gate};
+use super::uring::{self, Uring, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
+use super::waiting::Waiting;
 use super::{Commands, Peer, TransportConfig};
 use crate::driver::{DriverKind, Wake};
 
@@ -39,20 +41,18 @@ const WAKE: Token = Token(usize::MAX);
 const LISTENER: Token = Token(usize::MAX - 1);
 /// Reads per connection per turn, so that one busy peer cannot hold the loop.
 const READS_PER_TURN_MAX: usize = 64;
-/// Frames (header and payload slices) per vectored write.
-const FRAMES_PER_WRITE_MAX: usize = 512;
 /// The longest park without a deadline: a safety net, every source of work wakes us.
 const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 /// Largest buffer header accepted before the channel's pool is known: the engine's
 /// largest segment. The channel's own segment size is checked when it is known.
-const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
+pub(super) const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
 
 /// How long a stopping transport waits for its peers to close their ends (see
 /// `Net::linger`).
 const LINGER: Duration = Duration::from_millis(500);
 
 /// Handshake refusals kept for [`Control::refused`].
-pub(crate) const REFUSALS_KEPT: usize = 64;
+pub(super) const REFUSALS_KEPT: usize = 64;
 
 /// Connections accepted and not yet authenticated at once: past this, a new connection
 /// is closed as soon as it is accepted (the backlog still drains), so a port scan or a
@@ -65,10 +65,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
 /// The smallest buffer size a peer's announcement can ask for: the debloater's default
 /// minimum (Flink's `taskmanager.network.memory.min-segment-size`, 256 bytes).
-const ANNOUNCED_BUFFER_SIZE_MIN: usize = 256;
+pub(super) const ANNOUNCED_BUFFER_SIZE_MIN: usize = 256;
 
 /// What API calls ask of the network thread.
-pub(crate) enum Command {
+pub(super) enum Command {
     /// Offer a subpartition's channel under an id.
     Serve {
         channel: u32,
@@ -82,457 +82,32 @@ pub(crate) enum Command {
 
 /// Shared between the API and the network thread.
 #[derive(Default)]
-pub(crate) struct Control {
-    pub(crate) commands: Commands,
-    pub(crate) stop: AtomicBool,
+pub(super) struct Control {
+    pub(super) commands: Commands,
+    pub(super) stop: AtomicBool,
     /// Whether, at the end of the last turn, every served channel had been requested,
     /// sent to its end and its end-of-partition frame written (see `Transport::drain`).
-    pub(crate) drained: AtomicBool,
+    pub(super) drained: AtomicBool,
     /// Turns completed (after `drained` is stored).
-    pub(crate) turns: std::sync::atomic::AtomicU64,
+    pub(super) turns: std::sync::atomic::AtomicU64,
     /// Processes with a connection whose handshake completed.
-    pub(crate) connected: std::sync::Mutex<std::collections::HashSet<u32>>,
+    pub(super) connected: std::sync::Mutex<std::collections::HashSet<u32>>,
     /// Connections whose handshake completed, since the start.
-    pub(crate) opened: std::sync::atomic::AtomicUsize,
+    pub(super) opened: std::sync::atomic::AtomicUsize,
     /// Why each connection that ended with channels open ended.
-    pub(crate) lost: std::sync::Mutex<Vec<String>>,
+    pub(super) lost: std::sync::Mutex<Vec<String>>,
     /// Processes this one dialed that refused it, or that it refused, in the handshake
     /// (the latest [`REFUSALS_KEPT`] at most): why, by process id.
-    pub(crate) refused: std::sync::Mutex<VecDeque<(u32, String)>>,
+    pub(super) refused: std::sync::Mutex<VecDeque<(u32, String)>>,
 }
 
-pub(crate) fn peer_name(process: u32, addr: SocketAddr) -> String {
+pub(super) fn peer_name(process: u32, addr: SocketAddr) -> String {
     format!("process {process} at {addr}")
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChannelState {
-    Open,
-    /// Ended, cancelled or failed: late buffers are read and dropped.
-    Closed,
-}
-
-/// A channel this process consumes.
-pub(crate) struct RecvChannel {
-    id: u32,
-    ring: Option<Producer<SharedBuffer>>,
-    notify: Option<Arc<dyn Notify>>,
-    failure: FailureSlot,
-    /// The buffer size the consumer's gate announced (0: none), and the last one sent.
-    buffer_size: BufferSizeSlot,
-    buffer_size_sent: u32,
-    state: ChannelState,
-    credit: u32,
-    announce: u32,
-    backlog: u32,
-    next_sequence: u32,
-}
-
-impl RecvChannel {
-    pub(crate) fn new(
-        id: u32,
-        ring: Producer<SharedBuffer>,
-        notify: Option<Arc<dyn Notify>>,
-        failure: FailureSlot,
-        buffer_size: BufferSizeSlot,
-    ) -> Self {
-        RecvChannel {
-            id,
-            ring: Some(ring),
-            notify,
-            failure,
-            buffer_size,
-            buffer_size_sent: 0,
-            state: ChannelState::Open,
-            credit: 0,
-            announce: 0,
-            backlog: 0,
-            next_sequence: 0,
-        }
-    }
-
-    /// Ends the channel: with `failure`, the consumer's gate reports it; without, the
-    /// consumer sees a clean disconnection after the buffers it has.
-    fn close(&mut self, failure: Option<Arc<TransportError>>) {
-        if self.state == ChannelState::Closed {
-            return;
-        }
-        self.state = ChannelState::Closed;
-        self.credit = 0;
-        self.announce = 0;
-        if let Some(failure) = failure {
-            // Written before the producer is dropped below (the gate reads it after it
-            // sees the disconnection).
-            *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure);
-        }
-        self.ring = None;
-        if let Some(notify) = &self.notify {
-            notify.notify();
-        }
-    }
-}
-
-/// A [`consume`](super::Transport::consume) call's channels and their receive pool.
-pub(crate) struct Gate {
-    peer: Peer,
-    pool: LocalBufferPool,
-    channels: Vec<RecvChannel>,
-    exclusive: u32,
-    floating: u32,
-    /// Where the next round of floating grants starts (round robin).
-    rotate: usize,
-    conn: usize,
-    /// Tells this gate from earlier ones in the same slot of `Net::gates`: frames that
-    /// name a channel of a freed gate must not reach whichever gate took its slot.
-    generation: u64,
-}
-
-impl Gate {
-    pub(crate) fn new(
-        peer: Peer,
-        pool: LocalBufferPool,
-        channels: Vec<RecvChannel>,
-        exclusive: u32,
-        floating: u32,
-    ) -> Self {
-        Gate {
-            peer,
-            pool,
-            channels,
-            exclusive,
-            floating,
-            rotate: 0,
-            conn: usize::MAX,
-            generation: 0,
-        }
-    }
-
-    fn is_closed(&self) -> bool {
-        self.channels
-            .iter()
-            .all(|c| c.state == ChannelState::Closed)
-    }
-
-    /// Cancels channels whose consumer dropped them, then grants credit (see the module
-    /// docs of `transport`); queues cancel and add-credit frames on `conn`.
-    fn grant(&mut self, conn: &mut Conn) -> bool {
-        let mut queued = false;
-        for channel in &mut self.channels {
-            if channel.state == ChannelState::Open
-                && channel.ring.as_ref().is_some_and(|r| r.is_abandoned())
-            {
-                channel.close(None);
-                conn.queue(Header::control(FrameKind::Cancel, channel.id, 0), None);
-                queued = true;
-            }
-        }
-        // Collects recycled buffers and re-arms the pool's notification.
-        self.pool.available_or_notify();
-        let exclusive = self.exclusive;
-        let mut floating_used: u32 = 0;
-        for (index, channel) in self.channels.iter().enumerate() {
-            let holding = self.pool.held_by(index) as u32 + channel.credit;
-            floating_used += holding.saturating_sub(exclusive);
-        }
-        let count = self.channels.len();
-        for step in 0..count {
-            let index = (self.rotate + step) % count;
-            let held = self.pool.held_by(index) as u32;
-            let channel = &mut self.channels[index];
-            if channel.state != ChannelState::Open {
-                continue;
-            }
-            let holding = held + channel.credit;
-            let mut grant = exclusive.saturating_sub(holding);
-            let want = exclusive.saturating_add(channel.backlog);
-            let extra = want
-                .saturating_sub(holding + grant)
-                .min(self.floating.saturating_sub(floating_used));
-            floating_used += extra;
-            grant += extra;
-            channel.credit += grant;
-            channel.announce += grant;
-        }
-        self.rotate = (self.rotate + 1) % count;
-        for channel in &mut self.channels {
-            // Relaxed: advice, sent when it changes (the gate announces it rarely).
-            let size = channel.buffer_size.load(Ordering::Relaxed);
-            if channel.state == ChannelState::Open && size != channel.buffer_size_sent {
-                conn.queue(
-                    Header::control(FrameKind::BufferSize, channel.id, size),
-                    None,
-                );
-                channel.buffer_size_sent = size;
-                queued = true;
-            }
-            if channel.announce > 0 {
-                conn.queue(
-                    Header::control(FrameKind::AddCredit, channel.id, channel.announce),
-                    None,
-                );
-                channel.announce = 0;
-                queued = true;
-            }
-        }
-        debug_assert!(
-            self.channels
-                .iter()
-                .enumerate()
-                .map(|(i, c)| self.pool.held_by(i) + c.credit as usize)
-                .sum::<usize>()
-                <= self.pool.size(),
-            "credit invariant"
-        );
-        queued
-    }
-}
-
-/// A served channel attached to the connection that requested it.
-struct SendChannel {
-    id: u32,
-    input: Box<dyn InputChannel>,
-    queue: VecDeque<SharedBuffer>,
-    credit: u32,
-    sequence: u32,
-}
-
-enum Payload {
-    None,
-    /// A producer's buffer and the length its header announced: the frame sends
-    /// exactly those bytes, whatever the buffer's view says later.
-    Shared(SharedBuffer, usize),
-    Bytes(Vec<u8>),
-}
-
-impl Payload {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Payload::None => &[],
-            Payload::Shared(buffer, len) => &buffer.as_slice()[..*len],
-            Payload::Bytes(bytes) => bytes,
-        }
-    }
-}
-
-struct Out {
-    header: [u8; HEADER_SIZE],
-    payload: Payload,
-}
-
-enum Reading {
-    Header,
-    Payload {
-        at: ChannelAt,
-        buffer: Buffer,
-        len: usize,
-        filled: usize,
-    },
-    Discard {
-        left: usize,
-    },
-    /// The payload of a handshake, an authentication or an error frame.
-    Message {
-        kind: FrameKind,
-        channel: u32,
-        bytes: Vec<u8>,
-        filled: usize,
-    },
-}
-
-/// Where a consumed channel lives: its gate's slot in `Net::gates`, that gate's
-/// generation (the slot is reused once the gate is freed), and the channel's index in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ChannelAt {
-    gate: usize,
-    generation: u64,
-    index: usize,
-}
-
-/// The receive channel at `at`, if its gate is still the one it was consumed into and
-/// the index is in range: a stale or hostile frame never reaches another gate's channel.
-fn gate_at(gates: &mut [Option<Gate>], at: ChannelAt) -> Option<&mut Gate> {
-    gates
-        .get_mut(at.gate)?
-        .as_mut()
-        .filter(|gate| gate.generation == at.generation && at.index < gate.channels.len())
-}
-
-/// Bytes a connection reads at a time of a payload it drops (of a cancelled channel).
-const DISCARD_SIZE: usize = 4096;
-
-struct Conn {
-    stream: TcpStream,
-    addr: SocketAddr,
-    /// The peer's process id, once it authenticated (handshake, then its answer to our
-    /// nonce): until then no other frame is accepted.
-    process: Option<u32>,
-    /// The process id the peer's handshake claimed, before it proved it.
-    claimed: Option<u32>,
-    /// The nonce our handshake sent, which the peer's authentication must answer.
-    nonce: [u8; NONCE_SIZE],
-    /// When bytes last arrived (the idle timeout runs from here).
-    last_read: Instant,
-    /// When a frame was last queued (a heartbeat goes out when this grows old).
-    last_queued: Instant,
-    /// The process this side connected to, which the handshake must name.
-    expected: Option<u32>,
-    connecting: bool,
-    handshake_deadline: Option<Instant>,
-    /// Frames being written: not touched while an io_uring write of them is in flight.
-    out: VecDeque<Out>,
-    /// Bytes of the front frame already written.
-    out_offset: usize,
-    /// Frames queued since the last write started.
-    staged: VecDeque<Out>,
-    /// Frames queued before this side answered the peer's nonce (partition requests of
-    /// a fresh connection): they follow the authentication frame, which the peer wants
-    /// first.
-    held: VecDeque<Out>,
-    /// Boxed: the kernel writes into it during an io_uring read, while the
-    /// connection itself may move.
-    header: Box<[u8; HEADER_SIZE]>,
-    header_len: usize,
-    discard: Box<[u8]>,
-    /// The io_uring operations' state (unused on epoll).
-    ops: UringOps,
-    /// Failed and shut down; kept only until its io_uring operations complete.
-    dead: bool,
-    reading: Reading,
-    /// Requests of the peer's refused with an error frame (see `refuse_channel`).
-    refusals: u32,
-    /// Channels consumed over this connection, by id. An entry outlives its gate (late
-    /// frames of the channel are then dropped) until the id is consumed again.
-    incoming: HashMap<u32, ChannelAt>,
-    outgoing: Vec<SendChannel>,
-}
-
-impl Conn {
-    /// A connection whose first frame, queued here, is this process's handshake.
-    fn new(
-        stream: TcpStream,
-        addr: SocketAddr,
-        connecting: bool,
-        process: u32,
-        job: &JobId,
-    ) -> Self {
-        let now = Instant::now();
-        let nonce = auth::nonce();
-        let mut conn = Conn {
-            stream,
-            addr,
-            process: None,
-            claimed: None,
-            nonce,
-            last_read: now,
-            last_queued: now,
-            expected: None,
-            connecting,
-            handshake_deadline: None,
-            out: VecDeque::new(),
-            out_offset: 0,
-            staged: VecDeque::new(),
-            held: VecDeque::new(),
-            header: Box::new([0; HEADER_SIZE]),
-            header_len: 0,
-            discard: vec![0; DISCARD_SIZE].into_boxed_slice(),
-            ops: UringOps::new(2 * FRAMES_PER_WRITE_MAX),
-            dead: false,
-            reading: Reading::Header,
-            refusals: 0,
-            incoming: HashMap::new(),
-            outgoing: Vec::new(),
-        };
-        let mut hello = Vec::with_capacity(HELLO_SIZE);
-        hello.extend_from_slice(&nonce);
-        hello.extend_from_slice(&job.0);
-        conn.queue(Header::handshake(process), Some(Payload::Bytes(hello)));
-        conn
-    }
-
-    fn name(&self) -> String {
-        match self.process {
-            Some(process) => peer_name(process, self.addr),
-            None => format!("peer at {}", self.addr),
-        }
-    }
-
-    fn queue(&mut self, header: Header, payload: Option<Payload>) {
-        let out = Out {
-            header: header.encode(),
-            payload: payload.unwrap_or(Payload::None),
-        };
-        let early = matches!(
-            header.kind,
-            FrameKind::Handshake | FrameKind::Auth | FrameKind::Error
-        );
-        if self.claimed.is_none() && !early {
-            self.held.push_back(out);
-        } else {
-            self.staged.push_back(out);
-        }
-    }
-
-    /// Writes queued frames until the socket would block; `Ok(true)` if it wrote any.
-    fn flush(&mut self) -> io::Result<bool> {
-        let mut wrote = false;
-        self.out.append(&mut self.staged);
-        while !self.out.is_empty() {
-            let mut slices = [IoSlice::new(&[]); 2 * FRAMES_PER_WRITE_MAX];
-            let mut count = 0;
-            let mut skip = self.out_offset;
-            for out in self.out.iter().take(FRAMES_PER_WRITE_MAX) {
-                for part in [&out.header[..], out.payload.as_slice()] {
-                    if skip >= part.len() {
-                        skip -= part.len();
-                        continue;
-                    }
-                    slices[count] = IoSlice::new(&part[skip..]);
-                    count += 1;
-                    skip = 0;
-                }
-            }
-            let written = match (&self.stream).write_vectored(&slices[..count]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            wrote = true;
-            self.written(written);
-        }
-        Ok(wrote)
-    }
-
-    /// Drops the frames that `written` more bytes completed.
-    fn written(&mut self, written: usize) {
-        let mut done = self.out_offset + written;
-        while let Some(front) = self.out.front() {
-            let size = HEADER_SIZE + front.payload.as_slice().len();
-            if done < size {
-                break;
-            }
-            done -= size;
-            // Sent: a producer's segment is recycled here.
-            self.out.pop_front();
-        }
-        self.out_offset = done;
-    }
-}
-
-/// Why a connection ends.
-enum Ending {
-    /// Closed by the peer.
-    Closed,
-    /// Failed: every open channel on it fails with this.
-    Failed(TransportError),
-    /// Failed by what the peer sent: it gets an error frame first.
-    Rejected(TransportError),
 }
 
 /// The network thread's state.
 /// How the network thread waits and does its I/O.
-enum Backend {
+pub(super) enum Backend {
     /// Readiness (epoll through mio); reads and writes are system calls in the turn.
     Epoll { poll: Poll, events: Events },
     /// Completions: reads and writes are operations submitted once per turn.
@@ -541,29 +116,29 @@ enum Backend {
     Stopped,
 }
 
-pub(crate) struct Net {
-    config: TransportConfig,
-    backend: Backend,
+pub(super) struct Net {
+    pub(super) config: TransportConfig,
+    pub(super) backend: Backend,
     /// Whether the last wait reaped completions (work for the next turn).
-    completed: bool,
+    pub(super) completed: bool,
     /// Whether a completed read or write was followed at once by the next one.
-    draining: bool,
-    listener: TcpListener,
-    wake: Arc<Wake>,
-    control: Arc<Control>,
-    conns: Vec<Option<Conn>>,
-    gates: Vec<Option<Gate>>,
+    pub(super) draining: bool,
+    pub(super) listener: TcpListener,
+    pub(super) wake: Arc<Wake>,
+    pub(super) control: Arc<Control>,
+    pub(super) conns: Vec<Option<Conn>>,
+    pub(super) gates: Vec<Option<Gate>>,
     /// The generation the next gate gets.
-    gate_generation: u64,
-    served: HashMap<u32, Box<dyn InputChannel>>,
+    pub(super) gate_generation: u64,
+    pub(super) served: HashMap<u32, Box<dyn InputChannel>>,
     /// Requests for channels not served yet (each fails after `request_timeout`).
-    waiting: Waiting,
+    pub(super) waiting: Waiting,
     /// When to try accepting again after the kernel refused a connection.
-    accept_retry: Option<Instant>,
+    pub(super) accept_retry: Option<Instant>,
 }
 
 impl Net {
-    pub(crate) fn new(
+    pub(super) fn new(
         config: TransportConfig,
         listener: TcpListener,
         wake: Arc<Wake>,
@@ -615,7 +190,7 @@ impl Net {
     }
 
     /// The I/O backend's name: "uring" or "epoll".
-    pub(crate) fn driver_name(&self) -> &'static str {
+    pub(super) fn driver_name(&self) -> &'static str {
         match self.backend {
             Backend::Epoll { .. } => "epoll",
             Backend::Uring(_) => "uring",
@@ -623,7 +198,7 @@ impl Net {
         }
     }
 
-    pub(crate) fn run(&mut self, parker: Parker) {
+    pub(super) fn run(&mut self, parker: Parker) {
         let spin = self.config.spin;
         let mut progress_at = Instant::now();
         while !self.control.stop.load(Ordering::Acquire) {
@@ -1455,442 +1030,6 @@ impl Net {
         Ok(())
     }
 
-    fn finish_payload(&mut self, conn: &mut Conn, reading: Reading) -> Result<(), Ending> {
-        match reading {
-            Reading::Payload {
-                at,
-                mut buffer,
-                len,
-                ..
-            } => {
-                buffer.set_len(len);
-                // The gate may have gone while the payload was read: then it is dropped.
-                let channel = gate_at(&mut self.gates, at)
-                    .map(|g| &mut g.channels[at.index])
-                    .filter(|c| c.state == ChannelState::Open);
-                if let Some(channel) = channel {
-                    if let Some(ring) = channel.ring.as_mut() {
-                        if ring.try_push(buffer.into_shared()).is_err() {
-                            unreachable!("rings hold the whole receive pool");
-                        }
-                        if let Some(notify) = &channel.notify {
-                            notify.notify();
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Reading::Message {
-                kind: FrameKind::Handshake,
-                channel,
-                bytes,
-                ..
-            } => self.hello(conn, channel, &bytes),
-            Reading::Message {
-                kind: FrameKind::Auth,
-                bytes,
-                ..
-            } => self.authenticate(conn, &bytes),
-            Reading::Message { channel, bytes, .. } => {
-                let message = String::from_utf8_lossy(&bytes).into_owned();
-                let cause = TransportError::Remote {
-                    peer: conn.name(),
-                    message,
-                };
-                if channel == CONNECTION_CHANNEL {
-                    return Err(Ending::Failed(cause));
-                }
-                let cause = Arc::new(cause);
-                if let Some(&at) = conn.incoming.get(&channel) {
-                    if let Some(gate) = gate_at(&mut self.gates, at) {
-                        let failure = TransportError::ChannelFailed {
-                            channel,
-                            peer: conn.name(),
-                            cause,
-                        };
-                        gate.channels[at.index].close(Some(Arc::new(failure)));
-                    }
-                }
-                Ok(())
-            }
-            Reading::Header | Reading::Discard { .. } => Ok(()),
-        }
-    }
-
-    /// The peer's handshake: checks who it claims to be and that it runs this job, then
-    /// answers its nonce (see `auth`). It is accepted once its own answer verifies.
-    fn hello(&mut self, conn: &mut Conn, process: u32, bytes: &[u8]) -> Result<(), Ending> {
-        let refuse = |conn: &Conn, reason: String| {
-            Ending::Rejected(TransportError::Refused {
-                peer: conn.name(),
-                reason,
-            })
-        };
-        debug_assert_eq!(bytes.len(), HELLO_SIZE, "checked by Header::decode");
-        if let Some(expected) = conn.expected {
-            if expected != process {
-                return Err(refuse(
-                    conn,
-                    format!(
-                        "it is process {process}, not process {expected} as asked for: check \
-                         the peer list (addresses and process ids)"
-                    ),
-                ));
-            }
-        }
-        if process == self.config.process {
-            return Err(refuse(
-                conn,
-                format!("it claims this process's own id {process}: give every process its own"),
-            ));
-        }
-        if let Some(processes) = self.config.processes {
-            if process >= processes {
-                return Err(refuse(
-                    conn,
-                    format!(
-                        "process id {process} is not one of this job's {processes} processes: \
-                         check the peer list"
-                    ),
-                ));
-            }
-        }
-        if self.is_live(process) {
-            return Err(refuse(
-                conn,
-                format!(
-                    "process {process} is connected already: two processes share an id, or an \
-                     old one still runs"
-                ),
-            ));
-        }
-        let job = JobId(bytes[NONCE_SIZE..].try_into().expect("checked size"));
-        if job != self.config.job {
-            return Err(refuse(
-                conn,
-                format!(
-                    "it runs another job (id {}…, this process {}…): start every process of a \
-                     job with the same graph, worker layout and settings",
-                    job.short(),
-                    self.config.job.short()
-                ),
-            ));
-        }
-        let nonce: [u8; NONCE_SIZE] = bytes[..NONCE_SIZE].try_into().expect("checked size");
-        let tag = auth::tag(
-            self.config.secret.as_ref(),
-            &nonce,
-            self.config.process,
-            process,
-            &self.config.job,
-        );
-        let header = Header {
-            kind: FrameKind::Auth,
-            len: TAG_SIZE as u32,
-            channel: 0,
-            arg0: 0,
-            arg1: 0,
-        };
-        conn.queue(header, Some(Payload::Bytes(tag.to_vec())));
-        conn.claimed = Some(process);
-        // What was queued before (partition requests) goes after the answer.
-        let held = std::mem::take(&mut conn.held);
-        conn.staged.extend(held);
-        Ok(())
-    }
-
-    /// The peer's answer to our nonce: once it verifies, the peer is the process it
-    /// claimed and a member of this job, and its other frames are accepted.
-    fn authenticate(&mut self, conn: &mut Conn, tag: &[u8]) -> Result<(), Ending> {
-        let process = conn
-            .claimed
-            .expect("an authentication frame follows a handshake");
-        let verified = auth::verify(
-            self.config.secret.as_ref(),
-            &conn.nonce,
-            process,
-            self.config.process,
-            &self.config.job,
-            tag,
-        );
-        if !verified {
-            return Err(Ending::Rejected(TransportError::Refused {
-                peer: conn.name(),
-                reason: "its authentication does not verify: it does not hold this job's \
-                         cluster secret (give every process the same --secret-file)"
-                    .into(),
-            }));
-        }
-        if self.is_live(process) {
-            return Err(Ending::Rejected(TransportError::Refused {
-                peer: conn.name(),
-                reason: format!("process {process} is connected already"),
-            }));
-        }
-        conn.process = Some(process);
-        conn.handshake_deadline = None;
-        self.control
-            .connected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(process);
-        self.control.opened.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Whether another live connection belongs to authenticated process `process` (the
-    /// connection being driven is out of `conns` meanwhile).
-    fn is_live(&self, process: u32) -> bool {
-        self.conns
-            .iter()
-            .flatten()
-            .any(|c| !c.dead && c.process == Some(process))
-    }
-
-    /// Applies a decoded header.
-    fn frame(&mut self, slot: usize, conn: &mut Conn, header: Header) -> Result<(), Ending> {
-        let protocol = |conn: &Conn, reason: String| {
-            Ending::Rejected(TransportError::Protocol {
-                peer: conn.name(),
-                reason,
-            })
-        };
-        if conn.process.is_none() {
-            // Before the peer authenticated: its handshake, then its answer to our nonce.
-            let expected = if conn.claimed.is_none() {
-                FrameKind::Handshake
-            } else {
-                FrameKind::Auth
-            };
-            if header.kind == FrameKind::Error && header.channel == CONNECTION_CHANNEL {
-                // The peer refused us and says why: read it (fails the connection with
-                // the peer's own words).
-                conn.reading = Reading::Message {
-                    kind: FrameKind::Error,
-                    channel: header.channel,
-                    bytes: vec![0; header.len as usize],
-                    filled: 0,
-                };
-                if header.len == 0 {
-                    let reading = std::mem::replace(&mut conn.reading, Reading::Header);
-                    self.finish_payload(conn, reading)?;
-                }
-                return Ok(());
-            }
-            if header.kind != expected {
-                return Err(protocol(
-                    conn,
-                    format!(
-                        "a {} frame where its {} was due",
-                        header.kind.name(),
-                        expected.name()
-                    ),
-                ));
-            }
-            // Fixed-size payloads (checked by `Header::decode`): read, then `hello` or
-            // `authenticate`.
-            conn.reading = Reading::Message {
-                kind: header.kind,
-                channel: header.channel,
-                bytes: vec![0; header.len as usize],
-                filled: 0,
-            };
-            return Ok(());
-        }
-        let channel = header.channel;
-        match header.kind {
-            FrameKind::Handshake | FrameKind::Auth => {
-                return Err(protocol(
-                    conn,
-                    format!("a second {} frame", header.kind.name()),
-                ))
-            }
-            // Arrived, so the peer is alive (`consumed` noted the time): nothing else.
-            FrameKind::Heartbeat => {}
-            FrameKind::PartitionRequest => {
-                if conn.outgoing.iter().any(|c| c.id == channel) {
-                    let message = format!("channel {channel} is already being sent to you");
-                    refuse_channel(conn, channel, &message)?;
-                } else if let Some(input) = self.served.remove(&channel) {
-                    conn.outgoing.push(SendChannel {
-                        id: channel,
-                        input,
-                        queue: VecDeque::new(),
-                        credit: header.arg0,
-                        sequence: 0,
-                    });
-                } else {
-                    match self
-                        .waiting
-                        .push(slot, channel, header.arg0, Instant::now())
-                    {
-                        Ok(()) => {}
-                        Err(Refusal::Duplicate { .. }) => {
-                            // One consumer per channel: the first request keeps it.
-                            let message =
-                                format!("channel {channel} is already requested by a consumer");
-                            refuse_channel(conn, channel, &message)?;
-                        }
-                        Err(Refusal::Full) => {
-                            return Err(protocol(
-                                conn,
-                                format!(
-                                    "more than {REQUESTS_WAITING_PER_CONNECTION_MAX} partition \
-                                     requests waiting for channels not served yet"
-                                ),
-                            ))
-                        }
-                    }
-                }
-            }
-            FrameKind::AddCredit => {
-                if let Some(sender) = conn.outgoing.iter_mut().find(|c| c.id == channel) {
-                    match sender.credit.checked_add(header.arg0) {
-                        Some(credit) => sender.credit = credit,
-                        None => {
-                            return Err(protocol(
-                                conn,
-                                format!("credit of channel {channel} overflows"),
-                            ))
-                        }
-                    }
-                } else {
-                    // A request still waiting takes it; otherwise the channel ended
-                    // meanwhile, and late credit is harmless.
-                    self.waiting.add_credit(slot, channel, header.arg0);
-                }
-            }
-            FrameKind::Cancel => {
-                conn.outgoing.retain(|c| c.id != channel);
-                self.waiting.cancel(slot, channel);
-            }
-            FrameKind::EndOfPartition => {
-                let Some(&at) = conn.incoming.get(&channel) else {
-                    return Err(protocol(
-                        conn,
-                        format!("end of partition for channel {channel}, never requested"),
-                    ));
-                };
-                // A channel whose gate is gone (its consumer dropped it) ignores it.
-                if let Some(gate) = gate_at(&mut self.gates, at) {
-                    gate.channels[at.index].close(None);
-                }
-            }
-            FrameKind::Error => {
-                let len = header.len as usize;
-                debug_assert!(len <= ERROR_MESSAGE_MAX, "checked by Header::decode");
-                conn.reading = Reading::Message {
-                    kind: FrameKind::Error,
-                    channel,
-                    bytes: vec![0; len],
-                    filled: 0,
-                };
-                if len == 0 {
-                    let reading = std::mem::replace(&mut conn.reading, Reading::Header);
-                    self.finish_payload(conn, reading)?;
-                }
-            }
-            FrameKind::Buffer => self.buffer(conn, header)?,
-            FrameKind::BufferSize => {
-                // The consumer's gate debloated: the subpartition starts its next
-                // buffers at this size. A channel not sent (yet, or any more) ignores it.
-                // A size below the floor is raised to it: a peer cannot make this
-                // process send a buffer per few bytes (0 stays "no limit").
-                if let Some(sender) = conn.outgoing.iter_mut().find(|c| c.id == channel) {
-                    let size = match header.arg0 as usize {
-                        0 => 0,
-                        size => size.max(ANNOUNCED_BUFFER_SIZE_MIN),
-                    };
-                    sender.input.announce_buffer_size(size);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A buffer header: checks it against the channel's credit and sequence, and starts
-    /// reading its payload into a segment of the channel's receive pool.
-    fn buffer(&mut self, conn: &mut Conn, header: Header) -> Result<(), Ending> {
-        let channel = header.channel;
-        let len = header.len as usize;
-        let Some(&at) = conn.incoming.get(&channel) else {
-            return Err(Ending::Rejected(TransportError::Protocol {
-                peer: conn.name(),
-                reason: format!("a buffer for channel {channel}, which was never requested"),
-            }));
-        };
-        let index = at.index;
-        let Some(gate) = gate_at(&mut self.gates, at) else {
-            // Its gate is gone (the consumer dropped the channel): a late buffer. The
-            // payload is bounded like any other before it is skipped.
-            if len > BUFFER_PAYLOAD_MAX {
-                return Err(Ending::Rejected(TransportError::Frame {
-                    peer: conn.name(),
-                    source: FrameError::Oversized {
-                        kind: FrameKind::Buffer.name(),
-                        len,
-                        max: BUFFER_PAYLOAD_MAX,
-                    },
-                }));
-            }
-            conn.reading = Reading::Discard { left: len };
-            return Ok(());
-        };
-        let segment_size = gate.pool.segment_size();
-        let receiver = &mut gate.channels[index];
-        if receiver.state != ChannelState::Open {
-            conn.reading = Reading::Discard { left: len };
-            return Ok(());
-        }
-        if len > segment_size {
-            return Err(Ending::Rejected(TransportError::Frame {
-                peer: conn.name(),
-                source: FrameError::Oversized {
-                    kind: FrameKind::Buffer.name(),
-                    len,
-                    max: segment_size,
-                },
-            }));
-        }
-        if receiver.credit == 0 {
-            return Err(Ending::Rejected(TransportError::Protocol {
-                peer: conn.name(),
-                reason: format!("a buffer for channel {channel} without credit"),
-            }));
-        }
-        if header.arg0 != receiver.next_sequence {
-            return Err(Ending::Rejected(TransportError::Protocol {
-                peer: conn.name(),
-                reason: format!(
-                    "buffer {} of channel {channel} where {} was next",
-                    header.arg0, receiver.next_sequence
-                ),
-            }));
-        }
-        receiver.credit -= 1;
-        receiver.next_sequence = receiver.next_sequence.wrapping_add(1);
-        receiver.backlog = header.arg1;
-        let Some(buffer) = gate.pool.request(index) else {
-            // The credit invariant (module docs) makes this unreachable; fail the
-            // connection rather than the thread if it ever breaks.
-            debug_assert!(
-                false,
-                "credit invariant broken: no segment for a credited buffer"
-            );
-            return Err(Ending::Failed(TransportError::Protocol {
-                peer: conn.name(),
-                reason: "no receive segment for a credited buffer (internal accounting)".into(),
-            }));
-        };
-        conn.reading = Reading::Payload {
-            at,
-            buffer,
-            len,
-            filled: 0,
-        };
-        Ok(())
-    }
-
     /// Ends a connection: fails its open channels (or closes them cleanly).
     fn end(&mut self, slot: usize, mut conn: Conn, ending: Ending) {
         let name = conn.name();
@@ -2098,219 +1237,5 @@ impl Net {
                 channel.close(Some(Arc::new(TransportError::Stopped)));
             }
         }
-    }
-}
-
-/// Error frames a connection's peer may cause by its requests over the connection's
-/// life: a consumer that asks for channels twice a few times is misconfigured; one
-/// that keeps asking (and may not read the answers) would grow the send queue.
-const REFUSALS_PER_CONNECTION_MAX: u32 = 1024;
-
-/// Refuses a request of the peer's for `channel` with an error frame; past
-/// [`REFUSALS_PER_CONNECTION_MAX`] refuses the connection instead.
-fn refuse_channel(conn: &mut Conn, channel: u32, message: &str) -> Result<(), Ending> {
-    conn.refusals += 1;
-    if conn.refusals > REFUSALS_PER_CONNECTION_MAX {
-        return Err(Ending::Rejected(TransportError::Protocol {
-            peer: conn.name(),
-            reason: format!(
-                "more than {REFUSALS_PER_CONNECTION_MAX} refused requests (the last: {message})"
-            ),
-        }));
-    }
-    queue_error(conn, channel, message);
-    Ok(())
-}
-
-/// Queues an error frame, its message cut to what the protocol carries.
-fn queue_error(conn: &mut Conn, channel: u32, message: &str) {
-    let mut end = message.len().min(ERROR_MESSAGE_MAX);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    let bytes = message.as_bytes()[..end].to_vec();
-    let header = Header {
-        kind: FrameKind::Error,
-        len: bytes.len() as u32,
-        channel,
-        arg0: 0,
-        arg1: 0,
-    };
-    conn.queue(header, Some(Payload::Bytes(bytes)));
-}
-
-/// Sets the socket's TCP user timeout: data left unacknowledged this long fails the
-/// connection in the kernel (a peer host gone while we send). Best effort: a kernel
-/// without it leaves the idle timeout to notice.
-fn set_user_timeout(stream: &TcpStream, timeout: Duration) {
-    let ms = timeout.as_millis().min(u128::from(u32::MAX)) as libc::c_uint;
-    // SAFETY: a valid socket descriptor (the stream is live), and a pointer to a
-    // `c_uint` with its size, as TCP_USER_TIMEOUT takes.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            (&ms as *const libc::c_uint).cast(),
-            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        );
-    }
-}
-
-/// The ending of a connection whose socket operation failed.
-fn io_ending(conn: &Conn, error: io::Error) -> Ending {
-    Ending::Failed(TransportError::ConnectionLost {
-        peer: conn.name(),
-        reason: error.to_string(),
-    })
-}
-
-/// A failed io_uring read or write: retried if interrupted, else the connection ends.
-fn os_error(conn: &Conn, result: i32) -> Result<(), Ending> {
-    if result == -libc::EINTR || result == -libc::EAGAIN {
-        return Ok(());
-    }
-    Err(io_ending(conn, io::Error::from_raw_os_error(-result)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weir_engine::exchange::{LocalPoolConfig, NetworkBufferPool};
-
-    fn conn() -> (Conn, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let stream = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (peer, addr) = listener.accept().expect("accept");
-        let mut conn = Conn::new(stream, addr, false, 1, &JobId::default());
-        // As after the handshake: frames go to the send queue.
-        conn.claimed = Some(2);
-        conn.process = Some(2);
-        conn.staged.clear();
-        (conn, peer)
-    }
-
-    /// A gate of `channels` channels, each with its exclusive credit outstanding (as after
-    /// the partition request), and the channels' consumer ends.
-    fn gate(
-        network: &NetworkBufferPool,
-        channels: usize,
-        exclusive: u32,
-        floating: u32,
-    ) -> (Gate, Vec<weir_engine::ring::Consumer<SharedBuffer>>) {
-        let size = channels * exclusive as usize + floating as usize;
-        let config = LocalPoolConfig::new(size, channels)
-            .with_max_per_subpartition(1)
-            .with_overdraft(0);
-        let pool = LocalBufferPool::new(network, config).expect("pool");
-        let mut consumers = Vec::new();
-        let receivers = (0..channels)
-            .map(|id| {
-                let (producer, consumer) = weir_engine::ring::channel(size);
-                consumers.push(consumer);
-                let mut channel =
-                    RecvChannel::new(id as u32, producer, None, Arc::default(), Arc::default());
-                channel.credit = exclusive;
-                channel
-            })
-            .collect();
-        let peer = Peer {
-            process: 2,
-            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
-        };
-        (
-            Gate::new(peer, pool, receivers, exclusive, floating),
-            consumers,
-        )
-    }
-
-    /// Credit granted per channel by the add-credit frames queued on `conn`.
-    fn announced(conn: &mut Conn, channels: usize) -> Vec<u32> {
-        let mut granted = vec![0; channels];
-        for out in conn.staged.drain(..) {
-            let header = Header::decode(&out.header, 0).expect("a valid frame");
-            assert_eq!(header.kind, FrameKind::AddCredit);
-            granted[header.channel as usize] += header.arg0;
-        }
-        granted
-    }
-
-    fn holding(gate: &Gate) -> Vec<u32> {
-        (0..gate.channels.len())
-            .map(|i| gate.pool.held_by(i) as u32 + gate.channels[i].credit)
-            .collect()
-    }
-
-    /// Flink's rules on one gate: floating buffers go only to channels with a backlog,
-    /// never more than the gate has; a channel always gets its exclusive buffers back as
-    /// its consumer recycles them; every credited buffer has a segment.
-    #[test]
-    fn credit_follows_backlog_and_never_exceeds_the_pool() {
-        let network = NetworkBufferPool::new(64, 256).expect("pool");
-        let (mut conn, _peer) = conn();
-        let (mut gate, _consumers) = gate(&network, 3, 2, 4);
-        // Nothing announced while every channel holds its exclusive credit and has no
-        // backlog.
-        gate.grant(&mut conn);
-        assert_eq!(announced(&mut conn, 3), vec![0, 0, 0]);
-        // Backlogs of 10, 1 and 0: the floating buffers go to the first two, 4 in all.
-        gate.channels[0].backlog = 10;
-        gate.channels[1].backlog = 1;
-        gate.grant(&mut conn);
-        let granted = announced(&mut conn, 3);
-        assert_eq!(granted.iter().sum::<u32>(), 4, "{granted:?}");
-        assert_eq!(granted[2], 0, "no backlog, no floating buffer");
-        assert!(holding(&gate).iter().sum::<u32>() <= 10);
-        // Buffers arrive against every credit and sit with the consumer: no credit.
-        let mut held = Vec::new();
-        for index in 0..3 {
-            while gate.channels[index].credit > 0 {
-                gate.channels[index].credit -= 1;
-                held.push(gate.pool.request(index).expect("credit has a segment"));
-            }
-        }
-        assert_eq!(held.len(), 10);
-        gate.channels[0].backlog = 0;
-        gate.channels[1].backlog = 0;
-        gate.grant(&mut conn);
-        assert_eq!(announced(&mut conn, 3), vec![0, 0, 0]);
-        // The consumer recycles everything: each channel gets its exclusive credit
-        // back, and nothing floating without a backlog.
-        held.clear();
-        gate.grant(&mut conn);
-        assert_eq!(announced(&mut conn, 3), vec![2, 2, 2]);
-        assert_eq!(holding(&gate), vec![2, 2, 2]);
-    }
-
-    /// A channel whose consumer dropped it is cancelled at the producer, once.
-    #[test]
-    fn a_dropped_channel_is_cancelled_once() {
-        let network = NetworkBufferPool::new(16, 256).expect("pool");
-        let (mut conn, _peer) = conn();
-        let size = 4;
-        let config = LocalPoolConfig::new(size, 1)
-            .with_max_per_subpartition(1)
-            .with_overdraft(0);
-        let pool = LocalBufferPool::new(&network, config).expect("pool");
-        let (producer, consumer) = weir_engine::ring::channel(size);
-        let channel = RecvChannel::new(7, producer, None, Arc::default(), Arc::default());
-        let peer = Peer {
-            process: 2,
-            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
-        };
-        let mut gate = Gate::new(peer, pool, vec![channel], 2, 2);
-        drop(consumer);
-        gate.grant(&mut conn);
-        gate.grant(&mut conn);
-        let kinds: Vec<(FrameKind, u32)> = conn
-            .staged
-            .drain(..)
-            .map(|out| {
-                let header = Header::decode(&out.header, 0).expect("valid");
-                (header.kind, header.channel)
-            })
-            .collect();
-        assert_eq!(kinds, vec![(FrameKind::Cancel, 7)]);
-        assert!(gate.is_closed());
     }
 }
