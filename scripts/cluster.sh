@@ -3,10 +3,15 @@
 # others by veth pairs on a bridge, as hosts on a LAN would be (optionally with a
 # `tc netem` delay on every link), then sums up their reports.
 #
-#   scripts/cluster.sh [-n N] [-d DELAY] [-o DIR] [-- weir run options...]
+#   scripts/cluster.sh [-n N] [-d DELAY] [-x SECONDS] [-o DIR] [-- weir run options...]
 #
 #   -n N       processes (default 2)
 #   -d DELAY   one-way delay added to every host's link with tc netem (e.g. 200us, 1ms)
+#   -x SECONDS after SECONDS, cut the last host off the network: its link leaves the
+#              bridge, so every packet to and from it is dropped, as by a failed switch
+#              port (nothing is reset or refused). The other processes must then fail
+#              within the transport's idle timeout (10 s), naming the silent peer; the
+#              script checks that they do, and exits 0 only if so.
 #   -o DIR     where the per-process JSON reports and the summary go
 #              (default results/cluster)
 #
@@ -19,13 +24,15 @@ cd "$(dirname "$0")/.."
 processes=2
 delay=""
 out=results/cluster
-while getopts "n:d:o:h" opt; do
+cut=""
+while getopts "n:d:x:o:h" opt; do
   case "$opt" in
     n) processes=$OPTARG ;;
     d) delay=$OPTARG ;;
+    x) cut=$OPTARG ;;
     o) out=$OPTARG ;;
-    h) sed -n '2,16p' "$0"; exit 0 ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    h) sed -n '2,21p' "$0"; exit 0 ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -98,6 +105,28 @@ for ((i = 0; i < processes; i++)); do
     > "$out/process-$i.txt" 2> >(sed "s/^/[process $i] /" >&2) &
   pids+=($!)
 done
+if [[ -n "$cut" ]]; then
+  last=$((processes - 1))
+  sleep "$cut"
+  echo "cluster: cutting process $last off the network (its link leaves the bridge)" >&2
+  cut_at=$(date +%s)
+  ip link set "${tag}v$last" nomaster
+  status=0
+  for ((i = 0; i < last; i++)); do
+    if wait "${pids[$i]}"; then
+      echo "cluster: process $i completed although process $last went silent" >&2
+      status=1
+    elif ! grep -q "not even a heartbeat" "$out/process-$i.txt" "$out/process-$i.json" 2>/dev/null \
+        && ! grep -rq "process $last" "$out/process-$i.json" 2>/dev/null; then
+      echo "cluster: process $i failed, but not naming the silent process $last" >&2
+      status=1
+    fi
+  done
+  echo "cluster: the others stopped $(( $(date +%s) - cut_at )) s after the cut" >&2
+  kill "${pids[$last]}" 2>/dev/null || true
+  wait "${pids[$last]}" 2>/dev/null || true
+  exit $status
+fi
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 "$weir" summarize "$out"/process-*.json --json "$out/summary.json" || status=1

@@ -536,6 +536,19 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             let _ = writeln!(md, "\nThroughput at a p99 bound of 5 ms: {bound:.0} records/s (highest offered load that met it).");
         }
     }
+    // The soak run is long (10 minutes), so scripts/soak.sh runs it on its own and
+    // leaves its section beside the report.
+    match std::fs::read_to_string(out.join("soak.md")) {
+        Ok(soak) => {
+            let _ = writeln!(md, "\n## Soak: memory and descriptors over a long run\n\n{soak}");
+        }
+        Err(_) => {
+            let _ = writeln!(
+                md,
+                "\n## Soak: memory and descriptors over a long run\n\nNot measured: run `scripts/soak.sh`.\n"
+            );
+        }
+    }
     let _ = writeln!(md, "\n## Flamegraphs\n");
     for (file, what) in [
         ("main-job.svg", "the main job (`weir run`)"),
