@@ -63,7 +63,9 @@ fn fan_out(c: &mut Criterion) {
     let mut group = c.benchmark_group("exchange/100B");
     group.throughput(Throughput::Elements(1));
     group.bench_function("1to2 key-hash", |b| {
-        b.iter_custom(|n| weir_exchange::<100>(1, 2, Routing::KeyHash, TIMEOUT, n.max(2)).elapsed)
+        b.iter_custom(|n| {
+            weir_exchange::<100>(1, 2, Routing::HashModulo, TIMEOUT, n.max(2)).elapsed
+        })
     });
     group.bench_function("2to2 round-robin", |b| {
         b.iter_custom(|n| {

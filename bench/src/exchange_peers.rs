@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use weir_engine::exchange::codec::{Codec, FixedBytes, SliceEncoder};
 use weir_engine::exchange::{
-    local_channel, ChannelSelector, GateEvent, InputChannel, InputGate, KeyHash, LocalBufferPool,
-    LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin, Target,
-    WriterConfig,
+    local_channel, ChannelSelector, GateEvent, HashModulo, InputChannel, InputGate,
+    LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin,
+    Target, WriterConfig,
 };
 use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
 
@@ -40,7 +40,7 @@ pub enum Routing {
     /// Round robin (rebalance).
     RoundRobin,
     /// By a key hash of the record's sequence number.
-    KeyHash,
+    HashModulo,
 }
 
 /// Segments per producer's local pool.
@@ -48,7 +48,7 @@ pub const POOL_SEGMENTS: usize = 64;
 
 enum Selector<const N: usize> {
     RoundRobin(RoundRobin),
-    KeyHash(KeyHash<fn(&FixedBytes<N>) -> u64>),
+    HashModulo(HashModulo<fn(&FixedBytes<N>) -> u64>),
 }
 
 pub(crate) fn seq_of<const N: usize>(record: &FixedBytes<N>) -> u64 {
@@ -64,7 +64,7 @@ impl<const N: usize> ChannelSelector<FixedBytes<N>> for Selector<N> {
     fn select(&mut self, record: &FixedBytes<N>, subpartitions: usize) -> Target {
         match self {
             Selector::RoundRobin(s) => s.select(record, subpartitions),
-            Selector::KeyHash(s) => s.select(record, subpartitions),
+            Selector::HashModulo(s) => s.select(record, subpartitions),
         }
     }
 }
@@ -162,8 +162,8 @@ pub fn weir_exchange<const N: usize>(
             let partition = ResultPartition::new(pool, senders).expect("partition");
             let selector = match routing {
                 Routing::RoundRobin => Selector::RoundRobin(RoundRobin::default()),
-                Routing::KeyHash => {
-                    Selector::KeyHash(KeyHash::new(seq_of::<N> as fn(&FixedBytes<N>) -> u64))
+                Routing::HashModulo => {
+                    Selector::HashModulo(HashModulo::new(seq_of::<N> as fn(&FixedBytes<N>) -> u64))
                 }
             };
             let config = WriterConfig {

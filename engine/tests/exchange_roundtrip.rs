@@ -11,8 +11,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::exchange::{
-    local_channel, Broadcast, ChannelSelector, Forward, GateEvent, InputChannel, InputGate,
-    KeyHash, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition,
+    local_channel, Broadcast, ChannelSelector, Forward, GateEvent, HashModulo, InputChannel,
+    InputGate, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition,
     RoundRobin, SharedBuffer, Target, WriterConfig,
 };
 use weir_engine::park::{Parker, Wakeup};
@@ -51,7 +51,7 @@ impl Codec for Rec {
 enum Selector {
     Forward,
     RoundRobin,
-    KeyHash,
+    HashModulo,
     Broadcast,
 }
 
@@ -59,7 +59,7 @@ enum Selector {
 enum AnySelector {
     Forward(Forward),
     RoundRobin(RoundRobin),
-    KeyHash(KeyHash<fn(&Rec) -> u64>),
+    HashModulo(HashModulo<fn(&Rec) -> u64>),
     Broadcast(Broadcast),
 }
 
@@ -68,7 +68,7 @@ impl ChannelSelector<Rec> for AnySelector {
         match self {
             AnySelector::Forward(s) => s.select(record, subpartitions),
             AnySelector::RoundRobin(s) => s.select(record, subpartitions),
-            AnySelector::KeyHash(s) => s.select(record, subpartitions),
+            AnySelector::HashModulo(s) => s.select(record, subpartitions),
             AnySelector::Broadcast(s) => ChannelSelector::<Rec>::select(s, record, subpartitions),
         }
     }
@@ -81,7 +81,7 @@ fn selector(kind: Selector) -> AnySelector {
     match kind {
         Selector::Forward => AnySelector::Forward(Forward),
         Selector::RoundRobin => AnySelector::RoundRobin(RoundRobin::default()),
-        Selector::KeyHash => AnySelector::KeyHash(KeyHash::new(|r: &Rec| r.seq % 7)),
+        Selector::HashModulo => AnySelector::HashModulo(HashModulo::new(|r: &Rec| r.seq % 7)),
         Selector::Broadcast => AnySelector::Broadcast(Broadcast),
     }
 }
@@ -212,7 +212,7 @@ fn selector_kind() -> impl Strategy<Value = Selector> {
     prop_oneof![
         Just(Selector::Forward),
         Just(Selector::RoundRobin),
-        Just(Selector::KeyHash),
+        Just(Selector::HashModulo),
         Just(Selector::Broadcast)
     ]
 }

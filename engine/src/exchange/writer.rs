@@ -85,17 +85,20 @@ impl<T> ChannelSelector<T> for RoundRobin {
     }
 }
 
-/// By a hash of a key: the same key always reaches the same subpartition, in every run
-/// and process (a fixed mixing function, no random seed).
+/// By a 64-bit hash of a key modulo the subpartitions, for exchanges wired by hand: the
+/// same key always reaches the same subpartition, in every run and process (a fixed
+/// mixing function, no random seed). This is not how a job graph routes keys: a
+/// stream's `key_by` uses Flink's key groups (`graph::keys`), so that state can be
+/// redistributed by key group; the same key generally lands on another subtask here.
 #[derive(Debug, Clone, Copy)]
-pub struct KeyHash<F> {
+pub struct HashModulo<F> {
     key: F,
 }
 
-impl<F> KeyHash<F> {
+impl<F> HashModulo<F> {
     /// Routes by `key(record)`.
     pub fn new(key: F) -> Self {
-        KeyHash { key }
+        HashModulo { key }
     }
 }
 
@@ -107,7 +110,7 @@ pub fn mix(mut key: u64) -> u64 {
     key ^ (key >> 31)
 }
 
-impl<T, F: FnMut(&T) -> u64> ChannelSelector<T> for KeyHash<F> {
+impl<T, F: FnMut(&T) -> u64> ChannelSelector<T> for HashModulo<F> {
     #[inline]
     fn select(&mut self, record: &T, subpartitions: usize) -> Target {
         Target::One((mix((self.key)(record)) % subpartitions as u64) as usize)
