@@ -58,7 +58,7 @@ impl RemoteChannels for InMemory {
         Arc::new(Forward(Arc::clone(&self.0)))
     }
 
-    fn serve(&self, channel: u32, input: LocalInputChannel) {
+    fn serve(&self, channel: u32, _consumer: usize, input: LocalInputChannel) {
         self.0.served.lock().unwrap().insert(channel, input);
         Forward(Arc::clone(&self.0)).notify();
     }

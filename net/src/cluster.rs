@@ -199,8 +199,8 @@ impl RemoteChannels for TransportChannels {
         self.transport.notify()
     }
 
-    fn serve(&self, channel: u32, input: LocalInputChannel) {
-        self.transport.serve(channel, input);
+    fn serve(&self, channel: u32, consumer: usize, input: LocalInputChannel) {
+        self.transport.serve_to(channel, consumer as u32, input);
     }
 
     fn consume(

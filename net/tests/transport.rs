@@ -1167,3 +1167,70 @@ fn a_stopping_transport_closes_its_connections_without_a_reset_on() {
         "the connection was reset"
     );
 }
+
+/// A channel served for one consumer goes to that process alone: a request from any
+/// other process, even an authenticated member of the job, gets an error frame naming
+/// the consumer, and the channel still goes to its consumer when it asks.
+#[test]
+fn a_channel_goes_only_to_the_process_that_consumes_it() {
+    on_each_driver(a_channel_goes_only_to_the_process_that_consumes_it_on);
+}
+
+fn a_channel_goes_only_to_the_process_that_consumes_it_on() {
+    let producer = transport(1);
+    let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).expect("pool");
+    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
+    producer.serve_to(8, 2, input);
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    let mut writer =
+        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    writer.emit(&77, 0).expect("emit");
+    writer.flush().expect("flush");
+    // Process 3 asks first: refused, nothing sent.
+    let mut intruder = dial(&producer, 3);
+    send(
+        &mut intruder,
+        Frame::PartitionRequest {
+            channel: 8,
+            credit: 4,
+        },
+    );
+    loop {
+        match read_frame(&mut intruder) {
+            Frame::Error {
+                channel: 8,
+                message,
+            } => {
+                let message = String::from_utf8_lossy(message);
+                assert!(message.contains("consumed by process 2"), "{message}");
+                break;
+            }
+            Frame::Heartbeat => {}
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    // Process 2, its consumer, gets the record.
+    let mut consumer = dial(&producer, 2);
+    send(
+        &mut consumer,
+        Frame::PartitionRequest {
+            channel: 8,
+            credit: 4,
+        },
+    );
+    loop {
+        match read_frame(&mut consumer) {
+            Frame::Buffer {
+                channel: 8,
+                payload,
+                ..
+            } => {
+                assert!(payload.len() >= 12, "a length prefix and the record");
+                break;
+            }
+            Frame::Heartbeat => {}
+            other => panic!("expected the channel's buffer, got {other:?}"),
+        }
+    }
+}

@@ -31,8 +31,9 @@ pub trait RemoteChannels: Send + Sync {
     fn producer_notify(&self) -> Arc<dyn Notify>;
 
     /// Serves `input`, the consumer end of a local channel fed by one of this process's
-    /// subtasks, as channel `channel` to the process that consumes it.
-    fn serve(&self, channel: u32, input: LocalInputChannel);
+    /// subtasks, as channel `channel` to process `consumer`, which the plan says consumes
+    /// it (and which alone may).
+    fn serve(&self, channel: u32, consumer: usize, input: LocalInputChannel);
 
     /// The channels `channels` that process `process` produces, in that order, with
     /// receive buffers drawn from `network`; `notify` wakes the consuming task when a

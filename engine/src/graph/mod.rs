@@ -906,7 +906,9 @@ impl Graph {
                                 Some(cluster.remote.producer_notify()),
                             );
                             senders.push(sender);
-                            cluster.remote.serve(id, receiver);
+                            cluster
+                                .remote
+                                .serve(id, process_of(to.workers[j]), receiver);
                         }
                         (None, None) => unreachable!("one process runs every subtask"),
                     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::conn::{refuse_channel, Conn, Ending, Reading, SendChannel};
 use super::error::{FrameError, TransportError};
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, ERROR_MESSAGE_MAX};
-use super::network::{Net, ANNOUNCED_BUFFER_SIZE_MIN, BUFFER_PAYLOAD_MAX};
+use super::network::{refusal_for, Net, ANNOUNCED_BUFFER_SIZE_MIN, BUFFER_PAYLOAD_MAX};
 use super::recv::{gate_at, ChannelState};
 use super::waiting::{Refusal, REQUESTS_WAITING_PER_CONNECTION_MAX};
 
@@ -151,14 +151,20 @@ impl Net {
                 if conn.outgoing.iter().any(|c| c.id == channel) {
                     let message = format!("channel {channel} is already being sent to you");
                     refuse_channel(conn, channel, &message)?;
-                } else if let Some(input) = self.served.remove(&channel) {
-                    conn.outgoing.push(SendChannel {
-                        id: channel,
-                        input,
-                        queue: VecDeque::new(),
-                        credit: header.arg0,
-                        sequence: 0,
-                    });
+                } else if let Some((input, consumer)) = self.served.remove(&channel) {
+                    if let Some(message) = refusal_for(consumer, conn.process, channel) {
+                        // Kept for its own consumer.
+                        self.served.insert(channel, (input, consumer));
+                        refuse_channel(conn, channel, &message)?;
+                    } else {
+                        conn.outgoing.push(SendChannel {
+                            id: channel,
+                            input,
+                            queue: VecDeque::new(),
+                            credit: header.arg0,
+                            sequence: 0,
+                        });
+                    }
                 } else {
                     match self
                         .waiting

@@ -310,6 +310,18 @@ impl Transport {
         self.command(Command::Serve {
             channel,
             input: Box::new(input),
+            consumer: None,
+        });
+    }
+
+    /// As [`serve`](Self::serve), for process `consumer` alone: a request for the
+    /// channel from any other process (even a member of the job) gets an error frame
+    /// instead of its records, and the channel waits for its consumer.
+    pub fn serve_to(&self, channel: u32, consumer: u32, input: impl InputChannel + 'static) {
+        self.command(Command::Serve {
+            channel,
+            input: Box::new(input),
+            consumer: Some(consumer),
         });
     }
 

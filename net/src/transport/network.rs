@@ -47,6 +47,23 @@ const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 /// largest segment. The channel's own segment size is checked when it is known.
 pub(super) const BUFFER_PAYLOAD_MAX: usize = weir_engine::limits::SEGMENT_SIZE_MAX;
 
+/// Why process `asking` may not have `channel`, served for `consumer` alone, if it may
+/// not: the plan names one consumer per channel, and no other member of the job may
+/// read its records.
+pub(super) fn refusal_for(
+    consumer: Option<u32>,
+    asking: Option<u32>,
+    channel: u32,
+) -> Option<String> {
+    match consumer {
+        Some(consumer) if asking != Some(consumer) => Some(format!(
+            "channel {channel} is consumed by process {consumer}, not by this one: do all \
+             processes run the same job with the same peer list?"
+        )),
+        _ => None,
+    }
+}
+
 /// How long a stopping transport waits for its peers to close their ends (see
 /// `Net::linger`).
 const LINGER: Duration = Duration::from_millis(500);
@@ -73,6 +90,8 @@ pub(super) enum Command {
     Serve {
         channel: u32,
         input: Box<dyn InputChannel>,
+        /// The only process that may consume it, if the caller knows it.
+        consumer: Option<u32>,
     },
     /// Request channels from a peer into a gate's receive pool.
     Consume(Gate),
@@ -130,7 +149,9 @@ pub(super) struct Net {
     pub(super) gates: Vec<Option<Gate>>,
     /// The generation the next gate gets.
     pub(super) gate_generation: u64,
-    pub(super) served: HashMap<u32, Box<dyn InputChannel>>,
+    /// Channels served and not yet requested, with the process that alone may consume
+    /// each (when the caller said).
+    pub(super) served: HashMap<u32, (Box<dyn InputChannel>, Option<u32>)>,
     /// Requests for channels not served yet (each fails after `request_timeout`).
     pub(super) waiting: Waiting,
     /// When to try accepting again after the kernel refused a connection.
@@ -480,7 +501,11 @@ impl Net {
         let any = !commands.is_empty();
         for command in commands {
             match command {
-                Command::Serve { channel, input } => self.serve(channel, input),
+                Command::Serve {
+                    channel,
+                    input,
+                    consumer,
+                } => self.serve(channel, input, consumer),
                 Command::Consume(gate) => self.consume(gate),
                 Command::Connect(peer) => {
                     // A failed dial is dropped: the caller waits for the connection and
@@ -524,22 +549,28 @@ impl Net {
         Ok(slot)
     }
 
-    fn serve(&mut self, channel: u32, input: Box<dyn InputChannel>) {
+    fn serve(&mut self, channel: u32, input: Box<dyn InputChannel>, consumer: Option<u32>) {
         if let Some((slot, credit)) = self.waiting.take(channel) {
             if let Some(conn) = self.conns[slot].as_mut() {
-                conn.outgoing.push(SendChannel {
-                    id: channel,
-                    input,
-                    queue: VecDeque::new(),
-                    credit,
-                    sequence: 0,
-                });
-                return;
+                match refusal_for(consumer, conn.process, channel) {
+                    None => {
+                        conn.outgoing.push(SendChannel {
+                            id: channel,
+                            input,
+                            queue: VecDeque::new(),
+                            credit,
+                            sequence: 0,
+                        });
+                        return;
+                    }
+                    // Its consumer may still ask: the channel waits for it below.
+                    Some(message) => queue_error(conn, channel, &message),
+                }
             }
         }
         // A second serve of the same id replaces the first (whose consumer, if any,
         // is attached already and unaffected).
-        self.served.insert(channel, input);
+        self.served.insert(channel, (input, consumer));
     }
 
     fn consume(&mut self, mut gate: Gate) {
