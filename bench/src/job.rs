@@ -29,7 +29,6 @@ use weir_engine::graph::{
 };
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::cluster::TransportChannels;
-use weir_net::transport::{JobId, TransportConfig};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
 };
@@ -37,6 +36,7 @@ use weir_net::redis::{
     Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisError, RedisFunction,
     RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
 };
+use weir_net::transport::{JobId, TransportConfig};
 use weir_net::{DriverKind, NetError};
 
 /// Why `weir run` cannot run, or why its job stopped: each message says what to change.
@@ -1331,11 +1331,12 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
     row(
         "worker wake-ups",
         format!(
-            "{} notified, {} I/O, {} deadline, {} idle (over {} parks)",
+            "{} notified, {} I/O, {} deadline, {} idle ({} rescued) (over {} parks)",
             wakeups.notified,
             wakeups.io,
             wakeups.deadline,
             wakeups.idle,
+            wakeups.rescued,
             report.run.parks.iter().sum::<u64>()
         ),
     );

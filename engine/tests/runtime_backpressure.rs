@@ -53,8 +53,9 @@ fn a_back_pressured_source_is_woken_by_the_recycled_buffer() {
         result.run.parks[0]
     );
     assert_eq!(source.deadline, 0, "{source:?}");
-    // No worker needed the idle safety net: a wake-up it delivered would be a lost one.
+    // The idle safety net never found work that nothing had announced: a wake-up it
+    // delivered would be a lost one.
     for (worker, wakeups) in result.run.wakeups.iter().enumerate() {
-        assert_eq!(wakeups.idle, 0, "worker {worker}: {wakeups:?}");
+        assert_eq!(wakeups.rescued, 0, "worker {worker}: {wakeups:?}");
     }
 }

@@ -314,3 +314,54 @@ fn operators_on_one_worker_share_its_timer_wheel() {
         assert_eq!(first.retried, failed as u64, "{mode:?}");
     }
 }
+
+/// Has work on its second poll but announces it to nobody (no doorbell, no deadline):
+/// a lost wake-up, by construction.
+struct SilentWork {
+    polls: u32,
+}
+
+impl Task for SilentWork {
+    fn poll(&mut self, _cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        self.polls += 1;
+        Ok(if self.polls == 1 {
+            Progress::Idle
+        } else {
+            Progress::Done
+        })
+    }
+}
+
+/// The check the graph and back-pressure tests make can fail: a task whose work was
+/// never announced is found only by the idle safety net's sweep, and that sweep counts
+/// as rescued; a task that announces its work through its doorbell is not.
+#[test]
+fn a_task_found_only_by_the_safety_net_counts_as_rescued() {
+    let mut silent = runtime(1);
+    silent.spawn(
+        0,
+        Box::new(|_| Ok(Box::new(SilentWork { polls: 0 }) as Box<dyn Task>)),
+    );
+    let report = silent.run().expect("runs");
+    assert_eq!(report.wakeups[0].rescued, 1, "{:?}", report.wakeups[0]);
+    assert!(report.wakeups[0].idle >= 1);
+
+    let mut announced = runtime(1);
+    let flag = Arc::new(AtomicBool::new(false));
+    let polls = Arc::new(AtomicU64::new(0));
+    let id = announced.add_task(0);
+    let bell: Unparker = announced.task_unparker(id, signal::INPUT);
+    let (f, p) = (Arc::clone(&flag), Arc::clone(&polls));
+    announced.set_task(
+        id,
+        Box::new(move |_| Ok(Box::new(WaitForFlag { flag: f, polls: p }) as Box<dyn Task>)),
+    );
+    let ringer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        flag.store(true, Ordering::Release);
+        bell.unpark();
+    });
+    let report = announced.run().expect("runs");
+    ringer.join().expect("ringer");
+    assert_eq!(report.wakeups[0].rescued, 0, "{:?}", report.wakeups[0]);
+}

@@ -32,12 +32,12 @@
 //! 2. The owner drops the link as soon as the connection ends: when it closes it or
 //!    the driver reports it closed. So the extra descriptor never outlives the
 //!    driver's, and an ended connection is not kept open by it.
-//! 3. An owner that closes a connection closes it with [`Link::close`], or drops the
-//!    link and closes its id through the driver before the driver's next turn (the
-//!    Redis client, which fails a connection while it handles a driver event, and
-//!    closes it at its next flush). The shutdown lets the driver see the end at its
-//!    next turn and forget the id, which it may then give to a new connection: a later
-//!    close of the id would close that one.
+//! 3. An owner that closes a connection closes it with [`Link::close`], or closes its
+//!    id through the driver first and drops the link after (the Redis client, which
+//!    fails a connection while it handles a driver event, keeps the link until its next
+//!    flush closes the id). Never the other way round: the link's shutdown lets the
+//!    driver see the end (on epoll within the same turn), forget the id and give it to
+//!    a new connection, which a later close of the id would then close.
 
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};

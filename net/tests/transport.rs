@@ -15,10 +15,11 @@ use weir_engine::exchange::{
     NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
 };
 use weir_engine::ExchangeError;
-use weir_net::transport::{auth, JobId, Secret};
+use weir_net::transport::auth::{self, Role, Transcript};
 use weir_net::transport::{
     Frame, FrameError, Header, Peer, RemoteInputChannel, Transport, TransportConfig, TransportError,
 };
+use weir_net::transport::{JobId, Secret};
 use weir_net::DriverKind;
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -325,16 +326,17 @@ impl FakePeer {
     fn accept(&self) -> TcpStream {
         let (mut stream, _) = self.listener.accept().expect("accept");
         stream.set_read_timeout(Some(GUARD)).expect("timeout");
-        let process = handshake(&mut stream, 9, None);
+        let process = handshake(&mut stream, 9, None, false);
         assert_eq!(process, 2);
         stream
     }
 }
 
-/// Speaks the handshake as process `me` of the default job with `secret`: exchanges
-/// handshakes, answers the peer's nonce, and checks the peer's answer to ours. Returns
+/// Speaks the handshake as process `me` of the default job with `secret`, as the side
+/// that dialed (`dialer`) or accepted: exchanges handshakes, then the proofs (the
+/// dialer's first; the acceptor's only after the dialer's), checking the peer's. Returns
 /// the peer's process id.
-fn handshake(stream: &mut TcpStream, me: u32, secret: Option<&Secret>) -> u32 {
+fn handshake(stream: &mut TcpStream, me: u32, secret: Option<&Secret>, dialer: bool) -> u32 {
     let job = JobId::default();
     let ours = [me as u8; 16];
     send(
@@ -348,16 +350,48 @@ fn handshake(stream: &mut TcpStream, me: u32, secret: Option<&Secret>) -> u32 {
     let Frame::Handshake { process, nonce, .. } = read_frame(stream) else {
         panic!("expected a handshake first");
     };
-    send(
-        stream,
-        Frame::Auth {
-            tag: auth::tag(secret, &nonce, me, process, &job),
-        },
-    );
+    let transcript = if dialer {
+        Transcript {
+            dialer: me,
+            acceptor: process,
+            dialer_nonce: ours,
+            acceptor_nonce: nonce,
+            job,
+        }
+    } else {
+        Transcript {
+            dialer: process,
+            acceptor: me,
+            dialer_nonce: nonce,
+            acceptor_nonce: ours,
+            job,
+        }
+    };
+    let (my_role, peer_role) = if dialer {
+        (Role::Dialer, Role::Acceptor)
+    } else {
+        (Role::Acceptor, Role::Dialer)
+    };
+    if dialer {
+        send(
+            stream,
+            Frame::Auth {
+                tag: auth::tag(secret, my_role, &transcript),
+            },
+        );
+    }
     let Frame::Auth { tag } = read_frame(stream) else {
         panic!("expected the peer's authentication");
     };
-    assert!(auth::verify(secret, &ours, process, me, &job, &tag));
+    assert!(auth::verify(secret, peer_role, &transcript, &tag));
+    if !dialer {
+        send(
+            stream,
+            Frame::Auth {
+                tag: auth::tag(secret, my_role, &transcript),
+            },
+        );
+    }
     process
 }
 
@@ -845,7 +879,7 @@ fn stale_frames_of_a_finished_gate_reach_no_other_gate_and_its_ids_are_reusable_
 fn dial(transport: &Transport, process: u32) -> TcpStream {
     let mut stream = TcpStream::connect(transport.local_addr()).expect("connect");
     stream.set_read_timeout(Some(GUARD)).expect("timeout");
-    handshake(&mut stream, process, None);
+    handshake(&mut stream, process, None, true);
     stream
 }
 
@@ -1233,4 +1267,85 @@ fn a_channel_goes_only_to_the_process_that_consumes_it_on() {
             other => panic!("expected the channel's buffer, got {other:?}"),
         }
     }
+}
+
+/// A relay of the handshake does not let an outsider in: it dials member A claiming to
+/// be member B and gets A's nonce, then dials B claiming to be A with that nonce, to
+/// have B prove "B" for A's nonce. B, the accepting side, proves nothing to a dialer
+/// that has not proved itself, so there is nothing to relay, and A never takes the
+/// outsider for B. (The wait for B's silence is a bound on a negative, not a timing
+/// claim: B would answer at once if it answered at all.)
+#[test]
+fn a_relayed_handshake_proves_nothing() {
+    on_each_driver(a_relayed_handshake_proves_nothing_on);
+}
+
+fn a_relayed_handshake_proves_nothing_on() {
+    let secret = Secret::generate().expect("secret");
+    let member = |process| {
+        let secret = secret.clone();
+        transport_with(process, move |c| {
+            c.secret = Some(secret);
+            c.processes = Some(3);
+        })
+    };
+    let (a, b) = (member(1), member(2));
+    let mut to_a = TcpStream::connect(a.local_addr()).expect("connect");
+    to_a.set_read_timeout(Some(GUARD)).expect("timeout");
+    send(
+        &mut to_a,
+        Frame::Handshake {
+            process: 2,
+            nonce: [7; 16],
+            job: JobId::default().0,
+        },
+    );
+    let Frame::Handshake { nonce: nonce_a, .. } = read_frame(&mut to_a) else {
+        panic!("expected A's handshake");
+    };
+    let mut to_b = TcpStream::connect(b.local_addr()).expect("connect");
+    to_b.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    send(
+        &mut to_b,
+        Frame::Handshake {
+            process: 1,
+            nonce: nonce_a,
+            job: JobId::default().0,
+        },
+    );
+    let Frame::Handshake { .. } = read_frame(&mut to_b) else {
+        panic!("expected B's handshake");
+    };
+    let mut header = [0u8; 20];
+    let error = to_b
+        .read_exact(&mut header)
+        .expect_err("B sent something to a dialer that proved nothing");
+    assert!(
+        matches!(
+            error.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{error}"
+    );
+    // Whatever the outsider sends A as B's proof fails.
+    send(&mut to_a, Frame::Auth { tag: [0; 32] });
+    let mut refused = false;
+    loop {
+        let mut header = [0u8; 20];
+        if to_a.read_exact(&mut header).is_err() {
+            break;
+        }
+        let decoded = Header::decode(&header, 1 << 20).expect("a valid header");
+        let mut payload = vec![0u8; decoded.len as usize];
+        if to_a.read_exact(&mut payload).is_err() {
+            break;
+        }
+        if decoded.kind == weir_net::transport::FrameKind::Error {
+            assert!(String::from_utf8_lossy(&payload).contains("does not verify"));
+            refused = true;
+        }
+    }
+    assert!(refused, "A said why it refused");
+    assert!(!a.is_connected(2));
 }

@@ -109,7 +109,9 @@ impl<T> RetryStrategy<T> {
                 multiplier,
             } => {
                 let factor = multiplier.powi(retry.saturating_sub(1).min(i32::MAX as u32) as i32);
-                let nanos = initial.as_nanos() as f64 * factor;
+                // Rounded, not truncated: `powi` is not exact everywhere (Miri, other
+                // platforms), and 40 ms must not come out as 39.999999 ms.
+                let nanos = (initial.as_nanos() as f64 * factor).round();
                 if !nanos.is_finite() || nanos >= max_delay.as_nanos() as f64 {
                     max_delay
                 } else {

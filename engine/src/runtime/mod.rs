@@ -344,6 +344,11 @@ pub struct Wakeups {
     pub deadline: u64,
     /// The idle safety net: nothing woke the worker within the longest park.
     pub idle: u64,
+    /// Of those, the ones after which a task had work although nothing had made it due
+    /// (no doorbell, no deadline, no earlier progress): a wake-up that should have come
+    /// and did not, which only the safety net rescued. A healthy run has none; `idle`
+    /// alone may also count a worker that simply waited long for a slow peer.
+    pub rescued: u64,
 }
 
 impl Wakeups {
@@ -353,6 +358,7 @@ impl Wakeups {
         self.io += other.io;
         self.deadline += other.deadline;
         self.idle += other.idle;
+        self.rescued += other.rescued;
     }
 }
 
@@ -706,8 +712,9 @@ fn turn(
     let mut events = 0;
     driver.turn(timeout, &mut |event: DriverEvent<'_>| {
         events += 1;
-        for entry in tasks.iter_mut() {
+        for (task_index, entry) in tasks.iter_mut().enumerate() {
             if let Some(task) = entry.task.as_mut() {
+                RUNNING_TASK.with(|t| t.set(task_index));
                 if task.on_io(&event) {
                     entry.due = true;
                     break;
@@ -715,6 +722,7 @@ fn turn(
             }
         }
     })?;
+    RUNNING_TASK.with(|t| t.set(usize::MAX));
     Ok(events)
 }
 
@@ -824,13 +832,18 @@ fn worker_main(
     let mut progress_ns = epoch.elapsed().as_nanos() as u64;
     // Poll every task this turn (after a wake-up that rang no doorbell).
     let mut sweep = false;
+    // Whether this turn's sweep is the idle safety net's (not a wake-up naming no task).
+    let mut idle_sweep = false;
     while live > 0 {
         if flags.abort.load(Ordering::Acquire) {
             return Ok(());
         }
         stats.turns += 1;
         // A wake-up that named no task: look at them all.
-        sweep |= anonymous.take() != 0;
+        if anonymous.take() != 0 {
+            sweep = true;
+            idle_sweep = false;
+        }
         let now_ns = epoch.elapsed().as_nanos() as u64;
         // Timers that came due go to their operators' queues, which makes those
         // operators' tasks report a deadline that has come: they are polled below.
@@ -840,16 +853,19 @@ fn worker_main(
             let Some(running) = entry.task.as_mut() else {
                 continue;
             };
+            // Named before any of its code runs (its deadline included).
+            RUNNING_TASK.with(|t| t.set(task_index));
             let rung = entry.doorbell.take();
-            let due = core::mem::take(&mut entry.due)
+            let made_due = core::mem::take(&mut entry.due)
                 || rung != 0
-                || sweep
                 || running.next_deadline().is_some_and(|d| d <= now_ns);
-            if !due {
+            if !made_due && !sweep {
                 continue;
             }
+            // Polled only because the safety net swept: work found now was never
+            // announced.
+            let rescue = idle_sweep && !made_due;
             stats.polls += 1;
-            RUNNING_TASK.with(|t| t.set(task_index));
             let mut cx = TaskContext {
                 now_ns,
                 driver: driver.as_mut(),
@@ -871,6 +887,9 @@ fn worker_main(
                 Ok(AfterMail::Poll) => entry.task.as_mut().expect("a live entry").poll(&mut cx),
                 Err(error) => Err(error),
             };
+            if rescue && matches!(outcome, Ok(Progress::Busy | Progress::Done)) {
+                stats.wakeups.rescued += 1;
+            }
             match outcome {
                 Ok(Progress::Busy) => {
                     busy = true;
@@ -900,6 +919,7 @@ fn worker_main(
         }
         RUNNING_TASK.with(|t| t.set(usize::MAX));
         sweep = false;
+        idle_sweep = false;
         let events = match turn(driver.as_mut(), tasks, Some(Duration::ZERO)) {
             Ok(events) => events,
             Err(error) => return Err(RuntimeError::Driver(error)),
@@ -916,10 +936,15 @@ fn worker_main(
         let now_ns = epoch.elapsed().as_nanos() as u64;
         let deadline = tasks
             .iter()
-            .filter_map(|e| e.task.as_ref())
-            .filter_map(|t| t.next_deadline())
+            .enumerate()
+            .filter_map(|(index, e)| {
+                // Named while its code runs, for a panic's report.
+                RUNNING_TASK.with(|t| t.set(index));
+                e.task.as_ref()?.next_deadline()
+            })
             .chain(timers.next_deadline())
             .min();
+        RUNNING_TASK.with(|t| t.set(usize::MAX));
         let (timeout, by_deadline) = match deadline {
             Some(deadline) if deadline <= now_ns => continue,
             Some(deadline) => {
@@ -953,6 +978,7 @@ fn worker_main(
                 cause.idle += 1;
                 // The idle safety net: look at every task.
                 sweep = true;
+                idle_sweep = true;
             }
         }
     }

@@ -132,20 +132,19 @@ struct Connection {
     /// The head of a response frame split across receives; never a whole frame.
     inbox: Vec<u8>,
     close: bool,
-    /// The number the next request queued here gets (wrapping).
-    sent: u32,
-    /// The service read every request numbered below this (wrapping): one past the
-    /// latest answered, or `sent` when the connection last failed.
-    read_until: u32,
+    /// The number the next request queued here gets (64 bits: at a billion requests a
+    /// second a connection would take five centuries to wrap them, so numbers compare
+    /// plainly, however many were sent within a request timeout).
+    sent: u64,
+    /// The service read every request numbered below this: one past the latest
+    /// answered, or `sent` when the connection last failed.
+    read_until: u64,
 }
 
-/// Whether request number `a` comes before number `b` on a connection. Numbers wrap;
-/// those compared are never `2^31` apart: they lie between `read_until` and `sent`,
-/// and at most `capacity` (checked to be below `2^31`) requests lie there (see the
-/// module docs).
+/// Whether request number `a` comes before number `b` on a connection.
 #[inline(always)]
-fn is_before(a: u32, b: u32) -> bool {
-    (b.wrapping_sub(a) as i32) > 0
+fn is_before(a: u64, b: u64) -> bool {
+    a < b
 }
 
 /// Where a lookup's outcome goes.
@@ -165,7 +164,7 @@ struct Pending<R: LookupRequest> {
     /// The index of the connection it went out on.
     connection: u32,
     /// Its number on that connection (see [`Connection::sent`]).
-    number: u32,
+    number: u64,
     sink: Sink<R>,
     /// When it expires.
     deadline_ns: u64,
@@ -268,8 +267,7 @@ impl<R: LookupRequest> LookupClient<R> {
                 u32::MAX
             )));
         }
-        // Request numbers are compared as wrapping `u32`s, valid while fewer than 2^31
-        // lie between those compared (see `is_before`).
+        // The slab's keys are 32 bits, and no client needs 2^31 requests in flight.
         if i32::try_from(config.capacity).is_err() {
             return Err(NetError::Config(format!(
                 "a lookup client's capacity must be at most {} requests, not {}",
@@ -388,7 +386,7 @@ impl<R: LookupRequest> LookupClient<R> {
         };
         let connection = &mut self.connections[connection];
         encode_request(&mut connection.outbox, slot.to_u64(), key);
-        connection.sent = connection.sent.wrapping_add(1);
+        connection.sent += 1;
         self.stats.requests += 1;
     }
 
@@ -613,7 +611,7 @@ impl<R: LookupRequest> LookupClient<R> {
         // Answered, so read, with every request before it on its connection.
         let connection = &mut self.connections[pending.connection as usize];
         debug_assert!(is_before(pending.number, connection.sent));
-        let next = pending.number.wrapping_add(1);
+        let next = pending.number + 1;
         if is_before(connection.read_until, next) {
             connection.read_until = next;
         }
@@ -916,11 +914,11 @@ mod tests {
     /// that connection was answered: one the service stalled on while answering a
     /// later one expires alone; one with nothing answered after it (it may be unread,
     /// still queued) closes the connection, failing the rest with
-    /// `NetError::Unanswered`. Also across the wrap of the request numbers.
+    /// `NetError::Unanswered`. Also past the first 2^32 request numbers.
     #[test]
     fn expiry_closes_a_connection_only_when_nothing_after_the_request_was_answered() {
         let timeout_ns = 1_000_000;
-        for first in [0, u32::MAX - 1] {
+        for first in [0, u64::from(u32::MAX) - 1] {
             let mut client = LookupClient::<Key64>::new(ClientConfig {
                 addr: "127.0.0.1:9".parse().expect("address"),
                 connections: 1,

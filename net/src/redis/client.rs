@@ -526,6 +526,10 @@ pub struct RedisClient<R: RedisRequest> {
     outstanding: usize,
     now_ns: u64,
     to_close: Vec<ConnId>,
+    /// The links of the connections in `to_close`, kept open until the driver closes
+    /// their ids: shut down earlier, the driver could see them end, free their ids and
+    /// hand them to another connection before the flush closes "them".
+    closing_links: Vec<Link>,
     stats: RedisStats,
     shared: Option<(Arc<SharedStats>, RedisStats)>,
 }
@@ -554,6 +558,7 @@ impl<R: RedisRequest> RedisClient<R> {
             outstanding: 0,
             now_ns: 0,
             to_close: Vec::new(),
+            closing_links: Vec::new(),
             stats: RedisStats::default(),
             shared: None,
             config,
@@ -704,6 +709,8 @@ impl<R: RedisRequest> RedisClient<R> {
         for id in self.to_close.drain(..) {
             driver.close(id);
         }
+        // Closed through the driver: now their sockets may be shut down.
+        self.closing_links.clear();
         for index in 0..self.connections.len() {
             let connection = &mut self.connections[index];
             match connection.state {
@@ -770,6 +777,8 @@ impl<R: RedisRequest> RedisClient<R> {
         for id in self.to_close.drain(..) {
             driver.close(id);
         }
+        // Closed through the driver: now their sockets may be shut down.
+        self.closing_links.clear();
         if let Some((shared, published)) = self.shared.as_mut() {
             if *published != self.stats {
                 shared.add(&self.stats, published);
@@ -1152,10 +1161,15 @@ impl<R: RedisRequest> RedisClient<R> {
             if let Some(id) = connection.id() {
                 self.to_close.push(id);
             }
+            // To be closed at the next flush, through the driver: its link (and so the
+            // socket) stays until then, so the driver cannot see it end and reuse its
+            // id first.
+            if let Some(link) = connection.link.take() {
+                self.closing_links.push(link);
+            }
         }
-        // The connection ended (the driver closed it) or is to be closed (at the next
-        // flush, through the driver): the link goes now, shutting the socket down, so
-        // its second descriptor does not outlive the driver's.
+        // The connection ended (the driver closed it): the link goes now, shutting the
+        // socket down, so its second descriptor does not outlive the driver's.
         connection.link = None;
         let backoff = self.config.backoff;
         let delay = match connection.failures {

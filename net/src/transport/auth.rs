@@ -2,13 +2,18 @@
 //!
 //! Each side's handshake carries a fresh random nonce and the job's id (a hash of
 //! whatever makes two processes run the same job: its plan and worker layout, as the
-//! caller describes them, see [`JobId::of`]). Each side then answers the other's nonce
-//! with an authentication frame: HMAC-SHA-256, keyed with the cluster [`Secret`], over
-//! a domain string, the nonce it answers, the prover's and the verifier's process ids
-//! and the job id. A side accepts the peer only once its answer verifies (compared in
-//! constant time), so a peer must hold the secret, answer this connection's nonce (a
-//! recorded exchange does not replay), claim the process id it proves, and run the
-//! same job.
+//! caller describes them, see [`JobId::of`]). Then each side proves it holds the cluster
+//! [`Secret`] with an authentication frame: HMAC-SHA-256, keyed with the secret, over a
+//! domain string, its [`Role`] (dialer or acceptor) and the connection's [`Transcript`]
+//! (both process ids, both nonces, the job id). The dialer proves first; the acceptor
+//! verifies that (in constant time) before it proves anything, and the dialer verifies
+//! the acceptor's proof in turn. So a peer must hold the secret, answer this very
+//! connection's nonces (a recorded exchange does not replay), claim the process id it
+//! proves, and run the same job; and since a side proves only its own role on a
+//! connection, neither side's proof can be relayed to a third process as the other's
+//! (an attacker who dials two members cannot make one vouch for it to the other: the
+//! acceptor proves nothing to an unproven dialer, and a member dials only the addresses
+//! on its peer list).
 //!
 //! What it does not do: encrypt. Records travel in clear text, and an attacker on the
 //! path can read them or hijack an authenticated connection (TCP without TLS). Run a
@@ -157,84 +162,113 @@ pub fn nonce() -> [u8; NONCE_SIZE] {
     nonce
 }
 
-fn mac(
-    secret: Option<&Secret>,
-    nonce: &[u8; NONCE_SIZE],
-    prover: u32,
-    verifier: u32,
-    job: &JobId,
-) -> HmacSha256 {
+/// Which side of a connection a tag speaks for: the one that dialed, or the one that
+/// accepted. A tag of one role never verifies as the other's, so neither side's answer
+/// can be relayed to a third party as the other side's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that connected (the dialer proves first).
+    Dialer,
+    /// The side that accepted (it proves only after the dialer's proof verified).
+    Acceptor,
+}
+
+/// What one connection's two handshakes said: who dialed whom, both nonces and the job.
+/// Both sides build the same transcript, and every tag covers all of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transcript {
+    /// The dialing process's id.
+    pub dialer: u32,
+    /// The accepting process's id.
+    pub acceptor: u32,
+    /// The dialer's nonce.
+    pub dialer_nonce: [u8; NONCE_SIZE],
+    /// The acceptor's nonce.
+    pub acceptor_nonce: [u8; NONCE_SIZE],
+    /// The job both claim to run.
+    pub job: JobId,
+}
+
+fn mac(secret: Option<&Secret>, role: Role, transcript: &Transcript) -> HmacSha256 {
     let key = secret.map_or(&[][..], Secret::key);
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
     mac.update(DOMAIN);
-    mac.update(nonce);
-    mac.update(&prover.to_le_bytes());
-    mac.update(&verifier.to_le_bytes());
-    mac.update(&job.0);
+    mac.update(&[match role {
+        Role::Dialer => 1,
+        Role::Acceptor => 2,
+    }]);
+    mac.update(&transcript.dialer.to_le_bytes());
+    mac.update(&transcript.acceptor.to_le_bytes());
+    mac.update(&transcript.dialer_nonce);
+    mac.update(&transcript.acceptor_nonce);
+    mac.update(&transcript.job.0);
     mac
 }
 
-/// The tag with which process `prover` answers process `verifier`'s `nonce`.
-pub fn tag(
-    secret: Option<&Secret>,
-    nonce: &[u8; NONCE_SIZE],
-    prover: u32,
-    verifier: u32,
-    job: &JobId,
-) -> [u8; TAG_SIZE] {
-    mac(secret, nonce, prover, verifier, job)
-        .finalize()
-        .into_bytes()
-        .into()
+/// The tag with which the side playing `role` proves the connection's `transcript`.
+pub fn tag(secret: Option<&Secret>, role: Role, transcript: &Transcript) -> [u8; TAG_SIZE] {
+    mac(secret, role, transcript).finalize().into_bytes().into()
 }
 
-/// Whether `tag` is `prover`'s answer to `verifier`'s `nonce` (constant time).
-pub fn verify(
-    secret: Option<&Secret>,
-    nonce: &[u8; NONCE_SIZE],
-    prover: u32,
-    verifier: u32,
-    job: &JobId,
-    tag: &[u8],
-) -> bool {
-    mac(secret, nonce, prover, verifier, job)
-        .verify_slice(tag)
-        .is_ok()
+/// Whether `tag` is the proof of the side playing `role` for `transcript` (constant
+/// time).
+pub fn verify(secret: Option<&Secret>, role: Role, transcript: &Transcript, tag: &[u8]) -> bool {
+    mac(secret, role, transcript).verify_slice(tag).is_ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A tag verifies only for the same secret, nonce, direction, ids and job.
+    fn transcript() -> Transcript {
+        Transcript {
+            dialer: 1,
+            acceptor: 2,
+            dialer_nonce: [1; NONCE_SIZE],
+            acceptor_nonce: [2; NONCE_SIZE],
+            job: JobId::of(b"job"),
+        }
+    }
+
+    /// A tag verifies only for the same secret, role and transcript (ids, both nonces,
+    /// job); one role's tag never passes as the other's.
     #[test]
     fn a_tag_binds_everything_it_covers() {
         let secret = Secret::new(&[7; 32]).expect("secret");
         let other = Secret::new(&[8; 32]).expect("secret");
-        let nonce = [1; NONCE_SIZE];
-        let job = JobId::of(b"job");
-        let t = tag(Some(&secret), &nonce, 1, 2, &job);
-        assert!(verify(Some(&secret), &nonce, 1, 2, &job, &t));
-        assert!(!verify(Some(&other), &nonce, 1, 2, &job, &t));
-        assert!(!verify(None, &nonce, 1, 2, &job, &t));
-        assert!(!verify(Some(&secret), &[2; NONCE_SIZE], 1, 2, &job, &t));
-        assert!(!verify(Some(&secret), &nonce, 2, 1, &job, &t), "direction");
-        assert!(!verify(Some(&secret), &nonce, 3, 2, &job, &t), "claimed id");
-        assert!(!verify(
-            Some(&secret),
-            &nonce,
-            1,
-            2,
-            &JobId::of(b"other"),
-            &t
-        ));
-        assert!(!verify(Some(&secret), &nonce, 1, 2, &job, &t[..31]));
+        let t = transcript();
+        let dialer = tag(Some(&secret), Role::Dialer, &t);
+        assert!(verify(Some(&secret), Role::Dialer, &t, &dialer));
+        assert!(!verify(Some(&secret), Role::Acceptor, &t, &dialer), "role");
+        assert!(!verify(Some(&other), Role::Dialer, &t, &dialer));
+        assert!(!verify(None, Role::Dialer, &t, &dialer));
+        let changed = [
+            Transcript { dialer: 3, ..t },
+            Transcript { acceptor: 3, ..t },
+            Transcript {
+                dialer: 2,
+                acceptor: 1,
+                ..t
+            },
+            Transcript {
+                dialer_nonce: [9; NONCE_SIZE],
+                ..t
+            },
+            Transcript {
+                acceptor_nonce: [9; NONCE_SIZE],
+                ..t
+            },
+            Transcript {
+                job: JobId::of(b"other"),
+                ..t
+            },
+        ];
+        for c in changed {
+            assert!(!verify(Some(&secret), Role::Dialer, &c, &dialer), "{c:?}");
+        }
+        assert!(!verify(Some(&secret), Role::Dialer, &t, &dialer[..31]));
         assert!(Secret::new(&[0; 15]).is_err(), "too short");
-        assert_ne!(nonce_pair().0, nonce_pair().1);
+        assert_ne!(nonce(), nonce());
         assert_eq!(format!("{secret:?}"), "Secret(32 bytes)");
-    }
-
-    fn nonce_pair() -> ([u8; NONCE_SIZE], [u8; NONCE_SIZE]) {
-        (nonce(), nonce())
     }
 }

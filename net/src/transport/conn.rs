@@ -83,8 +83,13 @@ pub(super) struct Conn {
     pub(super) process: Option<u32>,
     /// The process id the peer's handshake claimed, before it proved it.
     pub(super) claimed: Option<u32>,
-    /// The nonce our handshake sent, which the peer's authentication must answer.
+    /// The nonce our handshake sent.
     pub(super) nonce: [u8; NONCE_SIZE],
+    /// The nonce the peer's handshake sent.
+    pub(super) peer_nonce: [u8; NONCE_SIZE],
+    /// Whether this side sent its authentication frame: frames queued before wait in
+    /// `held`.
+    pub(super) proved: bool,
     /// When bytes last arrived (the idle timeout runs from here).
     pub(super) last_read: Instant,
     /// When a frame was last queued (a heartbeat goes out when this grows old).
@@ -99,9 +104,8 @@ pub(super) struct Conn {
     pub(super) out_offset: usize,
     /// Frames queued since the last write started.
     pub(super) staged: VecDeque<Out>,
-    /// Frames queued before this side answered the peer's nonce (partition requests of
-    /// a fresh connection): they follow the authentication frame, which the peer wants
-    /// first.
+    /// Frames queued before this side proved itself (partition requests of a fresh
+    /// connection): they follow the authentication frame, which the peer wants first.
     pub(super) held: VecDeque<Out>,
     /// Boxed: the kernel writes into it during an io_uring read, while the
     /// connection itself may move.
@@ -138,6 +142,8 @@ impl Conn {
             process: None,
             claimed: None,
             nonce,
+            peer_nonce: [0; NONCE_SIZE],
+            proved: false,
             last_read: now,
             last_queued: now,
             expected: None,
@@ -180,7 +186,7 @@ impl Conn {
             header.kind,
             FrameKind::Handshake | FrameKind::Auth | FrameKind::Error
         );
-        if self.claimed.is_none() && !early {
+        if !self.proved && !early {
             self.held.push_back(out);
         } else {
             self.staged.push_back(out);

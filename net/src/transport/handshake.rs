@@ -1,18 +1,24 @@
-//! The handshake's checks on the network thread: who a peer claims to be, whether it
-//! runs this job, and whether its answer to this side's nonce verifies (see `auth` for
-//! the protocol and what it protects).
+//! The handshake on the network thread: who a peer claims to be, whether it runs this
+//! job, the proofs each way (the dialer's first; see `auth` for the protocol and what it
+//! protects).
 
 use std::sync::atomic::Ordering;
 
-use super::auth::{self, JobId, HELLO_SIZE, NONCE_SIZE, TAG_SIZE};
+use super::auth::{self, JobId, Role, Transcript, HELLO_SIZE, NONCE_SIZE, TAG_SIZE};
 use super::conn::{Conn, Ending, Payload};
 use super::error::TransportError;
 use super::frame::{FrameKind, Header};
 use super::network::Net;
 
+/// Words of the refusal of a second connection from a process: a transient state (an
+/// old connection not yet seen gone), which a caller waiting for the peer should not
+/// take for a final refusal.
+pub(super) const ALREADY_CONNECTED: &str = "is connected already";
+
 impl Net {
-    /// The peer's handshake: checks who it claims to be and that it runs this job, then
-    /// answers its nonce (see `auth`). It is accepted once its own answer verifies.
+    /// The peer's handshake: checks who it claims to be and that it runs this job; a
+    /// dialing side then proves itself (see `auth`). The peer is accepted once its own
+    /// proof verifies.
     pub(super) fn hello(
         &mut self,
         conn: &mut Conn,
@@ -58,7 +64,7 @@ impl Net {
             return Err(refuse(
                 conn,
                 format!(
-                    "process {process} is connected already: two processes share an id, or an \
+                    "process {process} {ALREADY_CONNECTED}: two processes share an id, or an \
                      old one still runs"
                 ),
             ));
@@ -75,13 +81,44 @@ impl Net {
                 ),
             ));
         }
-        let nonce: [u8; NONCE_SIZE] = bytes[..NONCE_SIZE].try_into().expect("checked size");
+        conn.peer_nonce = bytes[..NONCE_SIZE].try_into().expect("checked size");
+        conn.claimed = Some(process);
+        if conn.expected.is_some() {
+            // The dialer proves first.
+            self.prove(conn, Role::Dialer);
+        }
+        Ok(())
+    }
+
+    /// What this connection's two handshakes said, with the peer as `process`.
+    fn transcript(&self, conn: &Conn, process: u32) -> Transcript {
+        let (me, peer) = (self.config.process, process);
+        if conn.expected.is_some() {
+            Transcript {
+                dialer: me,
+                acceptor: peer,
+                dialer_nonce: conn.nonce,
+                acceptor_nonce: conn.peer_nonce,
+                job: self.config.job,
+            }
+        } else {
+            Transcript {
+                dialer: peer,
+                acceptor: me,
+                dialer_nonce: conn.peer_nonce,
+                acceptor_nonce: conn.nonce,
+                job: self.config.job,
+            }
+        }
+    }
+
+    /// Sends this side's proof, then what was held for after it.
+    fn prove(&mut self, conn: &mut Conn, role: Role) {
+        let process = conn.claimed.expect("a proof follows the peer's handshake");
         let tag = auth::tag(
             self.config.secret.as_ref(),
-            &nonce,
-            self.config.process,
-            process,
-            &self.config.job,
+            role,
+            &self.transcript(conn, process),
         );
         let header = Header {
             kind: FrameKind::Auth,
@@ -91,25 +128,25 @@ impl Net {
             arg1: 0,
         };
         conn.queue(header, Some(Payload::Bytes(tag.to_vec())));
-        conn.claimed = Some(process);
-        // What was queued before (partition requests) goes after the answer.
+        conn.proved = true;
+        // What was queued before (partition requests) goes after the proof.
         let held = std::mem::take(&mut conn.held);
         conn.staged.extend(held);
-        Ok(())
     }
 
-    /// The peer's answer to our nonce: once it verifies, the peer is the process it
-    /// claimed and a member of this job, and its other frames are accepted.
+    /// The peer's proof: once it verifies, the peer is the process it claimed and a
+    /// member of this job, and its other frames are accepted. The acceptor proves
+    /// itself only now, to a dialer that proved itself.
     pub(super) fn authenticate(&mut self, conn: &mut Conn, tag: &[u8]) -> Result<(), Ending> {
         let process = conn
             .claimed
             .expect("an authentication frame follows a handshake");
+        let dialed = conn.expected.is_some();
+        let peer_role = if dialed { Role::Acceptor } else { Role::Dialer };
         let verified = auth::verify(
             self.config.secret.as_ref(),
-            &conn.nonce,
-            process,
-            self.config.process,
-            &self.config.job,
+            peer_role,
+            &self.transcript(conn, process),
             tag,
         );
         if !verified {
@@ -123,8 +160,11 @@ impl Net {
         if self.is_live(process) {
             return Err(Ending::Rejected(TransportError::Refused {
                 peer: conn.name(),
-                reason: format!("process {process} is connected already"),
+                reason: format!("process {process} {ALREADY_CONNECTED}"),
             }));
+        }
+        if !dialed {
+            self.prove(conn, Role::Acceptor);
         }
         conn.process = Some(process);
         conn.handshake_deadline = None;

@@ -31,6 +31,7 @@ use super::conn::{
 };
 use super::error::TransportError;
 use super::frame::{FrameKind, Header, CONNECTION_CHANNEL, HEADER_SIZE};
+use super::handshake::ALREADY_CONNECTED;
 use super::recv::{gate_at, ChannelAt, Gate};
 use super::uring::{self, Uring, OP_LISTEN, OP_POLL, OP_RECV, OP_SEND, OP_WAKE};
 use super::waiting::Waiting;
@@ -273,7 +274,13 @@ impl Net {
                     }
                 }
                 Backend::Uring(ring) => {
-                    let mut failure = ring.arm(self.wake.raw(), self.listener.as_raw_fd()).err();
+                    // No poll of the listener while an accept waits to be retried (out of
+                    // descriptors): it would complete at once, every turn.
+                    let listener = self
+                        .accept_retry
+                        .is_none()
+                        .then(|| self.listener.as_raw_fd());
+                    let mut failure = ring.arm(self.wake.raw(), listener).err();
                     if timeout.is_zero() {
                         failure = failure.or(ring.wait(Duration::ZERO).err());
                     } else {
@@ -432,6 +439,7 @@ impl Net {
         self.conns
             .iter()
             .flatten()
+            .filter(|c| !c.dead)
             .filter_map(|c| c.handshake_deadline)
             .chain(request)
             .chain(self.accept_retry)
@@ -676,7 +684,9 @@ impl Net {
                         .conns
                         .iter()
                         .flatten()
-                        .filter(|c| !c.dead && c.process.is_none())
+                        // Accepted ones only: this process's own dials in their handshake
+                        // must not shut out the peers dialing it.
+                        .filter(|c| !c.dead && c.process.is_none() && c.expected.is_none())
                         .count();
                     if pending >= HANDSHAKES_PENDING_MAX {
                         // Closed at once (dropped): the backlog drains, nothing is kept.
@@ -1088,9 +1098,11 @@ impl Net {
                 // Best effort: tell the peer why, without waiting (and not while an
                 // io_uring write owns the queue).
                 if !conn.ops.write {
-                    conn.out.clear();
+                    // A frame partly written stays, so the error frame starts on a frame
+                    // boundary (cut short, the peer would read the error's bytes as the
+                    // rest of that frame's payload).
+                    conn.out.truncate(usize::from(conn.out_offset > 0));
                     conn.staged.clear();
-                    conn.out_offset = 0;
                     queue_error(&mut conn, CONNECTION_CHANNEL, &error.to_string());
                     let _ = conn.flush();
                 }
@@ -1100,10 +1112,13 @@ impl Net {
         if let (None, Some(dialed)) = (conn.process, conn.expected) {
             // A process we dialed and that refused us (its error frame), or that we
             // refused: a caller waiting for it is told why instead of waiting on.
-            if matches!(
+            // A second connection refused while an old one lingers is no verdict on
+            // the peer: the caller dials again.
+            let final_refusal = matches!(
                 cause,
                 TransportError::Refused { .. } | TransportError::Remote { .. }
-            ) {
+            ) && !cause.to_string().contains(ALREADY_CONNECTED);
+            if final_refusal {
                 let mut refused = self
                     .control
                     .refused

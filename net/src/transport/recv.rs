@@ -240,6 +240,7 @@ mod tests {
         let mut conn = Conn::new(stream, addr, false, 1, &JobId::default());
         // As after the handshake: frames go to the send queue.
         conn.claimed = Some(2);
+        conn.proved = true;
         conn.process = Some(2);
         conn.staged.clear();
         (conn, peer)

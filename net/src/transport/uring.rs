@@ -109,10 +109,11 @@ impl Uring {
         unsafe { self.ring.push(entry) }
     }
 
-    /// Keeps a read of the wake-up eventfd and a poll of the listener in flight.
-    pub(super) fn arm(&mut self, wake: RawFd, listener: RawFd) -> io::Result<()> {
+    /// Keeps a read of the wake-up eventfd and a poll of the listener (when given) in
+    /// flight.
+    pub(super) fn arm(&mut self, wake: RawFd, listener: Option<RawFd>) -> io::Result<()> {
         self.ring.arm_wake(wake, user_data(0, OP_WAKE))?;
-        if !self.listen_in_flight {
+        if let (false, Some(listener)) = (self.listen_in_flight, listener) {
             let entry = opcode::PollAdd::new(types::Fd(listener), libc::POLLIN as u32)
                 .build()
                 .user_data(user_data(0, OP_LISTEN));
