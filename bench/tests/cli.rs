@@ -390,8 +390,9 @@ fn cluster_flags_that_cannot_work_are_one_line_errors() {
     assert!(stderr.contains("one or the other"), "{stderr}");
 }
 
-#[test]
-fn a_process_killed_mid_run_fails_the_others_with_the_channel_and_peer_named() {
+/// A peer list of two free loopback ports (free when asked: another process may take
+/// one before the job binds it, which fails the run, not the test's logic).
+fn two_loopback_peers() -> String {
     let ports: Vec<u16> = (0..2)
         .map(|_| {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -400,7 +401,12 @@ fn a_process_killed_mid_run_fails_the_others_with_the_channel_and_peer_named() {
                 .port()
         })
         .collect();
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1])
+}
+
+#[test]
+fn a_process_killed_mid_run_fails_the_others_with_the_channel_and_peer_named() {
+    let peers = two_loopback_peers();
     let start = |process: &str| {
         Command::new(env!("CARGO_BIN_EXE_weir"))
             .args([
@@ -457,15 +463,7 @@ fn processes_without_the_secret_or_of_another_job_are_refused() {
     };
     let ours = secret("ours", "0123456789abcdef0123456789abcdef\n");
     let theirs = secret("theirs", "fedcba9876543210fedcba9876543210\n");
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port()
-        })
-        .collect();
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let peers = two_loopback_peers();
     for (their_secret, their_records, why) in [
         (&theirs, "1000", "cluster secret"),
         (&ours, "2000", "another job"),

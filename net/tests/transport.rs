@@ -112,6 +112,24 @@ fn produce(
     })
 }
 
+/// A one-subpartition writer whose channel `transport` serves as `channel` (for
+/// process `consumer` alone, when given), with segments from `network`.
+fn served_writer(
+    transport: &Transport,
+    channel: u32,
+    consumer: Option<u32>,
+    network: &NetworkBufferPool,
+) -> RecordWriter<u64, Forward> {
+    let pool = LocalBufferPool::new(network, LocalPoolConfig::new(4, 1)).expect("pool");
+    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(transport.notify()));
+    match consumer {
+        Some(consumer) => transport.serve_to(channel, consumer, input),
+        None => transport.serve(channel, input),
+    }
+    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
+    RecordWriter::new(partition, Forward, WriterConfig::default()).expect("writer")
+}
+
 /// Reads `gate` to its end (or its first error), with a hang guard.
 fn drain(gate: &mut InputGate<u64>) -> Result<Vec<(usize, u64)>, ExchangeError> {
     let started = Instant::now();
@@ -622,12 +640,7 @@ fn dropping_a_remote_channel_cancels_it_on() {
     let producer = transport(1);
     let consumer = transport(2);
     let pool_network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
-    let pool = LocalBufferPool::new(&pool_network, LocalPoolConfig::new(4, 1)).expect("pool");
-    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
-    producer.serve(4, input);
-    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
-    let mut writer =
-        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    let mut writer = served_writer(&producer, 4, None, &pool_network);
     let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
     let channel = consumer
         .consume(producer.peer(), &[4], &network, None)
@@ -1089,12 +1102,7 @@ fn a_silent_peer_is_detected_and_a_quiet_one_is_not_on() {
     // Two live transports, a channel with nothing to carry for several idle timeouts.
     let producer = transport_with(1, liveness);
     let consumer = transport_with(2, liveness);
-    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).expect("pool");
-    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
-    producer.serve(5, input);
-    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
-    let mut writer =
-        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    let mut writer = served_writer(&producer, 5, None, &network);
     let receive = NetworkBufferPool::new(16, SEGMENT).expect("pool");
     let quiet = consumer
         .consume(producer.peer(), &[5], &receive, None)
@@ -1213,12 +1221,7 @@ fn a_channel_goes_only_to_the_process_that_consumes_it() {
 fn a_channel_goes_only_to_the_process_that_consumes_it_on() {
     let producer = transport(1);
     let network = NetworkBufferPool::new(16, SEGMENT).expect("pool");
-    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(4, 1)).expect("pool");
-    let (sender, input) = local_channel(4 + pool.overdraft_max(), Some(producer.notify()));
-    producer.serve_to(8, 2, input);
-    let partition = ResultPartition::new(pool, vec![sender]).expect("partition");
-    let mut writer =
-        RecordWriter::<u64, _>::new(partition, Forward, WriterConfig::default()).expect("writer");
+    let mut writer = served_writer(&producer, 8, Some(2), &network);
     writer.emit(&77, 0).expect("emit");
     writer.flush().expect("flush");
     // Process 3 asks first: refused, nothing sent.
