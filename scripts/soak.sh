@@ -54,6 +54,8 @@ try:
 except Exception:
     job = {}
 outcome = job.get('outcome', 'unknown')
+rate = job.get('throughput_records_per_s')
+throughput = f'{rate:,.0f} records/s' if isinstance(rate, (int, float)) else 'throughput not reported'
 duration = rows[-1][0]
 # The plot: two panels, RSS in MiB and descriptors, against seconds.
 W, H, P = 720, 420, 50
@@ -80,7 +82,7 @@ md = f"""Command: `scripts/soak.sh` (`{command.split(' --json')[0]}`), samples e
 
 | figure | value |
 |---|---|
-| run | {duration:.0f} s, outcome {outcome}, exit status {status} |
+| run | {duration:.0f} s, outcome {outcome}, exit status {status}, {throughput} |
 | resident memory after warm-up | {min(rss)/1024:.1f} to {max(rss)/1024:.1f} MiB, slope **{rss_slope:+.1f} KiB/min** |
 | open file descriptors after warm-up | {min(fds):.0f} to {max(fds):.0f}, slope **{fd_slope:+.3f}/min** |
 
