@@ -448,7 +448,9 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
         "exchange 1→2, 100-byte records, key hash, timeout 100 ms",
         "weir exchange",
         ops,
-        Arc::new(move |n| exchange_peers::weir_exchange::<100>(1, 2, Routing::HashModulo, timeout, n)),
+        Arc::new(move |n| {
+            exchange_peers::weir_exchange::<100>(1, 2, Routing::HashModulo, timeout, n)
+        }),
         None,
     ));
     cases.push(workload(

@@ -540,7 +540,10 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
     // leaves its section beside the report.
     match std::fs::read_to_string(out.join("soak.md")) {
         Ok(soak) => {
-            let _ = writeln!(md, "\n## Soak: memory and descriptors over a long run\n\n{soak}");
+            let _ = writeln!(
+                md,
+                "\n## Soak: memory and descriptors over a long run\n\n{soak}"
+            );
         }
         Err(_) => {
             let _ = writeln!(

@@ -13,8 +13,8 @@ use loom::sync::atomic::{AtomicU32, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 // The parker holds its backend in a std `Arc` (ParkBackend is implemented for it); the
 // count is only cloned before the threads start, so loom need not model it.
-use std::sync::Arc as StdArc;
 use loom::thread;
+use std::sync::Arc as StdArc;
 use weir_engine::park::{ParkBackend, Parker, Wakeup};
 
 /// An eventfd: a counter that `wake` adds to and a turn reads to zero.

@@ -28,6 +28,6 @@ pub use input::{GateEvent, GateMetrics, InputGate};
 pub use partition::{PartitionMetrics, ResultPartition};
 pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, SharedBuffer};
 pub use writer::{
-    Broadcast, ChannelSelector, Forward, HashModulo, RecordWriter, RoundRobin, Target, WriterConfig,
-    WriterMetrics,
+    Broadcast, ChannelSelector, Forward, HashModulo, RecordWriter, RoundRobin, Target,
+    WriterConfig, WriterMetrics,
 };
