@@ -9,7 +9,8 @@
 //! - `redis` (redis-rs) as its documentation advises for concurrent use: one
 //!   multiplexed async connection (which pipelines the commands of concurrent callers
 //!   on its one socket) shared by clones, on a tokio current-thread runtime, the calls
-//!   `buffer_unordered(C)`;
+//!   `buffer_unordered(C)`; tuned as its docs allow (no response timeout, a pipeline
+//!   buffer of at least C, `TCP_NODELAY`: see `redis_rs_client`);
 //! - `fred`, likewise: one client (auto-pipelining on, its default) on a tokio
 //!   current-thread runtime, the calls `buffer_unordered(C)`;
 //! - a reference for scale: `redis-benchmark -P 64 -t get -r 100000` (its 50
@@ -184,16 +185,37 @@ fn current_thread() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// redis-rs tuned as its docs allow for `c` calls in flight on one multiplexed
+/// connection: no response timeout (its default of 500 ms wraps every call in a timer),
+/// a pipeline buffer of at least `c` commands (default 50: more calls in flight wait for
+/// room in it), and `TCP_NODELAY` (which redis-rs leaves off, as Weir's client sets it).
+pub fn redis_rs_client(url: &RedisUrl) -> redis::Client {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .to_string()
+        .into_connection_info()
+        .expect("a redis-rs URL")
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info).expect("redis-rs client")
+}
+
+/// See [`redis_rs_client`].
+pub fn redis_rs_config(c: usize) -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_response_timeout(None)
+        .set_pipeline_buffer_size(c.max(50))
+}
+
 /// `n` GETs with redis-rs: one multiplexed connection on a tokio current-thread
-/// runtime, its clones called `buffer_unordered(c)`.
+/// runtime (tuned: [`redis_rs_client`]), its clones called `buffer_unordered(c)`.
 pub fn redis_rs(url: &RedisUrl, c: usize, n: u64) -> Measurement {
     use redis::AsyncCommands;
     let (core_a, _) = bench_cores();
     pin(core_a);
-    let client = redis::Client::open(url.to_string()).expect("redis-rs client");
+    let client = redis_rs_client(url);
     current_thread().block_on(async move {
         let connection = client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&redis_rs_config(c))
             .await
             .expect("redis-rs connects");
         gets_buffer_unordered(n, c, |key| {
