@@ -21,8 +21,9 @@ if [ "${1:-}" = "--quick" ]; then
   seconds=0.5
   quick=--quick
 fi
-cargo build --release -p weir-bench
-weir=target/release/weir
+# The measure profile: fat LTO and one codegen unit, as the criterion benches are built.
+cargo build --profile measure -p weir-bench
+weir=target/measure/weir
 data=results/report
 mkdir -p "$data"
 rm -f "$data"/*.json "$data"/*.md

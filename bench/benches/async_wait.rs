@@ -1,10 +1,11 @@
-//! Criterion curves for the async operator against tokio + futures
-//! `buffered`/`buffer_unordered`: latency-0 overhead per mode, completions from another
+//! Criterion curves for the async operator against tokio with `futures`'
+//! `buffered`/`buffer_unordered`, `futures-buffered`'s slot-based streams and a
+//! value-or-future fast path: latency-0 overhead per mode, completions from another
 //! thread (capacity 100), and timer-driven completions: one curve over capacity (at
 //! 1 ms), one over latency (at capacity 100). Weir runs the operator as a task on a
 //! runtime worker, its calls completed by timers on a timing wheel and the worker parked
-//! until the next; tokio uses `tokio::time::sleep`, whose 1 ms tick rounds each deadline
-//! up, as tokio users get it.
+//! until the next; tokio uses a `timerfd` armed at the earliest deadline (a precise
+//! timer, as Weir's), and `tokio::time::sleep`, whose 1 ms tick rounds each deadline up.
 //!
 //! Little's-law fractions and latency percentiles: `weir compare async`.
 
@@ -17,9 +18,14 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::async_peers::{
-    tokio_immediate, tokio_timer, weir_cross_thread, weir_immediate, weir_timer,
+    tokio_immediate, tokio_precise_timer, tokio_timer, weir_cross_thread, weir_immediate,
+    weir_timer, Framework,
 };
-use weir_bench::compare::{TOKIO_TIMER_UNORDERED, WEIR_TIMER_UNORDERED};
+use weir_bench::compare::{
+    FUTURES_BUFFERED_ORDERED, FUTURES_BUFFERED_UNORDERED, TOKIO_BUFFERED, TOKIO_BUFFER_UNORDERED,
+    TOKIO_PRECISE_TIMER_UNORDERED, TOKIO_TIMER_UNORDERED, VALUE_OR_FUTURE_ORDERED,
+    VALUE_OR_FUTURE_UNORDERED, WEIR_TIMER_UNORDERED,
+};
 use weir_engine::async_io::OutputMode;
 
 fn quick() -> bool {
@@ -40,12 +46,22 @@ fn overhead(c: &mut Criterion) {
             b.iter_custom(|n| weir_immediate(mode, 100, n).elapsed)
         });
     }
-    group.bench_function("tokio buffered", |b| {
-        b.iter_custom(|n| tokio_immediate(true, 100, n).elapsed)
-    });
-    group.bench_function("tokio buffer_unordered", |b| {
-        b.iter_custom(|n| tokio_immediate(false, 100, n).elapsed)
-    });
+    for (framework, ordered, name) in [
+        (Framework::Futures, true, TOKIO_BUFFERED),
+        (Framework::Futures, false, TOKIO_BUFFER_UNORDERED),
+        (Framework::FuturesBuffered, true, FUTURES_BUFFERED_ORDERED),
+        (
+            Framework::FuturesBuffered,
+            false,
+            FUTURES_BUFFERED_UNORDERED,
+        ),
+        (Framework::ValueOrFuture, true, VALUE_OR_FUTURE_ORDERED),
+        (Framework::ValueOrFuture, false, VALUE_OR_FUTURE_UNORDERED),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|n| tokio_immediate(framework, ordered, 100, n).elapsed)
+        });
+    }
     group.finish();
 }
 
@@ -97,6 +113,13 @@ fn add_timer_pair(
             b.iter_custom(|n| {
                 weir_timer(OutputMode::Unordered, cap, latency, n.max(cap as u64)).elapsed
             })
+        },
+    );
+    group.bench_with_input(
+        BenchmarkId::new(TOKIO_PRECISE_TIMER_UNORDERED, &parameter),
+        &capacity,
+        |b, &cap| {
+            b.iter_custom(|n| tokio_precise_timer(false, cap, latency, n.max(cap as u64)).elapsed)
         },
     );
     group.bench_with_input(

@@ -2,9 +2,10 @@
 //! → local channel → input gate on two pinned cores, over record size (8, 100, 1000
 //! bytes: one chart, `exchange/1to1`), with a
 //! `crossbeam_channel` of the same records (one per message, and a `Vec` of 32 KiB per
-//! message) and three ceilings beside it (a copy into a warm pool-sized region, a copy
-//! then a decode, a copy handed across cores through a ring of segments); 1→2 key-hash
-//! and 2→2 round-robin; buffer timeout 100 ms and 0.
+//! message) and an `rtrb` ring of records beside it, the cross-core ceiling (the values
+//! in recycled 32 KiB batches, no framework), and three references for the wire format's
+//! copies (into segments; into segments and decoded; decoded on the other core); 1→2
+//! key-hash and 2→2 round-robin; buffer timeout 100 ms and 0.
 //!
 //! Latency percentiles and the open-loop run: `weir compare exchange`.
 
@@ -17,12 +18,12 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::compare::{
-    CROSSBEAM_BATCHED, CROSSBEAM_PER_RECORD, CROSS_CORE_CEILING, MEMCPY_CEILING,
-    MEMCPY_DECODE_CEILING,
+    CROSSBEAM_BATCHED, CROSSBEAM_PER_RECORD, CROSS_CORE_CEILING, RTRB_PER_RECORD,
+    WIRE_COPY_REFERENCE, WIRE_CROSS_CORE_REFERENCE, WIRE_DECODE_REFERENCE,
 };
 use weir_bench::exchange_peers::{
-    cross_core_ceiling, crossbeam_channel, crossbeam_channel_batched, memcpy_ceiling,
-    memcpy_decode_ceiling, weir_exchange, Routing,
+    cross_core_ceiling, crossbeam_channel, crossbeam_channel_batched, rtrb_per_record,
+    weir_exchange, wire_copy_reference, wire_cross_core_reference, wire_decode_reference, Routing,
 };
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
@@ -42,15 +43,23 @@ fn record_size(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(CROSSBEAM_BATCHED, $n), &$n, |b, _| {
                 b.iter_custom(|n| crossbeam_channel_batched::<$n>(n).elapsed)
             });
-            group.bench_with_input(BenchmarkId::new(MEMCPY_CEILING, $n), &$n, |b, _| {
-                b.iter_custom(|n| memcpy_ceiling::<$n>(n).elapsed)
-            });
-            group.bench_with_input(BenchmarkId::new(MEMCPY_DECODE_CEILING, $n), &$n, |b, _| {
-                b.iter_custom(|n| memcpy_decode_ceiling::<$n>(n).elapsed)
+            group.bench_with_input(BenchmarkId::new(RTRB_PER_RECORD, $n), &$n, |b, _| {
+                b.iter_custom(|n| rtrb_per_record::<$n>(n).elapsed)
             });
             group.bench_with_input(BenchmarkId::new(CROSS_CORE_CEILING, $n), &$n, |b, _| {
                 b.iter_custom(|n| cross_core_ceiling::<$n>(n).elapsed)
             });
+            group.bench_with_input(BenchmarkId::new(WIRE_COPY_REFERENCE, $n), &$n, |b, _| {
+                b.iter_custom(|n| wire_copy_reference::<$n>(n).elapsed)
+            });
+            group.bench_with_input(BenchmarkId::new(WIRE_DECODE_REFERENCE, $n), &$n, |b, _| {
+                b.iter_custom(|n| wire_decode_reference::<$n>(n).elapsed)
+            });
+            group.bench_with_input(
+                BenchmarkId::new(WIRE_CROSS_CORE_REFERENCE, $n),
+                &$n,
+                |b, _| b.iter_custom(|n| wire_cross_core_reference::<$n>(n).elapsed),
+            );
         }};
     }
     size!(8);

@@ -2,7 +2,8 @@
 //! `redis-server` pinned to the other core, over the number in flight: Weir's operator
 //! over its Redis client (io_uring and epoll, plain pipelining and `MGET` batching, the
 //! worker polling for `SPIN` before it parks),
-//! redis-rs's multiplexed connection and fred on a tokio current-thread runtime.
+//! redis-rs's multiplexed connection and fred on a tokio current-thread runtime, one
+//! task per `GET` in flight and `MGET`s of C / 2 keys.
 //!
 //! Needs `redis-server` (scripts/redis.sh install); without it the suite says so and
 //! measures nothing. The server's own ceiling and the latency percentiles: `weir
@@ -14,8 +15,8 @@
 mod common;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use weir_bench::compare::{FRED, REDIS_RS};
-use weir_bench::redis_peers::{fred, redis_rs, server, weir, SPIN};
+use weir_bench::compare::{FRED, FRED_MGET, REDIS_RS, REDIS_RS_MGET};
+use weir_bench::redis_peers::{fred, peer_batch, redis_rs, server, weir, PeerForm, SPIN};
 use weir_net::redis::RedisServer;
 use weir_net::DriverKind;
 
@@ -42,12 +43,17 @@ fn in_flight(c: &mut Criterion) {
                 b.iter_custom(|n| weir(driver, &url, c, true, SPIN, n).elapsed)
             });
         }
-        group.bench_with_input(BenchmarkId::new(REDIS_RS, inflight), &inflight, |b, &c| {
-            b.iter_custom(|n| redis_rs(&url, c, n).elapsed)
-        });
-        group.bench_with_input(BenchmarkId::new(FRED, inflight), &inflight, |b, &c| {
-            b.iter_custom(|n| fred(&url, c, n).elapsed)
-        });
+        let mget = PeerForm::Mget(peer_batch(inflight));
+        for (name, form) in [(REDIS_RS, PeerForm::Get), (REDIS_RS_MGET, mget)] {
+            group.bench_with_input(BenchmarkId::new(name, inflight), &inflight, |b, &c| {
+                b.iter_custom(|n| redis_rs(&url, c, form, n).elapsed)
+            });
+        }
+        for (name, form) in [(FRED, PeerForm::Get), (FRED_MGET, mget)] {
+            group.bench_with_input(BenchmarkId::new(name, inflight), &inflight, |b, &c| {
+                b.iter_custom(|n| fred(&url, c, form, n).elapsed)
+            });
+        }
     }
     group.finish();
 }

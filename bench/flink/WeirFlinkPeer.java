@@ -8,9 +8,13 @@
 //
 // - async: fromSequence → AsyncDataStream.orderedWait / unorderedWait (capacity C, no
 //   timeout) → sink, parallelism 1, all chained in one task. Latency 0 completes inside
-//   asyncInvoke; "completed on another thread" hands each call to a fixed thread pool
-//   of one thread per core (Flink's AsyncWaitOperatorBenchmark); latency L completes
-//   from a ScheduledExecutorService L after asyncInvoke.
+//   asyncInvoke; "completed on another thread" hands each call through a bounded
+//   single-producer/single-consumer array queue to one dedicated completer thread per
+//   function instance (started in open(), daemon, stopped and joined in close()), which
+//   busy-polls the queue (Thread.onSpinWait() 64 times, then Thread.yield(), and a
+//   50 µs park only after some 10,000 empty polls in a row) and completes each call, as
+//   Weir's side has one spinning completer thread behind an SPSC ring; latency L
+//   completes from a ScheduledExecutorService L after asyncInvoke.
 // - exchange: DataGeneratorSource of N-byte records → rebalance or keyBy → sink, with
 //   the producers' and consumers' parallelism and the buffer timeout of Weir's case.
 // - remote: the exchange job on a MiniCluster of 2 task managers with P slots each
@@ -46,11 +50,11 @@ import java.util.Collections;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.ConcurrentLinkedQueue;
-import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 
 import org.apache.flink.api.common.JobID;
 import org.apache.flink.api.common.RuntimeExecutionMode;
@@ -231,14 +235,52 @@ public final class WeirFlinkPeer {
         }
     }
 
-    /** Completes on a fixed pool of one thread per core, as AsyncWaitOperatorBenchmark. */
+    /**
+     * Completes each call on one dedicated completer thread, as Weir's side of the
+     * experiment: asyncInvoke (only ever called on the task's mailbox thread, so a single
+     * producer) puts the call on a bounded single-producer/single-consumer array queue;
+     * the completer thread busy-polls it and completes each call with its input. While
+     * the queue is empty it spins (Thread.onSpinWait() 64 times, then Thread.yield(), as
+     * Weir's backoff), and parks for 50 µs only after some 10,000 empty polls in a row, so
+     * that an idle thread does not hold a core; handing a call over takes no lock and no
+     * wake-up (completing it is Flink's own: a mail to the task's mailbox).
+     */
     static final class OtherThread extends RichAsyncFunction<Long, Long> {
-        private transient ExecutorService executor;
+        private transient SpscQueue<Call> calls;
+        private transient Thread completer;
+        private transient volatile boolean running;
         private transient boolean started;
+
+        record Call(long input, ResultFuture<Long> result) {}
 
         @Override
         public void open(OpenContext context) {
-            executor = Executors.newFixedThreadPool(Runtime.getRuntime().availableProcessors());
+            // The operator has at most its capacity (100) calls in flight, so the queue
+            // never fills; 256 slots leave room to spare.
+            calls = new SpscQueue<>(256);
+            running = true;
+            completer = new Thread(this::complete, "weir-peer-completer");
+            completer.setDaemon(true);
+            completer.start();
+        }
+
+        private void complete() {
+            int idle = 0;
+            while (running) {
+                Call call = calls.poll();
+                if (call != null) {
+                    call.result().complete(Collections.singleton(call.input()));
+                    idle = 0;
+                } else if (idle < 64) {
+                    Thread.onSpinWait();
+                    idle++;
+                } else if (idle < 10_000) {
+                    Thread.yield();
+                    idle++;
+                } else {
+                    LockSupport.parkNanos(50_000);
+                }
+            }
         }
 
         @Override
@@ -247,12 +289,64 @@ public final class WeirFlinkPeer {
                 started = true;
                 firstInput();
             }
-            executor.execute(() -> result.complete(Collections.singleton(input)));
+            Call call = new Call(input, result);
+            while (!calls.offer(call)) {
+                Thread.onSpinWait();
+            }
         }
 
         @Override
-        public void close() {
-            executor.shutdownNow();
+        public void close() throws InterruptedException {
+            running = false;
+            if (completer != null) {
+                LockSupport.unpark(completer);
+                completer.join();
+            }
+        }
+    }
+
+    /**
+     * A bounded single-producer/single-consumer queue over an array: the producer
+     * publishes a slot by a release store of `tail`, the consumer frees it by a release
+     * store of `head`.
+     */
+    static final class SpscQueue<T> {
+        private final Object[] slots;
+        private final int mask;
+        private final AtomicLong head = new AtomicLong();
+        private final AtomicLong tail = new AtomicLong();
+
+        SpscQueue(int capacity) {
+            if (Integer.bitCount(capacity) != 1) {
+                throw new IllegalArgumentException("capacity must be a power of two");
+            }
+            slots = new Object[capacity];
+            mask = capacity - 1;
+        }
+
+        /** The producer's side: false if the queue is full. */
+        boolean offer(T item) {
+            long t = tail.getPlain();
+            if (t - head.getAcquire() == slots.length) {
+                return false;
+            }
+            slots[(int) t & mask] = item;
+            tail.setRelease(t + 1);
+            return true;
+        }
+
+        /** The consumer's side: null if the queue is empty. */
+        @SuppressWarnings("unchecked")
+        T poll() {
+            long h = head.getPlain();
+            if (h == tail.getAcquire()) {
+                return null;
+            }
+            int i = (int) h & mask;
+            T item = (T) slots[i];
+            slots[i] = null;
+            head.setRelease(h + 1);
+            return item;
         }
     }
 
@@ -424,7 +518,7 @@ public final class WeirFlinkPeer {
                             "flink " + mode,
                             cross,
                             null,
-                            "fromSequence → " + mode + "Wait(capacity 100, completed on a fixed pool of one thread per core) → sink, parallelism 1, chained",
+                            "fromSequence → " + mode + "Wait(capacity 100, completed by one dedicated completer thread spinning on an SPSC queue) → sink, parallelism 1, chained",
                             (env, n) -> asyncJob(env, n, ordered, 100, new OtherThread(), new LongSink())));
         }
         long[][] timers = {{1, 10}, {1, 100}, {1, 1000}, {10, 1000}};
@@ -1008,7 +1102,7 @@ public final class WeirFlinkPeer {
         } else {
             System.out.print(out);
         }
-        // Executor threads of the async functions are shut down; exit promptly anyway.
+        // The async functions' threads are stopped in close(); exit promptly anyway.
         System.exit(0);
     }
 }

@@ -1,23 +1,32 @@
-//! Async operator workloads, Weir's `AsyncWaitOperator` and the peer a Rust user would
-//! reach for: `futures::StreamExt::buffered` / `buffer_unordered` on a tokio
-//! current-thread runtime, doing the same work.
+//! Async operator workloads, Weir's `AsyncWaitOperator` and the peers a Rust user would
+//! reach for on a tokio current-thread runtime, doing the same work ([`Framework`]):
+//! `futures`' `buffered` / `buffer_unordered` (a node allocated per call),
+//! `futures-buffered`'s `buffered_ordered` / `buffered_unordered` (a fixed array of
+//! slots), and a value-or-future fast path ([`ValueOrFuture`]: a call ready at its first
+//! poll with nothing queued ahead is emitted without entering a queue).
 //!
 //! - latency 0: the call completes inside `invoke` (operator overhead per record of a
-//!   call that completes at once, e.g. from a cache);
+//!   call that completes at once, e.g. from a cache). Weir's operator takes its inline
+//!   path (nothing stored); `futures` and `futures-buffered` queue every call; the fast
+//!   path queues none, as Weir's;
 //! - completed in batches: the calls of a full operator complete together on the
 //!   task's thread, later (operator overhead per record of a call that returns
-//!   through the completion queue, as an I/O client's do); tokio's calls await a
-//!   `oneshot` fired by a completer task on the same thread;
+//!   through the completion queue, as an I/O client's do). Weir's loop completes them
+//!   and drains the operator; tokio's calls are futures over slots that the loop driving
+//!   the stream fills (no channel per call, no task in between), waking each call's
+//!   future once;
 //! - cross-thread: another thread completes each call (Flink's
-//!   `AsyncWaitOperatorBenchmark` set-up: capacity 100, no timeout);
+//!   `AsyncWaitOperatorBenchmark` set-up: capacity 100, no timeout), one dedicated
+//!   completer thread that spins;
 //! - timer-driven latency L with capacity C: a closed loop whose physical limit is
 //!   Little's law, C / L records per second; per-record latency from invoke to emit.
 //!   Weir runs it as a task on a runtime worker: each call is a timer on a hashed
-//!   timing wheel (the engine's, as the operator's own timeouts are), the task reports
-//!   the earliest timer as its deadline, and the idle worker parks until it. tokio
-//!   runs `tokio::time::sleep(L)` per call: its timer wheel has a resolution of 1 ms
-//!   and rounds a deadline up to the next tick, so a 1 ms sleep lasts between 1 and
-//!   2 ms. That is what a tokio user gets, so the peer keeps it.
+//!   timing wheel (the engine's, as the operator's own timeouts are; 64 µs ticks), the
+//!   task reports the earliest timer as its deadline, and the idle worker parks until it
+//!   (timer slack 1 ns). tokio's precise peer keeps its calls' deadlines in a heap and
+//!   arms a `timerfd` at the earliest ([`tokio_precise_timer`], slack 1 ns); the tick
+//!   peer runs `tokio::time::sleep(L)` per call, whose 1 ms wheel rounds a deadline up
+//!   to the next tick (a 1 ms sleep lasts 1 to 2 ms), as tokio users get by default.
 //!
 //! Each workload checks that every record came out once before it reports a time.
 
@@ -134,33 +143,263 @@ pub fn weir_immediate(mode: OutputMode, capacity: usize, n: u64) -> Measurement 
     elapsed.into()
 }
 
-/// `n` records through `buffered(C)` (or `buffer_unordered(C)`) with latency 0.
-pub fn tokio_immediate(ordered: bool, capacity: usize, n: u64) -> Measurement {
+/// The framework a tokio peer runs its calls through, `capacity` in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framework {
+    /// `futures::StreamExt::buffered` / `buffer_unordered`: a `FuturesOrdered` /
+    /// `FuturesUnordered` that allocates a reference-counted node per call and wakes it
+    /// through atomics.
+    Futures,
+    /// `futures_buffered::BufferedStreamExt::buffered_ordered` / `buffered_unordered`:
+    /// a fixed array of slots, no allocation per call.
+    FuturesBuffered,
+    /// [`ValueOrFuture`]: a call whose future is ready at its first poll is emitted at
+    /// once when nothing is queued ahead of it (always, unordered), without entering a
+    /// queue; other calls wait in `futures_buffered`'s bounded queues.
+    ValueOrFuture,
+}
+
+/// Runs `$body` with `$results` bound to the stream of outputs of `$calls` (a stream
+/// of `Unpin` futures) through `$framework`, ordered or not, `$capacity` in flight.
+/// Each arm is its own concrete type: no dynamic call per record.
+macro_rules! with_results {
+    ($framework:expr, $ordered:expr, $capacity:expr, $calls:expr, |$results:ident| $body:expr) => {{
+        use futures_buffered::BufferedStreamExt as _;
+        match ($framework, $ordered) {
+            (Framework::Futures, true) => {
+                let $results = $calls.buffered($capacity);
+                $body
+            }
+            (Framework::Futures, false) => {
+                let $results = $calls.buffer_unordered($capacity);
+                $body
+            }
+            (Framework::FuturesBuffered, true) => {
+                let $results = $calls.buffered_ordered($capacity);
+                $body
+            }
+            (Framework::FuturesBuffered, false) => {
+                let $results = $calls.buffered_unordered($capacity);
+                $body
+            }
+            (Framework::ValueOrFuture, ordered) => {
+                let $results = ValueOrFuture::new($calls, ordered, $capacity);
+                $body
+            }
+        }
+    }};
+}
+
+/// A stream adapter with a fast path for calls that complete at once: each call's
+/// future is polled once as it arrives, and if it is ready and no earlier call is
+/// still queued (or the stream is unordered), its value is emitted at once and the
+/// call never enters a queue; otherwise it waits in a bounded `futures_buffered` queue
+/// (ordered or not), at most `capacity` of them. What a tokio user writes when most
+/// calls are answered from a cache.
+pub struct ValueOrFuture<St: futures::Stream>
+where
+    St::Item: std::future::Future,
+{
+    calls: futures::stream::Fuse<St>,
+    ordered: bool,
+    capacity: usize,
+    in_order: futures_buffered::FuturesOrderedBounded<St::Item>,
+    any_order: futures_buffered::FuturesUnorderedBounded<St::Item>,
+}
+
+impl<St> ValueOrFuture<St>
+where
+    St: futures::Stream + Unpin,
+    St::Item: std::future::Future + Unpin,
+{
+    /// `calls` through the fast path, ordered or not, `capacity` queued at most.
+    pub fn new(calls: St, ordered: bool, capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        ValueOrFuture {
+            calls: calls.fuse(),
+            ordered,
+            capacity,
+            in_order: futures_buffered::FuturesOrderedBounded::new(if ordered {
+                capacity
+            } else {
+                1
+            }),
+            any_order: futures_buffered::FuturesUnorderedBounded::new(if ordered {
+                1
+            } else {
+                capacity
+            }),
+        }
+    }
+
+    fn queued(&self) -> usize {
+        if self.ordered {
+            self.in_order.len()
+        } else {
+            self.any_order.len()
+        }
+    }
+}
+
+impl<St> futures::Stream for ValueOrFuture<St>
+where
+    St: futures::Stream + Unpin,
+    St::Item: std::future::Future + Unpin,
+{
+    type Item = <St::Item as std::future::Future>::Output;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if this.queued() > 0 {
+                let ready = if this.ordered {
+                    this.in_order.poll_next_unpin(cx)
+                } else {
+                    this.any_order.poll_next_unpin(cx)
+                };
+                if let Poll::Ready(Some(value)) = ready {
+                    return Poll::Ready(Some(value));
+                }
+            }
+            if this.queued() >= this.capacity {
+                return Poll::Pending;
+            }
+            match this.calls.poll_next_unpin(cx) {
+                Poll::Ready(Some(mut call)) => {
+                    if !this.ordered || this.queued() == 0 {
+                        if let Poll::Ready(value) =
+                            std::future::Future::poll(std::pin::Pin::new(&mut call), cx)
+                        {
+                            return Poll::Ready(Some(value));
+                        }
+                    }
+                    if this.ordered {
+                        this.in_order.push_back(call);
+                    } else {
+                        this.any_order.push(call);
+                    }
+                }
+                Poll::Ready(None) if this.queued() == 0 => return Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// `n` records through `framework` with latency 0 (each call's future is ready at its
+/// first poll), `capacity` in flight, on a tokio current-thread runtime.
+pub fn tokio_immediate(
+    framework: Framework,
+    ordered: bool,
+    capacity: usize,
+    n: u64,
+) -> Measurement {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
         let start = Instant::now();
-        let calls = futures::stream::iter(0..n).map(|i| async move { i });
-        let (count, sum) = if ordered {
-            calls
-                .buffered(capacity)
-                .fold((0u64, 0u64), |(c, s), v| async move {
-                    (c + 1, s.wrapping_add(v))
-                })
-                .await
-        } else {
-            calls
-                .buffer_unordered(capacity)
-                .fold((0u64, 0u64), |(c, s), v| async move {
-                    (c + 1, s.wrapping_add(v))
-                })
-                .await
-        };
+        let calls = futures::stream::iter(0..n).map(std::future::ready);
+        let fold = |(c, s): (u64, u64), v: u64| std::future::ready((c + 1, s.wrapping_add(v)));
+        let (count, sum) = with_results!(framework, ordered, capacity, calls, |results| {
+            results.fold((0u64, 0u64), fold).await
+        });
         let elapsed = start.elapsed();
         check(&CountingSink { count, sum }, n);
         elapsed.into()
     })
+}
+
+/// Calls whose values the driving loop fills in: a slot per call in flight (no
+/// allocation per call once the slab has grown), each with the waker of the call's
+/// future while it waits.
+#[derive(Default)]
+struct Slots {
+    slots: slab::Slab<(Option<u64>, Option<std::task::Waker>)>,
+    /// Calls made since the driving loop last completed some: (slot, input, due).
+    made: Vec<(usize, u64, u64)>,
+}
+
+/// A call's future: ready once the driving loop filled its slot.
+struct SlotCall {
+    slots: Rc<RefCell<Slots>>,
+    slot: usize,
+}
+
+impl std::future::Future for SlotCall {
+    type Output = u64;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<u64> {
+        let mut slots = self.slots.borrow_mut();
+        let entry = &mut slots.slots[self.slot];
+        match entry.0.take() {
+            Some(value) => {
+                slots.slots.remove(self.slot);
+                std::task::Poll::Ready(value)
+            }
+            None => {
+                match &mut entry.1 {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    waker => *waker = Some(cx.waker().clone()),
+                }
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+impl Slots {
+    /// A new call for `input`, due at `due_ns`.
+    fn call(this: &Rc<RefCell<Slots>>, input: u64, due_ns: u64) -> SlotCall {
+        let mut slots = this.borrow_mut();
+        let slot = slots.slots.insert((None, None));
+        slots.made.push((slot, input, due_ns));
+        SlotCall {
+            slots: Rc::clone(this),
+            slot,
+        }
+    }
+
+    /// Completes a call with `value` and wakes its future.
+    fn complete(&mut self, slot: usize, value: u64) {
+        let entry = &mut self.slots[slot];
+        entry.0 = Some(value);
+        if let Some(waker) = entry.1.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Drives `results` on this task: polls it, and whenever it cannot go on, lets
+/// `service` complete calls (it returns whether it completed any; if not, the task
+/// waits for a wake-up it arranged). `record` sees every output.
+async fn drive<S>(
+    results: S,
+    mut service: impl FnMut(&mut std::task::Context<'_>) -> bool,
+    mut record: impl FnMut(S::Item),
+) where
+    S: futures::Stream,
+{
+    use std::task::Poll;
+    let mut results = std::pin::pin!(results);
+    futures::future::poll_fn(|cx| loop {
+        match results.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => record(item),
+            Poll::Ready(None) => return Poll::Ready(()),
+            Poll::Pending => {
+                if !service(cx) {
+                    return Poll::Pending;
+                }
+            }
+        }
+    })
+    .await
 }
 
 /// Keeps each call's handle; the driving loop completes them in a batch, on the
@@ -220,52 +459,45 @@ pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
     elapsed.into()
 }
 
-/// The same with `buffered(C)` (or `buffer_unordered(C)`) on a tokio current-thread
-/// runtime: each call is a future awaiting a `oneshot` whose sender a completer task
-/// (on the same thread, in a `LocalSet`) fires in a batch when woken, as a tokio I/O
-/// task completes the calls it carries.
-pub fn tokio_batched(ordered: bool, capacity: usize, n: u64) -> Measurement {
+/// The same on a tokio current-thread runtime through `framework`: each call is a
+/// future over a slot ([`Slots`]); the loop that drives the stream completes the calls
+/// made so far, in input order, whenever the stream cannot go on (after `capacity` of
+/// them), filling their slots and waking each call's future once: no channel per call,
+/// no task in between, as an I/O client polled by the task's own loop completes calls.
+pub fn tokio_batched(framework: Framework, ordered: bool, capacity: usize, n: u64) -> Measurement {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, async move {
-        type Senders = Rc<RefCell<Vec<(u64, tokio::sync::oneshot::Sender<u64>)>>>;
-        let pending: Senders = Rc::new(RefCell::new(Vec::with_capacity(capacity)));
-        let wake = Rc::new(tokio::sync::Notify::new());
-        let completer = {
-            let pending = Rc::clone(&pending);
-            let wake = Rc::clone(&wake);
-            tokio::task::spawn_local(async move {
-                let mut batch = Vec::with_capacity(capacity);
-                loop {
-                    wake.notified().await;
-                    std::mem::swap(&mut batch, &mut *pending.borrow_mut());
-                    for (input, sender) in batch.drain(..) {
-                        let _ = sender.send(input);
-                    }
-                }
-            })
-        };
+    runtime.block_on(async move {
+        let slots = Rc::new(RefCell::new(Slots::default()));
+        let mut batch = Vec::with_capacity(capacity);
         let start = Instant::now();
-        let calls = futures::stream::iter(0..n).map(|i| {
-            let (sender, receiver) = tokio::sync::oneshot::channel();
-            pending.borrow_mut().push((i, sender));
-            wake.notify_one();
-            async move { receiver.await.expect("the completer answers every call") }
-        });
-        let fold = |(c, s): (u64, u64), v: u64| async move { (c + 1, s.wrapping_add(v)) };
-        let (count, sum) = if ordered {
-            calls.buffered(capacity).fold((0u64, 0u64), fold).await
-        } else {
-            calls
-                .buffer_unordered(capacity)
-                .fold((0u64, 0u64), fold)
-                .await
+        let calls = {
+            let slots = Rc::clone(&slots);
+            futures::stream::iter(0..n).map(move |i| Slots::call(&slots, i, 0))
         };
+        let mut sink = CountingSink { count: 0, sum: 0 };
+        with_results!(framework, ordered, capacity, calls, |results| {
+            drive(
+                results,
+                |_| {
+                    let mut slots = slots.borrow_mut();
+                    std::mem::swap(&mut batch, &mut slots.made);
+                    let any = !batch.is_empty();
+                    for (slot, input, _) in batch.drain(..) {
+                        slots.complete(slot, input);
+                    }
+                    any
+                },
+                |v| {
+                    sink.count += 1;
+                    sink.sum = sink.sum.wrapping_add(v);
+                },
+            )
+            .await
+        });
         let elapsed = start.elapsed();
-        completer.abort();
-        check(&CountingSink { count, sum }, n);
+        check(&sink, n);
         elapsed.into()
     })
 }
@@ -531,9 +763,257 @@ pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) ->
     })
 }
 
+/// A `timerfd` on `CLOCK_MONOTONIC`, non-blocking, armed at absolute deadlines.
+struct TimerFd(std::os::fd::OwnedFd);
+
+impl TimerFd {
+    fn new() -> std::io::Result<TimerFd> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: timerfd_create takes two integer arguments and reads no memory.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        Ok(TimerFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires once at `deadline_ns` on the monotonic clock ([`monotonic_ns`]).
+    fn arm_at(&self, deadline_ns: u64) {
+        use std::os::fd::AsRawFd as _;
+        let value = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+                // An all-zero value would disarm it.
+                tv_nsec: (deadline_ns % 1_000_000_000).max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: `value` is a valid itimerspec for the call's duration; the old value
+        // is not asked for (null).
+        let rc = unsafe {
+            libc::timerfd_settime(
+                self.0.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &value,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "timerfd_settime: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Consumes the expirations, if any.
+    fn clear(&self) {
+        use std::os::fd::AsRawFd as _;
+        let mut expirations = 0u64;
+        // SAFETY: reads at most 8 bytes into `expirations`, which has 8.
+        let _ = unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                (&mut expirations as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}
+
+impl std::os::fd::AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC` (the clock a `timerfd` is armed on).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// The same closed loop on tokio with a precise timer, as Weir's side has one: each call
+/// is a future over a slot ([`Slots`]) whose deadline (call time + `latency`) goes into a
+/// binary heap on the task; the loop that drives `futures_buffered`'s
+/// `buffered_ordered` / `buffered_unordered` completes the due calls and arms one
+/// `timerfd` (registered with tokio's reactor through `AsyncFd`) at the earliest
+/// deadline, with the thread's timer slack set to 1 ns as Weir's workers set theirs.
+/// So a 1 ms call takes 1 ms and a little, not up to tokio's next 1 ms tick.
+pub fn tokio_precise_timer(
+    ordered: bool,
+    capacity: usize,
+    latency: Duration,
+    n: u64,
+) -> Measurement {
+    use std::cmp::Reverse;
+    use std::task::Poll;
+    // SAFETY: PR_SET_TIMERSLACK takes an integer argument and reads or writes no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let timerfd = TimerFd::new().expect("timerfd");
+        // SAFETY: the descriptor is owned by `timerfd`, which the `AsyncFd` owns from
+        // here until it is dropped; `as_raw_fd` always returns that one descriptor.
+        let timer = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(timerfd, tokio::io::Interest::READABLE)
+        }
+        .expect("timerfd registered");
+        let latency_ns = latency.as_nanos() as u64;
+        let slots = Rc::new(RefCell::new(Slots::default()));
+        let mut due: std::collections::BinaryHeap<Reverse<(u64, usize, u64)>> =
+            std::collections::BinaryHeap::with_capacity(capacity);
+        let mut armed = None;
+        let mut made = Vec::with_capacity(capacity);
+        let start = Instant::now();
+        let calls = {
+            let slots = Rc::clone(&slots);
+            futures::stream::iter(0..n).map(move |i| {
+                let invoked = (i % LATENCY_SAMPLE_EVERY == 0).then(Instant::now);
+                let call = Slots::call(&slots, i, monotonic_ns() + latency_ns);
+                async move { (call.await, invoked) }
+            })
+        };
+        let mut latency_ns_histogram = histogram();
+        let mut sink = CountingSink { count: 0, sum: 0 };
+        let service = |cx: &mut std::task::Context<'_>| loop {
+            let mut slots = slots.borrow_mut();
+            std::mem::swap(&mut made, &mut slots.made);
+            for (slot, input, at) in made.drain(..) {
+                due.push(Reverse((at, slot, input)));
+            }
+            let now = monotonic_ns();
+            let mut any = false;
+            while let Some(&Reverse((at, slot, input))) = due.peek() {
+                if at > now {
+                    break;
+                }
+                due.pop();
+                slots.complete(slot, input);
+                any = true;
+            }
+            if any {
+                return true;
+            }
+            let Some(&Reverse((next, _, _))) = due.peek() else {
+                return false;
+            };
+            if armed != Some(next) {
+                timer.get_ref().arm_at(next);
+                armed = Some(next);
+            }
+            match timer.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    guard.get_inner().clear();
+                    guard.clear_ready();
+                    armed = None;
+                }
+                Poll::Ready(Err(e)) => panic!("timerfd: {e}"),
+                Poll::Pending => return false,
+            }
+        };
+        let record = |(i, invoked): (u64, Option<Instant>)| {
+            if let Some(invoked) = invoked {
+                latency_ns_histogram.saturating_record(invoked.elapsed().as_nanos().max(1) as u64);
+            }
+            sink.count += 1;
+            sink.sum = sink.sum.wrapping_add(i);
+        };
+        {
+            use futures_buffered::BufferedStreamExt as _;
+            if ordered {
+                drive(calls.buffered_ordered(capacity), service, record).await;
+            } else {
+                drive(calls.buffered_unordered(capacity), service, record).await;
+            }
+        }
+        let elapsed = start.elapsed();
+        check(&sink, n);
+        Measurement {
+            elapsed,
+            latency_ns: Some(latency_ns_histogram),
+            cpu: None,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every framework, ordered and not, emits every record once, at latency 0 and with
+    /// calls completed in batches by the driving loop (each workload checks count and
+    /// sum before it reports).
+    #[test]
+    fn every_tokio_peer_emits_every_record_once() {
+        for framework in [
+            Framework::Futures,
+            Framework::FuturesBuffered,
+            Framework::ValueOrFuture,
+        ] {
+            for ordered in [false, true] {
+                for (capacity, n) in [(1, 10), (4, 1_000), (100, 10_000)] {
+                    tokio_immediate(framework, ordered, capacity, n);
+                    tokio_batched(framework, ordered, capacity, n);
+                }
+            }
+        }
+    }
+
+    /// The fast path emits in input order when ordered, even when calls ahead of a
+    /// ready one are still pending.
+    #[test]
+    fn value_or_future_keeps_the_order() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("tokio runtime");
+        runtime.block_on(async {
+            let slots = Rc::new(RefCell::new(Slots::default()));
+            // Even inputs wait for the loop; odd ones are ready at once.
+            let calls = {
+                let slots = Rc::clone(&slots);
+                futures::stream::iter(0..200u64).map(move |i| {
+                    if i % 2 == 0 {
+                        futures::future::Either::Left(Slots::call(&slots, i, 0))
+                    } else {
+                        futures::future::Either::Right(std::future::ready(i))
+                    }
+                })
+            };
+            let mut out = Vec::new();
+            drive(
+                ValueOrFuture::new(calls, true, 8),
+                |_| {
+                    let mut slots = slots.borrow_mut();
+                    let made = std::mem::take(&mut slots.made);
+                    for (slot, input, _) in made.iter().rev() {
+                        slots.complete(*slot, *input);
+                    }
+                    !made.is_empty()
+                },
+                |v| out.push(v),
+            )
+            .await;
+            assert_eq!(out, (0..200).collect::<Vec<_>>());
+        });
+    }
 
     #[test]
     fn timer_driven_calls_take_their_latency_on_both_sides() {
@@ -547,6 +1027,11 @@ mod tests {
         }
         let measured = tokio_timer(false, 10, latency, 50);
         assert!(measured.latency_ns.expect("sampled").min() >= 1_000_000);
+        for ordered in [false, true] {
+            let measured = tokio_precise_timer(ordered, 10, latency, 50);
+            assert!(measured.latency_ns.expect("sampled").min() >= 1_000_000);
+            assert!(measured.elapsed >= Duration::from_millis(5));
+        }
         assert!(weir_timer(OutputMode::Unordered, 4, latency, 0).elapsed < latency);
     }
 }

@@ -8,7 +8,9 @@
 //!
 //! Each case is Weir's, a peer's (what a competent user of another library writes for
 //! the same work) or a ceiling (the same work with no framework at all, a bound no
-//! implementation should beat). Weir is compared with the best peer of the experiment,
+//! implementation should beat). Weir is compared with the best peer of the experiment
+//! that does the same work in the same way ([`Case::pairing`]: plain pipelining with
+//! plain pipelining, batched with batched, a worker that parks with peers that park),
 //! never a slower one; ceilings are not peers and are compared with the best of Weir.
 
 use std::fmt::Write as _;
@@ -88,6 +90,20 @@ pub struct Case {
     /// The physical limit in operations per second, if the experiment has one (e.g.
     /// Little's law: capacity ÷ latency).
     pub limit_ops_per_s: Option<f64>,
+    /// Which rows of the experiment this one is compared with: a Weir row and a peer
+    /// with the same pairing are compared with each other (e.g. plain pipelining with
+    /// plain pipelining, batched with batched, a worker that parks with peers that
+    /// park), never with a row of another pairing. `None` compares with every row of the
+    /// other side.
+    pub pairing: Option<&'static str>,
+}
+
+impl Case {
+    /// The same case, compared only with rows of the same `pairing`.
+    pub fn paired(mut self, pairing: &'static str) -> Case {
+        self.pairing = Some(pairing);
+        self
+    }
 }
 
 /// Medians over the rounds for one case.
@@ -110,6 +126,8 @@ pub struct Summary {
     pub client_cpu_ns: Vec<f64>,
     /// CPU ns per operation of the service's thread, one per round, likewise.
     pub service_cpu_ns: Vec<f64>,
+    /// See [`Case::pairing`].
+    pub pairing: Option<&'static str>,
 }
 
 /// The median of `samples`; NaN if there are none.
@@ -159,20 +177,29 @@ impl Summary {
     }
 }
 
-/// The fastest (lowest median) of `experiment`'s implementations in `role`.
-fn best<'a>(summaries: &'a [Summary], experiment: &str, role: Role) -> Option<&'a Summary> {
+/// The fastest (lowest median) of `experiment`'s implementations in `role`, among those
+/// of `pairing` where it is given.
+fn best<'a>(
+    summaries: &'a [Summary],
+    experiment: &str,
+    role: Role,
+    pairing: Option<&str>,
+) -> Option<&'a Summary> {
     summaries
         .iter()
         .filter(|s| s.experiment == experiment && s.role == role)
+        .filter(|s| pairing.is_none() || s.pairing == pairing)
         .min_by(|a, b| a.median_ns().total_cmp(&b.median_ns()))
 }
 
-/// The ratios of one row: for Weir's, the best peer's time over its own (above 1: Weir
-/// is faster); for a peer or a ceiling, its time over the best Weir's.
+/// The ratios of one row: for Weir's, the best peer of its pairing, and that peer's time
+/// over its own (above 1: Weir is faster); for a peer, its time over the best Weir row of
+/// its pairing; for a ceiling or a reference, its time over the best Weir row.
 struct Ratios<'a> {
-    /// This row's time over the best Weir's (peers and ceilings).
-    over_weir: Option<f64>,
-    /// The best peer and its time over this row's (Weir's rows).
+    /// This row's time over the Weir row it is compared with, and that row's name
+    /// (peers, ceilings and references).
+    over_weir: Option<(&'a str, f64)>,
+    /// The peer this row is compared with and its time over this row's (Weir's rows).
     best_peer: Option<(&'a str, f64)>,
 }
 
@@ -181,11 +208,17 @@ fn ratios<'a>(summaries: &'a [Summary], s: &Summary) -> Ratios<'a> {
     match s.role {
         Role::Weir => Ratios {
             over_weir: None,
-            best_peer: best(summaries, s.experiment, Role::Peer)
+            best_peer: best(summaries, s.experiment, Role::Peer, s.pairing)
                 .map(|p| (p.implementation, p.median_ns() / median)),
         },
-        Role::Peer | Role::Ceiling | Role::Reference => Ratios {
-            over_weir: best(summaries, s.experiment, Role::Weir).map(|w| median / w.median_ns()),
+        Role::Peer => Ratios {
+            over_weir: best(summaries, s.experiment, Role::Weir, s.pairing)
+                .map(|w| (w.implementation, median / w.median_ns())),
+            best_peer: None,
+        },
+        Role::Ceiling | Role::Reference => Ratios {
+            over_weir: best(summaries, s.experiment, Role::Weir, None)
+                .map(|w| (w.implementation, median / w.median_ns())),
             best_peer: None,
         },
     }
@@ -220,91 +253,109 @@ fn workload(
         ops: (ops as u64).max(1),
         run,
         limit_ops_per_s,
+        pairing: None,
     }
 }
 
 /// The async operator experiments: latency-0 overhead, other-thread completion, and
 /// timer-driven latency against Little's limit, with tokio + futures as the peer.
 pub fn async_cases(scale: f64) -> Vec<Case> {
+    use async_peers::Framework;
     let immediate = 2_000_000.0 * scale;
     let mut cases = Vec::new();
     let modes = [
         (
-            "async latency 0, capacity 100, ordered",
+            "capacity 100, ordered",
             OutputMode::Ordered,
             "weir ordered",
             true,
-            "tokio buffered",
         ),
         (
-            "async latency 0, capacity 100, unordered",
+            "capacity 100, unordered",
             OutputMode::Unordered,
             "weir unordered",
             false,
-            "tokio buffer_unordered",
         ),
         (
-            "async latency 0, capacity 100, keyed-ordered",
+            "capacity 100, keyed-ordered",
             OutputMode::KeyedOrdered,
             "weir keyed-ordered",
             true,
-            "tokio buffered",
         ),
     ];
-    for (experiment, mode, weir, ordered, tokio) in modes {
+    // Which peer runs each mode: keyed-ordered has no tokio form, so its peers are the
+    // ordered ones (the stricter order of the two).
+    let frameworks = |ordered: bool| {
+        [
+            (
+                Framework::Futures,
+                if ordered {
+                    TOKIO_BUFFERED
+                } else {
+                    TOKIO_BUFFER_UNORDERED
+                },
+            ),
+            (
+                Framework::FuturesBuffered,
+                if ordered {
+                    FUTURES_BUFFERED_ORDERED
+                } else {
+                    FUTURES_BUFFERED_UNORDERED
+                },
+            ),
+            (
+                Framework::ValueOrFuture,
+                if ordered {
+                    VALUE_OR_FUTURE_ORDERED
+                } else {
+                    VALUE_OR_FUTURE_UNORDERED
+                },
+            ),
+        ]
+    };
+    for (setting, mode, weir, ordered) in modes {
+        let experiment = leak(format!("async latency 0, {setting}"));
         cases.push(workload(
             experiment,
-            weir,
+            leak(format!(
+                "{weir} (inline: completed in invoke, nothing stored)"
+            )),
             immediate,
             Arc::new(move |n| async_peers::weir_immediate(mode, 100, n)),
             None,
         ));
-        cases.push(workload(
-            experiment,
-            tokio,
-            immediate,
-            Arc::new(move |n| async_peers::tokio_immediate(ordered, 100, n)),
-            None,
-        ));
+        for (framework, name) in frameworks(ordered) {
+            cases.push(workload(
+                experiment,
+                name,
+                immediate,
+                Arc::new(move |n| async_peers::tokio_immediate(framework, ordered, 100, n)),
+                None,
+            ));
+        }
     }
-    let batched = [
-        (
-            "async completed in batches on the task's thread, capacity 100, ordered",
-            OutputMode::Ordered,
-            "weir ordered",
-            true,
-            "tokio buffered",
-        ),
-        (
-            "async completed in batches on the task's thread, capacity 100, unordered",
-            OutputMode::Unordered,
-            "weir unordered",
-            false,
-            "tokio buffer_unordered",
-        ),
-        (
-            "async completed in batches on the task's thread, capacity 100, keyed-ordered",
-            OutputMode::KeyedOrdered,
-            "weir keyed-ordered",
-            true,
-            "tokio buffered",
-        ),
-    ];
-    for (experiment, mode, weir, ordered, tokio) in batched {
+    for (setting, mode, weir, ordered) in modes {
+        let experiment = leak(format!(
+            "async completed in batches on the task's thread, {setting}"
+        ));
         cases.push(workload(
             experiment,
-            weir,
+            leak(format!(
+                "{weir} (entry stored, completion queued, emitted on drain)"
+            )),
             immediate / 2.0,
             Arc::new(move |n| async_peers::weir_batched(mode, 100, n)),
             None,
         ));
-        cases.push(workload(
-            experiment,
-            tokio,
-            immediate / 2.0,
-            Arc::new(move |n| async_peers::tokio_batched(ordered, 100, n)),
-            None,
-        ));
+        for (framework, name) in frameworks(ordered) {
+            cases.push(workload(
+                experiment,
+                name,
+                immediate / 2.0,
+                Arc::new(move |n| async_peers::tokio_batched(framework, ordered, 100, n)),
+                None,
+            ));
+        }
     }
     let cross = 300_000.0 * scale;
     for (mode, name) in [
@@ -330,13 +381,28 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         let latency = Duration::from_millis(latency_ms);
         let limit = capacity as f64 / latency.as_secs_f64();
         let ops = (limit * 0.25 * scale).max(capacity as f64 * 4.0);
-        cases.push(workload(
-            experiment,
-            WEIR_TIMER_UNORDERED,
-            ops,
-            Arc::new(move |n| async_peers::weir_timer(OutputMode::Unordered, capacity, latency, n)),
-            Some(limit),
-        ));
+        cases.push(
+            workload(
+                experiment,
+                WEIR_TIMER_UNORDERED,
+                ops,
+                Arc::new(move |n| {
+                    async_peers::weir_timer(OutputMode::Unordered, capacity, latency, n)
+                }),
+                Some(limit),
+            )
+            .paired(PRECISE_TIMER),
+        );
+        cases.push(
+            workload(
+                experiment,
+                TOKIO_PRECISE_TIMER_UNORDERED,
+                ops,
+                Arc::new(move |n| async_peers::tokio_precise_timer(false, capacity, latency, n)),
+                Some(limit),
+            )
+            .paired(PRECISE_TIMER),
+        );
         cases.push(workload(
             experiment,
             TOKIO_TIMER_UNORDERED,
@@ -346,15 +412,29 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         ));
     }
     let latency = Duration::from_millis(1);
+    let experiment = "async ordered, latency 1 ms, capacity 1000";
+    cases.push(
+        workload(
+            experiment,
+            "weir ordered (runtime worker, timer wheel)",
+            250_000.0 * scale,
+            Arc::new(move |n| async_peers::weir_timer(OutputMode::Ordered, 1000, latency, n)),
+            Some(1_000_000.0),
+        )
+        .paired(PRECISE_TIMER),
+    );
+    cases.push(
+        workload(
+            experiment,
+            "tokio + futures-buffered buffered_ordered, timerfd (precise timer, 1 ns slack)",
+            250_000.0 * scale,
+            Arc::new(move |n| async_peers::tokio_precise_timer(true, 1000, latency, n)),
+            Some(1_000_000.0),
+        )
+        .paired(PRECISE_TIMER),
+    );
     cases.push(workload(
-        "async ordered, latency 1 ms, capacity 1000",
-        "weir ordered (runtime worker, timer wheel)",
-        250_000.0 * scale,
-        Arc::new(move |n| async_peers::weir_timer(OutputMode::Ordered, 1000, latency, n)),
-        Some(1_000_000.0),
-    ));
-    cases.push(workload(
-        "async ordered, latency 1 ms, capacity 1000",
+        experiment,
         "tokio buffered + sleep (1 ms timer tick)",
         250_000.0 * scale,
         Arc::new(move |n| async_peers::tokio_timer(true, 1000, latency, n)),
@@ -362,6 +442,37 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
     ));
     cases
 }
+
+/// A name built once per process for a case (cases name their rows with `&'static
+/// str`; the few built from parts live as long as the process).
+fn leak(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
+/// The pairing of Weir's timer wheel with the peer's precise timer: the tick peer is
+/// shown beside them, compared with the best Weir row, not as Weir's peer.
+const PRECISE_TIMER: &str = "precise timers";
+
+/// `futures`' `buffered`: a `FuturesOrdered`, a node allocated per call.
+pub const TOKIO_BUFFERED: &str = "tokio + futures buffered (a node allocated per call)";
+/// `futures`' `buffer_unordered`.
+pub const TOKIO_BUFFER_UNORDERED: &str =
+    "tokio + futures buffer_unordered (a node allocated per call)";
+/// `futures-buffered`'s `buffered_ordered`: slots, no allocation per call.
+pub const FUTURES_BUFFERED_ORDERED: &str =
+    "tokio + futures-buffered buffered_ordered (slots, no allocation per call)";
+/// `futures-buffered`'s `buffered_unordered`.
+pub const FUTURES_BUFFERED_UNORDERED: &str =
+    "tokio + futures-buffered buffered_unordered (slots, no allocation per call)";
+/// The value-or-future fast path, ordered.
+pub const VALUE_OR_FUTURE_ORDERED: &str =
+    "tokio + value-or-future fast path, ordered (a ready call skips the queue)";
+/// The value-or-future fast path, unordered.
+pub const VALUE_OR_FUTURE_UNORDERED: &str =
+    "tokio + value-or-future fast path, unordered (a ready call skips the queue)";
+/// tokio with a precise timer (timerfd), unordered.
+pub const TOKIO_PRECISE_TIMER_UNORDERED: &str =
+    "tokio + futures-buffered buffered_unordered, timerfd (precise timer, 1 ns slack)";
 
 /// Weir's side of the timer-driven async experiments: the operator as a task on a
 /// runtime worker, each call completed by a timer on a timing wheel, the worker parked
@@ -372,10 +483,11 @@ pub const WEIR_TIMER_UNORDERED: &str = "weir unordered (runtime worker, timer wh
 pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms timer tick)";
 
 /// The exchange experiments: records/s and latency through writer → channel → gate,
-/// against a crossbeam channel of records (one per message, and a `Vec` of 32 KiB per
-/// message), and three ceilings: a copy into a warm pool-sized region, a copy then a
-/// decode, both on one thread, and a copy handed across cores through a ring of
-/// segments.
+/// 1→1 against peers that pass the records by value (a crossbeam channel, one record
+/// per message and a `Vec` of 32 KiB per message; an `rtrb` ring, one record per slot),
+/// the cross-core ceiling (the values in recycled 32 KiB batches through SPSC rings, no
+/// framework), and three references for the wire format's copies (into segments on one
+/// thread, into segments and decoded on one thread, and decoded on the other core).
 pub fn exchange_cases(scale: f64) -> Vec<Case> {
     let mut cases = Vec::new();
     let timeout = Some(Duration::from_millis(100));
@@ -400,6 +512,13 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
             ));
             cases.push(workload(
                 $experiment,
+                RTRB_PER_RECORD,
+                ops,
+                Arc::new(move |n| exchange_peers::rtrb_per_record::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
                 CROSSBEAM_BATCHED,
                 ops,
                 Arc::new(move |n| exchange_peers::crossbeam_channel_batched::<$n>(n)),
@@ -407,23 +526,30 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
             ));
             cases.push(workload(
                 $experiment,
-                MEMCPY_CEILING,
-                ops,
-                Arc::new(move |n| exchange_peers::memcpy_ceiling::<$n>(n)),
-                None,
-            ));
-            cases.push(workload(
-                $experiment,
-                MEMCPY_DECODE_CEILING,
-                ops,
-                Arc::new(move |n| exchange_peers::memcpy_decode_ceiling::<$n>(n)),
-                None,
-            ));
-            cases.push(workload(
-                $experiment,
                 CROSS_CORE_CEILING,
                 ops,
                 Arc::new(move |n| exchange_peers::cross_core_ceiling::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                WIRE_COPY_REFERENCE,
+                ops,
+                Arc::new(move |n| exchange_peers::wire_copy_reference::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                WIRE_DECODE_REFERENCE,
+                ops,
+                Arc::new(move |n| exchange_peers::wire_decode_reference::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                WIRE_CROSS_CORE_REFERENCE,
+                ops,
+                Arc::new(move |n| exchange_peers::wire_cross_core_reference::<$n>(n)),
                 None,
             ));
         }};
@@ -484,7 +610,10 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
 
 /// The remote exchange experiments: 1→1 and 2→2 over loopback TCP through the
 /// transport, against the local exchange (a reference: no TCP) and the raw TCP ceiling
-/// (the same bytes in 32 KiB blocking writes and reads); and latency at 10 k records/s.
+/// (the same bytes in 32 KiB writes and reads, the reader spinning 1→1 and blocking
+/// 2→2); and latency at 10 k records/s,
+/// against the raw TCP ceiling of latency (a write per record, a reader spinning on a
+/// non-blocking socket).
 pub fn remote_cases(scale: f64) -> Vec<Case> {
     let mut cases = Vec::new();
     // The io_uring rows only where the kernel allows io_uring.
@@ -648,24 +777,38 @@ pub fn remote_cases(scale: f64) -> Vec<Case> {
     cases
 }
 
-/// One blocking write per record on a plain TCP stream, a reader blocked in `read`.
-pub const TCP_LATENCY_CEILING: &str = "raw TCP ceiling (a write per record, blocking reader)";
+/// One write per record on a plain TCP stream, a reader spinning on the non-blocking
+/// socket.
+pub const TCP_LATENCY_CEILING: &str =
+    "raw TCP ceiling (a write per record, reader spinning on a non-blocking socket)";
 
 /// The local exchange beside the remote one: the same records with no TCP.
 pub const LOCAL_EXCHANGE_REFERENCE: &str = "local exchange reference (Weir's, no TCP)";
-/// The same bytes over a plain TCP stream, by hand.
-pub const TCP_CEILING: &str = "raw TCP ceiling (32 KiB blocking writes and reads)";
+/// The same bytes over a plain TCP stream, by hand: 32 KiB blocking writes, the reader
+/// spinning on a non-blocking socket where it has a core to itself (1→1), blocked in
+/// `read` where the threads outnumber the two cores (2→2).
+pub const TCP_CEILING: &str =
+    "raw TCP ceiling (32 KiB writes and reads; reader spins 1→1, blocks 2→2)";
 
 /// The crossbeam peer with one record per message.
 pub const CROSSBEAM_PER_RECORD: &str = "crossbeam_channel, one record per message";
 /// The crossbeam peer with a `Vec` of 32 KiB of records per message.
 pub const CROSSBEAM_BATCHED: &str = "crossbeam_channel, Vec of 32 KiB per message";
-/// One thread copying length-prefixed records into a warm region of the pool's size.
-pub const MEMCPY_CEILING: &str = "memcpy ceiling (one thread, warm pool-sized region)";
-/// The same, each filled segment then decoded.
-pub const MEMCPY_DECODE_CEILING: &str = "memcpy + decode ceiling (one thread)";
-/// Copy on one core, decode on the other, segments through SPSC rings.
-pub const CROSS_CORE_CEILING: &str = "cross-core ceiling (copy, ring of segments, decode)";
+/// The `rtrb` peer: an SPSC ring buffer, one record per slot.
+pub const RTRB_PER_RECORD: &str = "rtrb ring buffer, one record per slot";
+/// The same values moved between the two cores with no framework: written by value into
+/// preallocated 32 KiB batches that two SPSC rings circulate, both sides spinning.
+pub const CROSS_CORE_CEILING: &str =
+    "cross-core ceiling: the values in recycled 32 KiB batches, spinning, no framework";
+/// The wire format's copy alone: length-prefixed records copied into 32 KiB segments
+/// cycling through a warm region of the pool's size, on one thread.
+pub const WIRE_COPY_REFERENCE: &str = "wire-format reference: copy into segments, one thread";
+/// The same, each filled segment then decoded, on one thread.
+pub const WIRE_DECODE_REFERENCE: &str =
+    "wire-format reference: copy into segments and decode, one thread";
+/// Copy into segments on one core, decode on the other, segments through SPSC rings.
+pub const WIRE_CROSS_CORE_REFERENCE: &str =
+    "wire-format reference: copy into segments, decode on the other core";
 
 /// The lookup experiments: lookups per second on one worker against the embedded
 /// service (pinned to the other core), through the async operator with each driver,
@@ -776,13 +919,18 @@ pub const TOKIO_LOOP_LOOKUP: &str = "tokio pipelined loop (one task, no per-call
 pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operator)";
 
 /// The Redis experiments: GETs of 100-byte values at C in flight from one worker,
-/// Weir (io_uring and epoll, plain pipelining and MGET batching, each polling for
-/// `redis_peers::SPIN` before parking, and once parking at once) against redis-rs and
-/// fred, and the server's own ceiling (`redis-benchmark -P 64`). One `redis-server`,
-/// pinned to the second core, serves every turn; it stops when the cases are dropped.
-/// Fails where `redis-server` cannot be started.
+/// Weir (io_uring and epoll, plain pipelining and MGET batching, polling for
+/// `redis_peers::SPIN` before parking; and on io_uring, both again parking at once)
+/// against redis-rs and fred, each one `GET` per call and in their batched forms
+/// (pipeline and `MGET` of C / 2 keys), and the server's rate under its own load tool
+/// (`redis-benchmark -P 64`) for reference. A peer is compared with the Weir row that
+/// works as it does: plain calls with Weir's plain pipelining, batched calls with Weir's
+/// MGET batching, both with the worker that parks as the peers' tokio runtime does; the
+/// spinning rows have no peer. One `redis-server`, pinned to the second core, serves
+/// every turn; it stops when the cases are dropped. Fails where `redis-server` cannot be
+/// started.
 pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
-    use redis_peers::{ceiling, fred, redis_rs, weir, SPIN};
+    use redis_peers::{ceiling, fred, peer_batch, redis_rs, weir, PeerForm, SPIN};
     let server = Arc::new(redis_peers::server()?);
     let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     let mut drivers = vec![(DriverKind::Epoll, "weir epoll", "weir epoll, MGET batching")];
@@ -811,43 +959,66 @@ pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
         let ops = ops * scale;
         for &(driver, plain, batched) in &drivers {
             for (name, mget) in [(plain, false), (batched, true)] {
-                cases.push(workload(
+                cases.push(
+                    workload(
+                        experiment,
+                        name,
+                        ops,
+                        with_server(Arc::new(move |url, n| weir(driver, url, c, mget, SPIN, n))),
+                        None,
+                    )
+                    .paired(REDIS_SPINNING),
+                );
+            }
+        }
+        let (driver, plain, batched) = if uring {
+            (
+                DriverKind::Uring,
+                WEIR_REDIS_NO_SPIN_URING,
+                WEIR_REDIS_MGET_NO_SPIN_URING,
+            )
+        } else {
+            (
+                DriverKind::Epoll,
+                WEIR_REDIS_NO_SPIN_EPOLL,
+                WEIR_REDIS_MGET_NO_SPIN_EPOLL,
+            )
+        };
+        for (name, mget, pairing) in [(plain, false, REDIS_PLAIN), (batched, true, REDIS_BATCHED)] {
+            cases.push(
+                workload(
                     experiment,
                     name,
                     ops,
-                    with_server(Arc::new(move |url, n| weir(driver, url, c, mget, SPIN, n))),
+                    with_server(Arc::new(move |url, n| {
+                        weir(driver, url, c, mget, Duration::ZERO, n)
+                    })),
                     None,
-                ));
-            }
+                )
+                .paired(pairing),
+            );
         }
-        let (driver, name) = if uring {
-            (DriverKind::Uring, WEIR_REDIS_NO_SPIN_URING)
-        } else {
-            (DriverKind::Epoll, WEIR_REDIS_NO_SPIN_EPOLL)
-        };
-        cases.push(workload(
-            experiment,
-            name,
-            ops,
-            with_server(Arc::new(move |url, n| {
-                weir(driver, url, c, false, Duration::ZERO, n)
-            })),
-            None,
-        ));
-        cases.push(workload(
-            experiment,
-            REDIS_RS,
-            ops,
-            with_server(Arc::new(move |url, n| redis_rs(url, c, n))),
-            None,
-        ));
-        cases.push(workload(
-            experiment,
-            FRED,
-            ops,
-            with_server(Arc::new(move |url, n| fred(url, c, n))),
-            None,
-        ));
+        let k = peer_batch(c);
+        let peers: [(&'static str, PeerForm, bool, &'static str); 6] = [
+            (REDIS_RS, PeerForm::Get, true, REDIS_PLAIN),
+            (REDIS_RS_PIPE, PeerForm::Pipeline(k), true, REDIS_BATCHED),
+            (REDIS_RS_MGET, PeerForm::Mget(k), true, REDIS_BATCHED),
+            (FRED, PeerForm::Get, false, REDIS_PLAIN),
+            (FRED_PIPELINE, PeerForm::Pipeline(k), false, REDIS_BATCHED),
+            (FRED_MGET, PeerForm::Mget(k), false, REDIS_BATCHED),
+        ];
+        for (name, form, is_redis_rs, pairing) in peers {
+            // At one in flight a batch is one key: the batched forms are the plain one.
+            if c == 1 && form != PeerForm::Get {
+                continue;
+            }
+            let run: RedisWorkload = if is_redis_rs {
+                Arc::new(move |url, n| redis_rs(url, c, form, n))
+            } else {
+                Arc::new(move |url, n| fred(url, c, form, n))
+            };
+            cases.push(workload(experiment, name, ops, with_server(run), None).paired(pairing));
+        }
         cases.push(workload(
             experiment,
             REDIS_CEILING,
@@ -862,19 +1033,42 @@ pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
 /// A Redis workload: runs `n` operations against the server at a URL.
 type RedisWorkload = Arc<dyn Fn(&weir_net::redis::RedisUrl, u64) -> Measurement + Send + Sync>;
 
+/// The pairing of Weir's rows whose worker spins before it parks: no peer spins.
+const REDIS_SPINNING: &str = "worker spins 100 µs before parking (no peer does)";
+/// The pairing of one `GET` per call, the worker parking when idle.
+const REDIS_PLAIN: &str = "plain GETs, parks when idle";
+/// The pairing of batched calls (MGET, pipelines), the worker parking when idle.
+const REDIS_BATCHED: &str = "batched GETs, parks when idle";
+
 /// Weir's plain pipelining on io_uring with a worker that parks as soon as it is idle.
 pub const WEIR_REDIS_NO_SPIN_URING: &str = "weir io_uring, no spin (parks when idle)";
 /// The same on epoll, where io_uring is unavailable.
 pub const WEIR_REDIS_NO_SPIN_EPOLL: &str = "weir epoll, no spin (parks when idle)";
+/// Weir's MGET batching on io_uring with a worker that parks as soon as it is idle.
+pub const WEIR_REDIS_MGET_NO_SPIN_URING: &str =
+    "weir io_uring, MGET batching, no spin (parks when idle)";
+/// The same on epoll, where io_uring is unavailable.
+pub const WEIR_REDIS_MGET_NO_SPIN_EPOLL: &str =
+    "weir epoll, MGET batching, no spin (parks when idle)";
 
 /// The Redis experiment at one lookup in flight.
 pub const REDIS_C1: &str = "redis GET 100 B, 1 in flight";
 /// The Redis experiment the targets are set at.
 pub const REDIS_C256: &str = "redis GET 100 B, 256 in flight";
-/// The redis-rs peer.
-pub const REDIS_RS: &str = "redis-rs multiplexed connection (tokio current-thread)";
-/// The fred peer.
-pub const FRED: &str = "fred client, auto-pipelined (tokio current-thread)";
+/// The redis-rs peer, one `GET` per call.
+pub const REDIS_RS: &str =
+    "redis-rs multiplexed connection, a task per GET in flight (tokio current-thread)";
+/// The redis-rs peer, `redis::pipe()` of C / 2 `GET`s per call.
+pub const REDIS_RS_PIPE: &str = "redis-rs pipe() of C/2 GETs, 2 in flight (tokio current-thread)";
+/// The redis-rs peer, `MGET` of C / 2 keys per call.
+pub const REDIS_RS_MGET: &str = "redis-rs MGET of C/2 keys, 2 in flight (tokio current-thread)";
+/// The fred peer, one `GET` per call.
+pub const FRED: &str =
+    "fred client, auto-pipelined, a task per GET in flight (tokio current-thread)";
+/// The fred peer, `pipeline()` of C / 2 `GET`s per call.
+pub const FRED_PIPELINE: &str = "fred pipeline() of C/2 GETs, 2 in flight (tokio current-thread)";
+/// The fred peer, `mget` of C / 2 keys per call.
+pub const FRED_MGET: &str = "fred mget of C/2 keys, 2 in flight (tokio current-thread)";
 /// The server's ceiling.
 pub const REDIS_CEILING: &str =
     "redis-benchmark -P 64 -r 100000, 50 connections (reference: the server under its own load tool)";
@@ -1007,6 +1201,7 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
             limit_ops_per_s: c.limit_ops_per_s,
             client_cpu_ns: Vec::new(),
             service_cpu_ns: Vec::new(),
+            pairing: c.pairing,
         })
         .collect();
     let mut experiments: Vec<&'static str> = cases.iter().map(|c| c.experiment).collect();
@@ -1042,8 +1237,9 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
 }
 
 /// A Markdown table per experiment: median ns/op, million ops/s, range, the ratios
-/// (a peer's or ceiling's time over the best Weir's; on Weir's rows the best peer's
-/// time over Weir's: above 1, Weir is faster), fraction of the limit and latency; and
+/// (a peer's time over the best Weir row of its pairing, a ceiling's over the best
+/// Weir row; on Weir's rows the best peer of its pairing's time over Weir's: above 1,
+/// Weir is faster), the row each is compared with, fraction of the limit and latency; and
 /// where the experiment measures CPU time, the median CPU ns per operation of the
 /// client's thread and of the service's.
 pub fn render(summaries: &[Summary]) -> String {
@@ -1059,12 +1255,12 @@ pub fn render(summaries: &[Summary]) -> String {
         let _ = writeln!(out, "\n### {experiment}\n");
         let _ = writeln!(
             out,
-            "| implementation | role | median ns/op | M ops/s | min–max ns/op | time ÷ best weir | best peer ÷ weir time | of limit | p50 / p99 / p99.9 / max µs |{}",
+            "| implementation | role | median ns/op | M ops/s | min–max ns/op | time ÷ weir's | peer's time ÷ weir's | compared with | of limit | p50 / p99 / p99.9 / max µs |{}",
             if cpu { " client CPU ns/op | service CPU ns/op |" } else { "" }
         );
         let _ = writeln!(
             out,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|{}",
+            "|---|---|---:|---:|---:|---:|---:|---|---:|---:|{}",
             if cpu { "---:|---:|" } else { "" }
         );
         for s in rows {
@@ -1072,10 +1268,14 @@ pub fn render(summaries: &[Summary]) -> String {
             let ratios = ratios(summaries, s);
             let over_weir = ratios
                 .over_weir
-                .map_or("—".to_string(), |r| format!("{r:.2}×"));
+                .map_or("—".to_string(), |(_, r)| format!("{r:.2}×"));
             let best_peer = ratios
                 .best_peer
-                .map_or("—".to_string(), |(name, r)| format!("{r:.2}× ({name})"));
+                .map_or("—".to_string(), |(_, r)| format!("{r:.2}×"));
+            let compared_with = ratios
+                .over_weir
+                .or(ratios.best_peer)
+                .map_or("—", |(name, _)| name);
             let fraction = match s.limit_ops_per_s {
                 Some(limit) => format!("{:.1}%", 1e9 / median / limit * 100.0),
                 None => "—".to_string(),
@@ -1097,7 +1297,7 @@ pub fn render(summaries: &[Summary]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} | {} |{}",
+                "| {} | {} | {:.1} | {:.3} | {:.1}–{:.1} | {} | {} | {} | {} | {} |{}",
                 s.implementation,
                 s.role.name(),
                 median,
@@ -1106,6 +1306,7 @@ pub fn render(summaries: &[Summary]) -> String {
                 s.max_ns(),
                 over_weir,
                 best_peer,
+                compared_with,
                 fraction,
                 latency,
                 cpu_columns
@@ -1116,9 +1317,11 @@ pub fn render(summaries: &[Summary]) -> String {
 }
 
 /// The same figures as JSON, with the machine and the command. Per row:
-/// `peer_over_weir` is a peer's or ceiling's time over the best Weir row's; on Weir's
-/// rows, `best_peer` names the fastest peer and `best_peer_over_weir` is its time over
-/// the row's (above 1: Weir is faster). Ceilings are never the best peer. Where the
+/// `peer_over_weir` is a peer's time over the best Weir row of its pairing (a ceiling's
+/// or reference's over the best Weir row); on Weir's rows, `best_peer` names the
+/// fastest peer of its pairing and `best_peer_over_weir` is its time over the row's
+/// (above 1: Weir is faster); `compared_with` names the other row of the ratio and
+/// `pairing` is the row's [`Case::pairing`]. Ceilings are never the best peer. Where the
 /// workload measures CPU time: `client_cpu_ns_per_op` and `service_cpu_ns_per_op`
 /// (medians) and their samples per round.
 pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
@@ -1135,7 +1338,9 @@ pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
                 "min_ns_per_op": s.min_ns(),
                 "max_ns_per_op": s.max_ns(),
                 "samples_ns_per_op": s.samples_ns,
-                "peer_over_weir": ratios.over_weir,
+                "peer_over_weir": ratios.over_weir.map(|(_, r)| r),
+                "compared_with": ratios.over_weir.or(ratios.best_peer).map(|(name, _)| name),
+                "pairing": s.pairing,
                 "best_peer": ratios.best_peer.map(|(name, _)| name),
                 "best_peer_over_weir": ratios.best_peer.map(|(_, r)| r),
                 "limit_ops_per_s": s.limit_ops_per_s,
@@ -1203,6 +1408,14 @@ mod tests {
             limit_ops_per_s: None,
             client_cpu_ns: Vec::new(),
             service_cpu_ns: Vec::new(),
+            pairing: None,
+        }
+    }
+
+    fn paired(implementation: &'static str, ns: f64, pairing: &'static str) -> Summary {
+        Summary {
+            pairing: Some(pairing),
+            ..summary(implementation, ns)
         }
     }
 
@@ -1228,8 +1441,41 @@ mod tests {
         assert_eq!(rows[3]["peer_over_weir"].as_f64(), Some(2.0));
         assert_eq!(rows[4]["peer_over_weir"].as_f64(), Some(0.1));
         assert!(rows[4]["best_peer"].is_null());
+        assert_eq!(rows[2]["compared_with"], "weir io_uring");
+        assert_eq!(rows[1]["compared_with"], "fast peer");
         let table = render(&summaries);
-        assert!(table.contains("2.00× (fast peer)"), "{table}");
+        assert!(table.contains("| 2.00× | fast peer |"), "{table}");
+    }
+
+    /// A row is compared only with rows of its pairing: a batched Weir row with batched
+    /// peers, a plain one with plain peers, however the other pairing's rows compare.
+    #[test]
+    fn rows_are_compared_within_their_pairing() {
+        let summaries = [
+            paired("weir plain", 100.0, "plain"),
+            paired("weir batched", 20.0, "batched"),
+            paired("weir spinning", 50.0, "spin"),
+            paired("plain peer", 80.0, "plain"),
+            paired("batched peer", 40.0, "batched"),
+            paired("other batched peer", 60.0, "batched"),
+            summary("memcpy ceiling", 10.0),
+        ];
+        let json = to_json(&summaries, "test", 1);
+        let rows = json["results"].as_array().expect("rows");
+        assert_eq!(rows[0]["best_peer"], "plain peer");
+        assert!((rows[0]["best_peer_over_weir"].as_f64().unwrap() - 0.8).abs() < 1e-9);
+        assert_eq!(rows[1]["best_peer"], "batched peer");
+        assert_eq!(rows[1]["best_peer_over_weir"].as_f64(), Some(2.0));
+        // No peer spins: no ratio.
+        assert!(rows[2]["best_peer"].is_null());
+        assert!(rows[2]["best_peer_over_weir"].is_null());
+        assert_eq!(rows[3]["compared_with"], "weir plain");
+        assert_eq!(rows[3]["peer_over_weir"].as_f64(), Some(0.8));
+        assert_eq!(rows[5]["compared_with"], "weir batched");
+        assert_eq!(rows[5]["peer_over_weir"].as_f64(), Some(3.0));
+        // A ceiling bounds the best of Weir, whatever its pairing.
+        assert_eq!(rows[6]["compared_with"], "weir batched");
+        assert_eq!(rows[6]["pairing"], Value::Null);
     }
 
     /// CPU columns appear in the table and the JSON of an experiment that measures CPU

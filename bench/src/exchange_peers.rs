@@ -1,24 +1,43 @@
 //! Data exchange workloads: Weir's record writer → local channels → input gates on
-//! pinned cores, against what a Rust user would write between the same threads (a
-//! `crossbeam_channel` of records, one per message or a `Vec` of 32 KiB of them per
-//! message), and ceilings that bound the same work without an exchange's bookkeeping:
+//! pinned cores, against what a Rust user would write between the same two threads,
+//! a ceiling that bounds the same work, and references for the cost of Weir's wire
+//! format. The rows of the 1→1 experiments:
 //!
-//! - memcpy: length-prefixed records copied into 32 KiB segments cycling through a warm
-//!   region of the Weir pool's footprint (64 segments), on one thread;
-//! - memcpy + decode: the same, each filled segment then decoded record by record with
-//!   the records' codec, on one thread;
-//! - cross-core copy: a producer thread fills segments and a consumer thread on the
-//!   other core decodes them, the 64 segments circulating through two SPSC rings
-//!   (full, free): the least a two-core exchange of these bytes must do.
+//! - Weir's exchange ([`weir_exchange`]): records encoded length-prefixed into 32 KiB
+//!   segments of a local pool, handed over local channels, decoded by the input gate.
+//! - Peers, the records passed by value, no serialization:
+//!   - [`crossbeam_channel`]: a bounded `crossbeam_channel`, one record per message;
+//!   - [`rtrb_per_record`]: an `rtrb` SPSC ring buffer, one record per slot, both sides
+//!     spinning (then yielding) when the ring is full or empty;
+//!   - [`crossbeam_channel_batched`]: a bounded `crossbeam_channel` of `Vec`s of 32 KiB
+//!     of records, the emptied `Vec`s sent back for reuse.
+//! - The ceiling ([`cross_core_ceiling`]): the same values moved between the same two
+//!   cores with no framework: written by value into preallocated 32 KiB batches that two
+//!   SPSC rings circulate (full one way, emptied the other), both sides spinning, the
+//!   consumer reading the records in place. It is the batched peer without its channel's
+//!   locking and allocation, so no implementation of the experiment should beat it.
+//! - References for the wire format's copies, length-prefixed serialization into 32 KiB
+//!   segments and decoding out of them, with no exchange around them: the floor of an
+//!   exchange that serializes, as Weir's does, but no bound on the experiment: a peer
+//!   that passes values in memory skips these copies (with 8-byte records the batched
+//!   crossbeam peer has been faster than both references that decode):
+//!   - [`wire_copy_reference`]: the records copied into segments cycling through a warm
+//!     region of the Weir pool's footprint (64 segments), on one thread;
+//!   - [`wire_decode_reference`]: the same, each filled segment then decoded record by
+//!     record with the records' codec, on one thread;
+//!   - [`wire_cross_core_reference`]: a producer thread fills segments and a consumer
+//!     thread on the other core decodes them, the 64 segments circulating through two
+//!     SPSC rings (full, free).
 //!
 //! The producer of Weir's exchange reads the clock once every [`CLOCK_EVERY`] records,
 //! as a task reads it once per turn, and drives the writer's buffer timeout with it.
 //!
 //! Records are fixed-size byte payloads ([`FixedBytes<N>`], no allocation on either
-//! side, for Weir and the crossbeam peer alike): bytes 0..8 carry the sequence number,
-//! and for every 16th record of 16 bytes or more, bytes 8..16 carry its creation time,
-//! so the consumer samples latency through the exchange. Each consumer checks the count
-//! and the per-producer order before a time is reported.
+//! side, for Weir and the peers alike): bytes 0..8 carry the sequence number, and for
+//! every 16th record of 16 bytes or more, bytes 8..16 carry its creation time, so the
+//! consumer samples latency through the exchange; the other bytes come from
+//! `record_template`, which the compiler cannot see through. Each consumer checks the
+//! count and the per-producer order before a time is reported.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +86,16 @@ impl<const N: usize> ChannelSelector<FixedBytes<N>> for Selector<N> {
             Selector::HashModulo(s) => s.select(record, subpartitions),
         }
     }
+}
+
+/// The record a producer stamps and sends, bytes 8.. (16.. where timed) unchanged from
+/// record to record, opaque to the compiler: with a record it can see to be constant,
+/// the compiler may write the constant bytes (a `memset`) instead of copying the
+/// record, as it did in the 1000-byte wire-format copy, a shortcut that no producer of
+/// real records gets.
+#[inline]
+pub(crate) fn record_template<const N: usize>() -> FixedBytes<N> {
+    std::hint::black_box(FixedBytes([7u8; N]))
 }
 
 /// Fills in the sequence number and, for a sampled record, its creation time.
@@ -171,7 +200,7 @@ pub fn weir_exchange<const N: usize>(
                 ..WriterConfig::default()
             };
             let mut writer = RecordWriter::new(partition, selector, config).expect("writer");
-            let mut value = FixedBytes([7u8; N]);
+            let mut value = record_template::<N>();
             start_gate.wait();
             let mut clock = TurnClock::new(epoch);
             for seq in 0..per_producer {
@@ -288,7 +317,7 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
     let gate = Arc::clone(&start_gate);
     let producer = std::thread::spawn(move || {
         pin(core_a);
-        let mut value = FixedBytes([7u8; N]);
+        let mut value = record_template::<N>();
         gate.wait();
         for seq in 0..n {
             stamp(&mut value, seq, epoch);
@@ -298,6 +327,77 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
     producer.join().expect("producer");
     let (count, latency, end) = consumer.join().expect("consumer");
     assert_eq!(count, n);
+    Measurement {
+        elapsed: end.saturating_duration_since(start_gate.start()),
+        latency_ns: Some(latency),
+        cpu: None,
+    }
+}
+
+/// Slots of [`rtrb_per_record`]'s ring: 4096 records, a power of two with slack for the
+/// other side's short stalls (some 15 µs of 8-byte records at these rates, 300 µs of
+/// 1000-byte ones) while the ring stays in cache where records are small (32 KiB of
+/// 8-byte records, 400 KiB of 100-byte ones); 1000-byte records fill 4 MB, twice the
+/// 2 MiB that Weir's pool holds ([`POOL_SEGMENTS`] segments of 32 KiB). 1024 and 256
+/// slots measured the same within this VM's noise.
+pub const RTRB_CAPACITY: usize = 4096;
+
+/// The same records through an `rtrb` SPSC ring buffer ([`RTRB_CAPACITY`] slots) between
+/// two pinned threads, one record (by value) per slot: the producer pushes each record,
+/// the consumer pops one at a time; either spins on a full or empty ring, yielding
+/// after a while ([`Backoff`]) so that two threads on one core still progress.
+pub fn rtrb_per_record<const N: usize>(n: u64) -> Measurement {
+    let (mut tx, mut rx) = rtrb::RingBuffer::<FixedBytes<N>>::new(RTRB_CAPACITY);
+    // The ring's memory is allocated but not written: fill and drain it once before the
+    // clock starts, as a ring in use for a while is, rather than fault its pages in
+    // during the run (4 MB of them with 1000-byte records).
+    let template = record_template::<N>();
+    while tx.push(template).is_ok() {}
+    while rx.pop().is_ok() {}
+    let epoch = Instant::now();
+    let (core_a, core_b) = bench_cores();
+    let start_gate = StartLine::new(2);
+    let gate = Arc::clone(&start_gate);
+    let consumer = std::thread::spawn(move || {
+        pin(core_b);
+        let mut latency = histogram();
+        let mut count = 0u64;
+        let mut backoff = Backoff::default();
+        gate.wait();
+        while count < n {
+            match rx.pop() {
+                Ok(value) => {
+                    assert_eq!(seq_of(&value), count, "out of order");
+                    if let Some(created) = created_of(&value) {
+                        let now = epoch.elapsed().as_nanos() as u64;
+                        latency.saturating_record(now.saturating_sub(created).max(1));
+                    }
+                    count += 1;
+                    backoff.reset();
+                }
+                Err(rtrb::PopError::Empty) => backoff.snooze(),
+            }
+        }
+        (count, latency, Instant::now(), rx)
+    });
+    let gate = Arc::clone(&start_gate);
+    let producer = std::thread::spawn(move || {
+        pin(core_a);
+        let mut value = record_template::<N>();
+        let mut backoff = Backoff::default();
+        gate.wait();
+        for seq in 0..n {
+            stamp(&mut value, seq, epoch);
+            while tx.push(value).is_err() {
+                backoff.snooze();
+            }
+            backoff.reset();
+        }
+    });
+    producer.join().expect("producer");
+    let (count, latency, end, rx) = consumer.join().expect("consumer");
+    assert_eq!(count, n);
+    assert!(rx.is_empty(), "records beyond the {n} sent");
     Measurement {
         elapsed: end.saturating_duration_since(start_gate.start()),
         latency_ns: Some(latency),
@@ -345,7 +445,7 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
     let gate = Arc::clone(&start_gate);
     let producer = std::thread::spawn(move || {
         pin(core_a);
-        let mut value = FixedBytes([7u8; N]);
+        let mut value = record_template::<N>();
         let mut batch = Vec::with_capacity(per_batch);
         gate.wait();
         for seq in 0..n {
@@ -373,9 +473,100 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
     }
 }
 
+/// The cross-core ceiling: the same values between the same two pinned threads with no
+/// framework. The producer writes each record by value into a batch of 32 KiB of records
+/// ([`records_per_batch`]), and hands each full batch (and the last, partial one) to the
+/// consumer through an SPSC ring; the consumer reads the records in place, checking
+/// their order and sampling latency as the peers do, and hands the emptied batch back
+/// through a second ring. [`POOL_SEGMENTS`] batches, allocated and written once before
+/// the clock starts, circulate; both sides spin when a ring is empty (yielding after a
+/// while, [`Backoff`], so that two threads on one core still progress). This is the
+/// batched crossbeam peer without its channel's blocking (parking and waking threads)
+/// and its fallback allocation: nothing that moves these values between two cores does
+/// less.
+pub fn cross_core_ceiling<const N: usize>(n: u64) -> Measurement {
+    type Batch<const N: usize> = Box<[FixedBytes<N>]>;
+    let per_batch = records_per_batch::<N>();
+    let (mut full_tx, mut full_rx) = rtrb::RingBuffer::<(Batch<N>, usize)>::new(POOL_SEGMENTS);
+    let (mut free_tx, mut free_rx) = rtrb::RingBuffer::<Batch<N>>::new(POOL_SEGMENTS);
+    for _ in 0..POOL_SEGMENTS {
+        free_tx
+            .push(vec![record_template::<N>(); per_batch].into_boxed_slice())
+            .expect("the ring holds every batch");
+    }
+    let epoch = Instant::now();
+    let (core_a, core_b) = bench_cores();
+    let start_gate = StartLine::new(2);
+    let gate = Arc::clone(&start_gate);
+    let consumer = std::thread::spawn(move || {
+        pin(core_b);
+        let mut latency = histogram();
+        let mut count = 0u64;
+        let mut backoff = Backoff::default();
+        gate.wait();
+        while count < n {
+            match full_rx.pop() {
+                Ok((batch, len)) => {
+                    for value in &batch[..len] {
+                        assert_eq!(seq_of(value), count, "out of order");
+                        if let Some(created) = created_of(value) {
+                            let now = epoch.elapsed().as_nanos() as u64;
+                            latency.saturating_record(now.saturating_sub(created).max(1));
+                        }
+                        count += 1;
+                    }
+                    // The free ring holds every batch, so this never fails.
+                    let _ = free_tx.push(batch);
+                    backoff.reset();
+                }
+                Err(rtrb::PopError::Empty) => backoff.snooze(),
+            }
+        }
+        (count, latency, Instant::now(), full_rx)
+    });
+    let gate = Arc::clone(&start_gate);
+    let producer = std::thread::spawn(move || {
+        pin(core_a);
+        let mut value = record_template::<N>();
+        let mut backoff = Backoff::default();
+        gate.wait();
+        let mut seq = 0;
+        while seq < n {
+            let mut batch = loop {
+                match free_rx.pop() {
+                    Ok(batch) => break batch,
+                    Err(rtrb::PopError::Empty) => backoff.snooze(),
+                }
+            };
+            backoff.reset();
+            let len = (n - seq).min(per_batch as u64) as usize;
+            for slot in &mut batch[..len] {
+                stamp(&mut value, seq, epoch);
+                *slot = value;
+                seq += 1;
+            }
+            let mut full = (batch, len);
+            while let Err(rtrb::PushError::Full(back)) = full_tx.push(full) {
+                full = back;
+                backoff.snooze();
+            }
+            backoff.reset();
+        }
+    });
+    producer.join().expect("producer");
+    let (count, latency, end, full_rx) = consumer.join().expect("consumer");
+    assert_eq!(count, n);
+    assert!(full_rx.is_empty(), "records beyond the {n} sent");
+    Measurement {
+        elapsed: end.saturating_duration_since(start_gate.start()),
+        latency_ns: Some(latency),
+        cpu: None,
+    }
+}
+
 /// Writes length-prefixed records with sequence numbers `*seq..end` into `segment`
 /// with the records' codec until it is full (records do not span segments here, which
-/// only flatters the ceilings); returns the bytes used.
+/// only flatters the wire-format references); returns the bytes used.
 #[inline]
 pub(crate) fn fill_segment<const N: usize>(
     segment: &mut [u8],
@@ -397,6 +588,11 @@ pub(crate) fn fill_segment<const N: usize>(
 
 /// Decodes the records in `segment[..used]` with the records' codec, checking that
 /// their sequence numbers continue from `*expected`.
+///
+/// Each decoded record goes through `black_box`, as a record handed on to a consumer
+/// would be: read for its sequence number only, the decoded copy is otherwise dead and
+/// the compiler drops it, leaving two loads per record, no decode at all (the
+/// 1000-byte copy-and-decode reference then measured no slower than the copy alone).
 #[inline]
 pub(crate) fn decode_segment<const N: usize>(segment: &[u8], used: usize, expected: &mut u64) {
     let mut offset = 0;
@@ -407,7 +603,8 @@ pub(crate) fn decode_segment<const N: usize>(segment: &[u8], used: usize, expect
                 .expect("4-byte prefix"),
         ) as usize;
         let mut bytes = &segment[offset + 4..offset + 4 + len];
-        let record = FixedBytes::<N>::decode(&mut bytes).expect("a whole record");
+        let record =
+            std::hint::black_box(FixedBytes::<N>::decode(&mut bytes).expect("a whole record"));
         assert_eq!(seq_of(&record), *expected, "out of order");
         *expected += 1;
         offset += 4 + len;
@@ -422,16 +619,23 @@ fn warm_segments() -> Vec<Box<[u8]>> {
         .collect()
 }
 
-/// The single-thread copy ceiling: `n` length-prefixed records of `N` bytes copied
-/// into 32 KiB segments cycling through a warm region the size of Weir's pool.
-pub fn memcpy_ceiling<const N: usize>(n: u64) -> Measurement {
+/// The wire format's copy, on one thread: `n` length-prefixed records of `N` bytes
+/// copied into 32 KiB segments cycling through a warm region the size of Weir's pool.
+/// A reference, not a ceiling: it is one side of the serialization only.
+///
+/// Each filled segment goes through `black_box`, so that every segment's bytes are
+/// written (a segment is overwritten 64 segments later, and is otherwise never read),
+/// and the records come from `record_template`, so that they are copied: with a record
+/// the compiler could see to be constant, this was a `memset` of its constant bytes.
+pub fn wire_copy_reference<const N: usize>(n: u64) -> Measurement {
     let mut segments = warm_segments();
-    let mut record = FixedBytes([7u8; N]);
+    let mut record = record_template::<N>();
     let start = Instant::now();
     let mut seq = 0;
     let mut index = 0;
     while seq < n {
         fill_segment(&mut segments[index], &mut record, &mut seq, n);
+        std::hint::black_box(&segments[index]);
         index = (index + 1) % segments.len();
     }
     let elapsed = start.elapsed();
@@ -439,18 +643,19 @@ pub fn memcpy_ceiling<const N: usize>(n: u64) -> Measurement {
     elapsed.into()
 }
 
-/// The single-thread copy-and-decode ceiling: as [`memcpy_ceiling`], and each filled
-/// segment is then decoded record by record, as a consumer would.
-pub fn memcpy_decode_ceiling<const N: usize>(n: u64) -> Measurement {
+/// The wire format's copy and decode, on one thread: as [`wire_copy_reference`], and
+/// each filled segment is then decoded record by record, as a consumer would (see
+/// `decode_segment` for why each decoded record goes through `black_box`).
+pub fn wire_decode_reference<const N: usize>(n: u64) -> Measurement {
     let mut segments = warm_segments();
-    let mut record = FixedBytes([7u8; N]);
+    let mut record = record_template::<N>();
     let start = Instant::now();
     let mut seq = 0;
     let mut decoded = 0;
     let mut index = 0;
     while seq < n {
         let used = fill_segment(&mut segments[index], &mut record, &mut seq, n);
-        decode_segment::<N>(&segments[index], used, &mut decoded);
+        decode_segment::<N>(std::hint::black_box(&segments[index]), used, &mut decoded);
         index = (index + 1) % segments.len();
     }
     let elapsed = start.elapsed();
@@ -458,10 +663,12 @@ pub fn memcpy_decode_ceiling<const N: usize>(n: u64) -> Measurement {
     elapsed.into()
 }
 
-/// The cross-core ceiling: the producer thread copies records into segments and hands
-/// each full one over an SPSC ring to the consumer thread on the other core, which
-/// decodes it and hands it back over a second ring; `POOL_SEGMENTS` segments in all.
-pub fn cross_core_ceiling<const N: usize>(n: u64) -> Measurement {
+/// The wire format's copies across cores: the producer thread copies records into
+/// segments and hands each full one over an SPSC ring to the consumer thread on the
+/// other core, which decodes it and hands it back over a second ring; `POOL_SEGMENTS`
+/// segments in all. The floor of an exchange that serializes, as Weir's does; not a
+/// ceiling of the experiment, whose peers move the values without serializing them.
+pub fn wire_cross_core_reference<const N: usize>(n: u64) -> Measurement {
     let (mut full_tx, mut full_rx) = rtrb::RingBuffer::<(Box<[u8]>, usize)>::new(POOL_SEGMENTS);
     let (mut free_tx, mut free_rx) = rtrb::RingBuffer::<Box<[u8]>>::new(POOL_SEGMENTS);
     for segment in warm_segments() {
@@ -469,7 +676,7 @@ pub fn cross_core_ceiling<const N: usize>(n: u64) -> Measurement {
     }
     let elapsed = crate::affinity::run_pair(
         move || {
-            let mut record = FixedBytes([7u8; N]);
+            let mut record = record_template::<N>();
             let mut backoff = Backoff::default();
             let mut seq = 0;
             while seq < n {
@@ -551,7 +758,7 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
     });
     pin(core_a);
     assert!(N >= 16, "open-loop records carry their intended send time");
-    let mut value = FixedBytes([7u8; N]);
+    let mut value = record_template::<N>();
     ready.wait();
     let start = Instant::now();
     let first = epoch.elapsed().as_nanos() as u64;
@@ -593,11 +800,29 @@ mod tests {
     }
 
     #[test]
-    fn ceilings_copy_and_decode_every_record() {
-        memcpy_ceiling::<1000>(5_000);
-        memcpy_decode_ceiling::<100>(20_000);
-        memcpy_decode_ceiling::<8>(1);
-        cross_core_ceiling::<100>(50_000);
+    fn wire_format_references_copy_and_decode_every_record() {
+        wire_copy_reference::<1000>(5_000);
+        wire_decode_reference::<100>(20_000);
+        wire_decode_reference::<8>(1);
+        wire_cross_core_reference::<100>(50_000);
+        wire_cross_core_reference::<1000>(0);
+    }
+
+    #[test]
+    fn rtrb_delivers_every_record_through_a_full_ring() {
+        let measured = rtrb_per_record::<100>(RTRB_CAPACITY as u64 * 3 + 5);
+        assert!(measured.latency_ns.is_some());
+        rtrb_per_record::<8>(1);
+        rtrb_per_record::<1000>(0);
+    }
+
+    #[test]
+    fn cross_core_ceiling_sends_a_partial_last_batch() {
+        // More batches than circulate, so that they are recycled, and a partial last one.
+        let n = records_per_batch::<100>() as u64 * (POOL_SEGMENTS as u64 + 3) + 7;
+        let measured = cross_core_ceiling::<100>(n);
+        assert!(measured.latency_ns.is_some());
+        cross_core_ceiling::<8>(1);
         cross_core_ceiling::<1000>(0);
     }
 

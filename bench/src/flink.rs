@@ -58,17 +58,21 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
     let Some(rows) = suite_json["results"].as_array_mut() else {
         return Some("\n**Apache Flink**: no Weir rows to compare with.\n".into());
     };
-    // Weir's row in the same mode ("flink unordered" against "weir unordered"), else
+    // Weir's row in the same mode ("flink unordered" against "weir unordered ..."), else
     // the experiment's first Weir row, as `weir compare` takes for its peers.
-    let weir_median = |rows: &[Value], experiment: &str, implementation: &str| {
+    let weir_row = |rows: &[Value], experiment: &str, implementation: &str| {
         let same_mode = implementation.replacen("flink", "weir", 1);
         let weir =
             |r: &&Value| r["is_weir"].as_bool() == Some(true) && r["experiment"] == experiment;
         rows.iter()
             .filter(weir)
-            .find(|r| r["implementation"] == same_mode.as_str())
+            .find(|r| {
+                r["implementation"]
+                    .as_str()
+                    .is_some_and(|name| name.starts_with(same_mode.as_str()))
+            })
             .or_else(|| rows.iter().find(weir))
-            .and_then(|r| r["median_ns_per_op"].as_f64())
+            .and_then(|r| Some((r["implementation"].clone(), r["median_ns_per_op"].as_f64()?)))
     };
     let mut startups = Vec::new();
     let mut placements = Vec::new();
@@ -76,11 +80,12 @@ pub fn merge(data: &Path, suite: &str, suite_json: &mut Value) -> Option<String>
         let experiment = row["experiment"].as_str().unwrap_or("?").to_string();
         let implementation = row["implementation"].as_str().unwrap_or("?").to_string();
         row["is_weir"] = Value::Bool(false);
-        if let (Some(weir), Some(flink)) = (
-            weir_median(rows, &experiment, &implementation),
+        if let (Some((weir_name, weir)), Some(flink)) = (
+            weir_row(rows, &experiment, &implementation),
             row["median_ns_per_op"].as_f64(),
         ) {
             row["peer_over_weir"] = Value::from(flink / weir);
+            row["compared_with"] = weir_name;
         }
         if row["placement"].is_object() {
             placements.push((experiment.clone(), row["placement"].clone()));

@@ -1,27 +1,36 @@
 //! Remote exchange workloads: Weir's record writer → result partition → transport
-//! (loopback TCP, credit-based) → input gate, against the raw TCP ceiling.
+//! (loopback TCP, credit-based) → input gate, against raw TCP ceilings. The rows:
 //!
-//! [`weir_remote`] runs both ends in this process, on threads: the producing and the
-//! consuming side each have their own [`Transport`] (so their own network thread,
-//! listener and connection end) and their own network buffer pool, as two processes
-//! would; nothing but the TCP connection joins them. [`weir_remote_processes`] runs the
-//! producing side in a second process (this binary re-executed), as a job across
-//! processes would.
+//! - Weir's remote exchange in one process ([`weir_remote`], network threads on
+//!   io_uring or epoll): the producing and the consuming side each have their own
+//!   [`Transport`] (so their own network thread, listener and connection end) and their
+//!   own network buffer pool, as two processes would; nothing but the TCP connection
+//!   joins them.
+//! - Weir's remote exchange across two processes ([`weir_remote_processes`]): the
+//!   producing side in a second process (this binary re-executed), as a job across
+//!   processes would run.
+//! - The local exchange, a reference ([`crate::exchange_peers::weir_exchange`]): the
+//!   same records between the same threads with no TCP.
+//! - The raw TCP ceiling of throughput ([`tcp_ceiling`]): the same bytes moved as a
+//!   competent user would by hand. The writer fills a 32 KiB buffer with the same
+//!   length-prefixed records (the records' codec) and writes its length and the buffer
+//!   with blocking writes on a `TcpStream` (`TCP_NODELAY`); the reader reads the length
+//!   and the buffer into one buffer of its own, spinning on a non-blocking socket 1→1
+//!   and blocked in `read` 2→2 (whichever is faster on two cores, see [`tcp_ceiling`]),
+//!   and decodes the records, checking their order. No credits, no pools, no
+//!   multiplexing: one connection per producer–consumer pair.
+//! - Latency at an open-loop rate, 1→1, buffer timeout 0 ([`weir_remote_open_loop`]),
+//!   with the network threads parking when idle or spinning 200 µs first; against the
+//!   raw TCP ceiling of latency ([`tcp_open_loop_ceiling`]): one write per record on a
+//!   `TCP_NODELAY` stream, read by a thread spinning on the non-blocking socket.
 //!
-//! The consumers spin briefly and then park when they have nothing to read, woken by
-//! their channels, and the producers park while their pool is exhausted, woken when the
-//! network thread has sent a buffer, as workers do: on two cores, threads that spin or
-//! yield take the time the network threads need (2→2 at 100 bytes on epoll took 70.9 ns
-//! per record with spinning consumers and producers, `results/2026-12-01-remote-9a14b2d-quiet.md`,
-//! and 44.6–45.2 with parking ones, `results/2026-12-01-remote-f34aedd.md`; 1→1 at 1000
-//! bytes 595 and 360–365).
-//!
-//! The raw TCP ceiling moves the same bytes as a competent user would by hand: the
-//! writer fills a 32 KiB buffer with the same length-prefixed records (the records'
-//! codec), writes its length and the buffer with blocking writes on a `TcpStream`
-//! (`TCP_NODELAY`); the reader reads the length and the buffer with `read_exact` into
-//! one buffer of its own and decodes the records, checking their order. No credits, no
-//! pools, no multiplexing: one connection per producer–consumer pair.
+//! The consumers of Weir's exchange spin briefly and then park when they have nothing to
+//! read, woken by their channels, and the producers park while their pool is exhausted,
+//! woken when the network thread has sent a buffer, as workers do: on two cores, threads
+//! that spin or yield take the time the network threads need (2→2 at 100 bytes on epoll
+//! took 70.9 ns per record with spinning consumers and producers,
+//! `results/2026-12-01-remote-9a14b2d-quiet.md`, and 44.6–45.2 with parking ones,
+//! `results/2026-12-01-remote-f34aedd.md`; 1→1 at 1000 bytes 595 and 360–365).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,8 +50,8 @@ use weir_net::DriverKind;
 use crate::affinity::{bench_cores, pin, StartLine};
 use crate::async_peers::{histogram, Measurement};
 use crate::exchange_peers::{
-    created_of, decode_segment, fill_segment, finish, seq_of, stamp, wait_available, TurnClock,
-    CLOCK_EVERY, POOL_SEGMENTS,
+    created_of, decode_segment, fill_segment, finish, record_template, seq_of, stamp,
+    wait_available, TurnClock, CLOCK_EVERY, POOL_SEGMENTS,
 };
 
 /// Segments of the consuming side's network pool per consumer: the receive pool
@@ -153,7 +162,7 @@ pub fn weir_remote<const N: usize>(
             };
             let mut writer =
                 RecordWriter::new(partition, RoundRobin::default(), config).expect("writer");
-            let mut value = FixedBytes([7u8; N]);
+            let mut value = record_template::<N>();
             start_gate.wait();
             let mut clock = TurnClock::new(epoch);
             for seq in 0..per_producer {
@@ -422,7 +431,7 @@ fn remote_producer<const N: usize>(args: ProducerArgs) -> i32 {
                 };
                 let mut writer =
                     RecordWriter::new(partition, RoundRobin::default(), config).expect("writer");
-                let mut value = FixedBytes([7u8; N]);
+                let mut value = record_template::<N>();
                 let mut clock = TurnClock::new(epoch);
                 for seq in 0..per_producer {
                     if seq % CLOCK_EVERY == 0 {
@@ -498,23 +507,34 @@ fn idle(spins: &mut u32, parker: &weir_engine::park::Parker) {
 /// The raw TCP ceiling: `pairs` writer/reader pairs, each on its own loopback
 /// connection, moving `n / pairs` records of `N` bytes in 32 KiB buffers (see the
 /// module docs).
+///
+/// The reader spins on a non-blocking socket where it has a core to itself (one pair:
+/// the writer on one bench core, the reader on the other) and blocks in `read` where
+/// the threads outnumber the cores (two pairs on the two bench cores), whichever
+/// is faster there: on this VM, spinning took about a tenth less time per record than
+/// blocking 1→1, and blocking about a quarter to a third less than spinning 2→2, where
+/// a spinning reader takes the time its core's writer needs. The writes block: a
+/// spinning writer gained nothing. Each wake-up of a blocked reader brings up to 32 KiB,
+/// so it is paid per buffer, not per record.
 pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let per_pair = n / pairs as u64;
     let (core_a, core_b) = bench_cores();
+    let spin = pairs == 1 && core_a != core_b;
     let start_gate = StartLine::new(2 * pairs);
     let mut threads = Vec::new();
     for pair in 0..pairs {
         let writer = TcpStream::connect(addr).expect("connect");
         let (reader, _) = listener.accept().expect("accept");
         writer.set_nodelay(true).expect("nodelay");
+        reader.set_nonblocking(spin).expect("nonblocking");
         let start = Arc::clone(&start_gate);
         threads.push(std::thread::spawn(move || {
             let mut writer = writer;
             pin(if pair % 2 == 0 { core_a } else { core_b });
             let mut segment = vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice();
-            let mut record = FixedBytes([7u8; N]);
+            let mut record = record_template::<N>();
             let mut seq = 0;
             start.wait();
             while seq < per_pair {
@@ -535,12 +555,17 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
             let mut prefix = [0u8; 4];
             start.wait();
             while decoded < per_pair {
-                reader.read_exact(&mut prefix).expect("read");
+                read_full(&mut reader, &mut prefix);
                 let used = u32::from_le_bytes(prefix) as usize;
-                reader.read_exact(&mut segment[..used]).expect("read");
+                read_full(&mut reader, &mut segment[..used]);
                 decode_segment::<N>(&segment, used, &mut decoded);
             }
-            Some(Instant::now())
+            let finished = Instant::now();
+            // Nothing beyond the records sent: the writer closes its end after them.
+            reader.set_nonblocking(false).expect("blocking");
+            let beyond = reader.read(&mut prefix).expect("read");
+            assert_eq!(beyond, 0, "bytes beyond the {per_pair} records sent");
+            Some(finished)
         }));
     }
     let mut end: Option<Instant> = None;
@@ -552,6 +577,20 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
     let start = start_gate.start();
     end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start))
         .into()
+}
+
+/// Fills `buf` from `reader`: blocked in `read` on a blocking socket, spinning on a
+/// non-blocking one (a read that would block is retried at once).
+fn read_full(reader: &mut TcpStream, mut buf: &mut [u8]) {
+    while !buf.is_empty() {
+        match reader.read(buf) {
+            Ok(0) => panic!("the writer closed early"),
+            Ok(read) => buf = &mut buf[read..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("read: {e}"),
+        }
+    }
 }
 
 /// Open loop over the transport: `n` records of `N` bytes at `rate` per second, 1→1,
@@ -624,7 +663,7 @@ pub fn weir_remote_open_loop<const N: usize>(
         }
     });
     pin(core_a);
-    let mut value = FixedBytes([7u8; N]);
+    let mut value = record_template::<N>();
     ready.wait();
     let start = Instant::now();
     let first = epoch.elapsed().as_nanos() as u64;
@@ -654,15 +693,20 @@ pub fn weir_remote_open_loop<const N: usize>(
 }
 
 /// The latency ceiling of raw TCP: the same open loop (`n` records of `N` bytes at
-/// `rate` per second) as one blocking write of each length-prefixed record on a
-/// `TCP_NODELAY` stream, and a reader blocked in `read_exact`: one system call each way
-/// and one wake-up per record, nothing else.
+/// `rate` per second), each length-prefixed record sent with one write on a
+/// `TCP_NODELAY` stream at its intended send time; the reader spins on the non-blocking
+/// socket (a read that would block is retried at once), decodes the whole records of
+/// what arrived and records each one's latency from its intended send time (corrected
+/// for coordinated omission), checking their order. One system call per record on the
+/// writer, no wake-up on the reader: a reader blocked in `read` waits for the scheduler
+/// to run it, milliseconds on this VM, which is no bound on what the transport can do.
 pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
     assert!(N >= 16, "open-loop records carry their intended send time");
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let mut writer = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
     let (mut reader, _) = listener.accept().expect("accept");
     writer.set_nodelay(true).expect("nodelay");
+    reader.set_nonblocking(true).expect("nonblocking");
     let interval_ns = 1_000_000_000 / rate.max(1);
     let epoch = Instant::now();
     let (core_a, core_b) = bench_cores();
@@ -672,20 +716,39 @@ pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
         pin(core_b);
         consumer_ready.wait();
         let mut latency = histogram();
-        let mut frame = vec![0u8; 4 + N];
-        for _ in 0..n {
-            reader.read_exact(&mut frame).expect("read");
-            let intended = u64::from_le_bytes(frame[12..20].try_into().expect("8 bytes"));
-            let now = epoch.elapsed().as_nanos() as u64;
-            latency
-                .record_correct(now.saturating_sub(intended).max(1), interval_ns)
-                .expect("in bounds");
+        // 64 KiB, not a whole number of records: a read may end inside one.
+        let mut buffer = vec![0u8; (64 * 1024).max(4 + N)].into_boxed_slice();
+        let mut filled = 0;
+        let mut received = 0u64;
+        while received < n {
+            match reader.read(&mut buffer[filled..]) {
+                Ok(0) => panic!("the writer closed after {received} of {n} records"),
+                Ok(read) => {
+                    filled = take_records::<N>(&mut buffer, filled + read, |seq, intended| {
+                        assert_eq!(seq, received, "out of order");
+                        let now = epoch.elapsed().as_nanos() as u64;
+                        latency
+                            .record_correct(now.saturating_sub(intended).max(1), interval_ns)
+                            .expect("in bounds");
+                        received += 1;
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("read: {e}"),
+            }
         }
+        // Nothing beyond the n records: the writer closes its end after the last one.
+        assert_eq!(filled, 0, "bytes beyond the {n} records sent");
+        reader.set_nonblocking(false).expect("blocking");
+        let beyond = reader.read(&mut buffer).expect("read");
+        assert_eq!(beyond, 0, "bytes beyond the {n} records sent");
         latency
     });
     pin(core_a);
-    let mut frame = vec![7u8; 4 + N];
+    let mut frame = vec![0u8; 4 + N];
     frame[..4].copy_from_slice(&(N as u32).to_le_bytes());
+    frame[20..].copy_from_slice(&record_template::<N>().0[16..]);
     ready.wait();
     let start = Instant::now();
     let first = epoch.elapsed().as_nanos() as u64;
@@ -698,6 +761,7 @@ pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
         frame[12..20].copy_from_slice(&intended.to_le_bytes());
         writer.write_all(&frame).expect("write");
     }
+    drop(writer);
     let latency = consumer.join().expect("consumer");
     Measurement {
         elapsed: start.elapsed(),
@@ -706,9 +770,60 @@ pub fn tcp_open_loop_ceiling<const N: usize>(rate: u64, n: u64) -> Measurement {
     }
 }
 
+/// Takes the whole length-prefixed records of `N` bytes at the start of
+/// `buffer[..filled]`, handing each one's sequence number and intended send time (bytes
+/// 0..8 and 8..16 of the record) to `each`, and moves the rest, the start of a record
+/// still arriving, to the front of `buffer`; returns its length.
+fn take_records<const N: usize>(
+    buffer: &mut [u8],
+    filled: usize,
+    mut each: impl FnMut(u64, u64),
+) -> usize {
+    let frame = 4 + N;
+    let whole = filled / frame * frame;
+    for record in buffer[..whole].chunks_exact(frame) {
+        let len = u32::from_le_bytes(record[..4].try_into().expect("4 bytes"));
+        assert_eq!(len as usize, N, "a record's length prefix");
+        let seq = u64::from_le_bytes(record[4..12].try_into().expect("8 bytes"));
+        let intended = u64::from_le_bytes(record[12..20].try_into().expect("8 bytes"));
+        each(seq, intended);
+    }
+    buffer.copy_within(whole..filled, 0);
+    filled - whole
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spinning_reader_takes_whole_records_and_keeps_the_rest() {
+        let mut stream = Vec::new();
+        for seq in 0..3u64 {
+            stream.extend_from_slice(&20u32.to_le_bytes());
+            stream.extend_from_slice(&seq.to_le_bytes());
+            stream.extend_from_slice(&(100 + seq).to_le_bytes());
+            stream.extend_from_slice(&[7u8; 4]);
+        }
+        // Two reads, the first ending inside the second record.
+        let mut buffer = [0u8; 64];
+        let mut taken = Vec::new();
+        buffer[..30].copy_from_slice(&stream[..30]);
+        let filled = take_records::<20>(&mut buffer, 30, |seq, at| taken.push((seq, at)));
+        assert_eq!((filled, &taken[..]), (6, &[(0, 100)][..]));
+        buffer[filled..filled + 42].copy_from_slice(&stream[30..]);
+        let filled = take_records::<20>(&mut buffer, filled + 42, |seq, at| taken.push((seq, at)));
+        assert_eq!(filled, 0);
+        assert_eq!(taken, [(0, 100), (1, 101), (2, 102)]);
+    }
+
+    #[test]
+    fn the_latency_ceiling_delivers_every_record() {
+        let measured = tcp_open_loop_ceiling::<1000>(100_000, 3_000);
+        assert!(measured.latency_ns.is_some_and(|l| l.len() >= 3_000));
+        tcp_open_loop_ceiling::<16>(20_000, 1);
+        tcp_open_loop_ceiling::<100>(20_000, 0);
+    }
 
     #[test]
     fn remote_exchange_and_ceiling_deliver_every_record() {
@@ -721,7 +836,11 @@ mod tests {
         );
         weir_remote::<8>(2, 2, None, DriverKind::Epoll, 20_000);
         tcp_ceiling::<100>(2, 20_000);
-        tcp_open_loop_ceiling::<100>(20_000, 200);
+        // One pair: the reader spins on a non-blocking socket.
+        tcp_ceiling::<100>(1, 20_000);
+        tcp_ceiling::<1000>(1, 3);
+        let measured = tcp_open_loop_ceiling::<100>(20_000, 200);
+        assert!(measured.latency_ns.is_some_and(|l| l.len() >= 200));
         let measured = weir_remote_open_loop::<100>(20_000, Duration::ZERO, DriverKind::Auto, 200);
         assert!(measured.latency_ns.is_some());
     }

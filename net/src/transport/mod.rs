@@ -246,7 +246,7 @@ impl Transport {
             peer: config.listen.to_string(),
             source,
         };
-        let listener = TcpListener::bind(config.listen).map_err(|e| io("binding", e))?;
+        let listener = bind_listener(config.listen).map_err(|e| io("binding", e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| io("setting the listener non-blocking", e))?;
@@ -488,3 +488,48 @@ impl core::fmt::Debug for Transport {
 
 /// Shared with the network thread: commands from API calls (control plane, rare).
 type Commands = Mutex<Vec<Command>>;
+
+/// How long [`bind_listener`] retries an address in use.
+const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Binds the transport's listener, retrying for up to [`BIND_RETRY`] while the address
+/// is in use: a process restarted on its port (after a crash, or by a supervisor) may
+/// find the listener of the instance before it not yet released, since a socket that
+/// io_uring still holds outlives its process until the kernel has torn its ring down.
+/// Another process that really holds the port still fails the bind, after the retries.
+fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let deadline = std::time::Instant::now() + BIND_RETRY;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match TcpListener::bind(addr) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && addr.port() != 0
+                    && std::time::Instant::now() + pause < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            result => return result,
+        }
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    /// A port still held when the bind starts is taken once its holder lets it go.
+    #[test]
+    fn a_port_in_use_is_bound_once_released() {
+        let held = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = held.local_addr().expect("addr");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        let listener = bind_listener(addr).expect("bound after the release");
+        assert_eq!(listener.local_addr().expect("addr"), addr);
+        release.join().expect("released");
+    }
+}
