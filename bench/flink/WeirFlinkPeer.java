@@ -306,15 +306,23 @@ public final class WeirFlinkPeer {
     }
 
     /**
-     * A bounded single-producer/single-consumer queue over an array: the producer
-     * publishes a slot by a release store of `tail`, the consumer frees it by a release
-     * store of `head`.
+     * A bounded single-producer/single-consumer queue over an array, as Weir's ring and
+     * rtrb are built: the producer publishes a slot by a release store of `tail`, the
+     * consumer frees it by a release store of `head`; each index lives on its own cache
+     * line (an AtomicLongArray, 128 bytes apart), and each side keeps a cached copy of the
+     * other's index, reading it again only when the queue looks full or empty.
      */
     static final class SpscQueue<T> {
+        private static final int HEAD = 0;
+        private static final int TAIL = 16;
         private final Object[] slots;
         private final int mask;
-        private final AtomicLong head = new AtomicLong();
-        private final AtomicLong tail = new AtomicLong();
+        private final java.util.concurrent.atomic.AtomicLongArray indices =
+                new java.util.concurrent.atomic.AtomicLongArray(32);
+        /** The producer's copy of `head`. */
+        private long headCache;
+        /** The consumer's copy of `tail`. */
+        private long tailCache;
 
         SpscQueue(int capacity) {
             if (Integer.bitCount(capacity) != 1) {
@@ -326,26 +334,32 @@ public final class WeirFlinkPeer {
 
         /** The producer's side: false if the queue is full. */
         boolean offer(T item) {
-            long t = tail.getPlain();
-            if (t - head.getAcquire() == slots.length) {
-                return false;
+            long t = indices.getPlain(TAIL);
+            if (t - headCache == slots.length) {
+                headCache = indices.getAcquire(HEAD);
+                if (t - headCache == slots.length) {
+                    return false;
+                }
             }
             slots[(int) t & mask] = item;
-            tail.setRelease(t + 1);
+            indices.setRelease(TAIL, t + 1);
             return true;
         }
 
         /** The consumer's side: null if the queue is empty. */
         @SuppressWarnings("unchecked")
         T poll() {
-            long h = head.getPlain();
-            if (h == tail.getAcquire()) {
-                return null;
+            long h = indices.getPlain(HEAD);
+            if (h == tailCache) {
+                tailCache = indices.getAcquire(TAIL);
+                if (h == tailCache) {
+                    return null;
+                }
             }
             int i = (int) h & mask;
             T item = (T) slots[i];
             slots[i] = null;
-            head.setRelease(h + 1);
+            indices.setRelease(HEAD, h + 1);
             return item;
         }
     }

@@ -24,9 +24,13 @@
 //!   timing wheel (the engine's, as the operator's own timeouts are; 64 µs ticks), the
 //!   task reports the earliest timer as its deadline, and the idle worker parks until it
 //!   (timer slack 1 ns). tokio's precise peer keeps its calls' deadlines in a heap and
-//!   arms a `timerfd` at the earliest ([`tokio_precise_timer`], slack 1 ns); the tick
+//!   arms a `timerfd` at the earliest ([`tokio_precise_timer`]: a `timerfd` has no
+//!   slack); the tick
 //!   peer runs `tokio::time::sleep(L)` per call, whose 1 ms wheel rounds a deadline up
 //!   to the next tick (a 1 ms sleep lasts 1 to 2 ms), as tokio users get by default.
+//!
+//! Every workload runs its driving thread on the first bench core (pinned at its start,
+//! whatever ran before it on the comparison's thread).
 //!
 //! Each workload checks that every record came out once before it reports a time.
 
@@ -84,6 +88,12 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds")
 }
 
+/// Pins the calling thread to the first bench core (where there is one).
+fn pin_first_core() {
+    let (core_a, _) = crate::affinity::bench_cores();
+    crate::affinity::pin(core_a);
+}
+
 /// Counts records and checks each input id arrives once.
 struct CountingSink {
     count: u64,
@@ -127,6 +137,7 @@ impl AsyncFunction for Immediate {
 
 /// `n` records through Weir's operator with latency 0.
 pub fn weir_immediate(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
+    pin_first_core();
     let parker = Parker::current();
     let config = AsyncConfig::new(mode, capacity);
     let mut operator =
@@ -195,7 +206,9 @@ macro_rules! with_results {
 /// still queued (or the stream is unordered), its value is emitted at once and the
 /// call never enters a queue; otherwise it waits in a bounded `futures_buffered` queue
 /// (ordered or not), at most `capacity` of them. What a tokio user writes when most
-/// calls are answered from a cache.
+/// calls are answered from a cache. A call that is not ready at its first poll is
+/// polled once more by the queue it joins: the price of looking before queueing, paid
+/// only by calls that wait.
 pub struct ValueOrFuture<St: futures::Stream>
 where
     St::Item: std::future::Future,
@@ -298,6 +311,7 @@ pub fn tokio_immediate(
     capacity: usize,
     n: u64,
 ) -> Measurement {
+    pin_first_core();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
@@ -429,6 +443,7 @@ impl AsyncFunction for Batched {
 /// operator, and so on. Every record takes the operator's whole path (entry stored,
 /// completion queued, emitted on drain).
 pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
+    pin_first_core();
     let parker = Parker::current();
     let config = AsyncConfig::new(mode, capacity);
     let pending = Rc::new(RefCell::new(Vec::with_capacity(capacity)));
@@ -465,6 +480,7 @@ pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
 /// them), filling their slots and waking each call's future once: no channel per call,
 /// no task in between, as an I/O client polled by the task's own loop completes calls.
 pub fn tokio_batched(framework: Framework, ordered: bool, capacity: usize, n: u64) -> Measurement {
+    pin_first_core();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
@@ -574,6 +590,65 @@ pub fn weir_cross_thread(mode: OutputMode, capacity: usize, n: u64) -> Measureme
     let elapsed = start.elapsed();
     completer.join().expect("completer thread");
     check(&sink, n);
+    elapsed.into()
+}
+
+/// The same with tokio on this thread through `framework` (ordered or not, `capacity`
+/// in flight): each call hands its input and a `tokio::sync::oneshot` sender to a
+/// completer thread on the other core through an `rtrb` ring, and awaits the receiver;
+/// the completer spins on the ring (the same backoff as Weir's completer) and answers
+/// each call. The runtime parks while it waits; a reply wakes it.
+pub fn tokio_cross_thread(
+    framework: Framework,
+    ordered: bool,
+    capacity: usize,
+    n: u64,
+) -> Measurement {
+    type Call = (u64, tokio::sync::oneshot::Sender<u64>);
+    let (mut calls, mut incoming) = rtrb::RingBuffer::<Call>::new(capacity * 2);
+    let (core_a, core_b) = crate::affinity::bench_cores();
+    let completer = std::thread::spawn(move || {
+        crate::affinity::pin(core_b);
+        let mut backoff = crate::affinity::Backoff::default();
+        let mut done = 0;
+        while done < n {
+            match incoming.pop() {
+                Ok((input, reply)) => {
+                    let _ = reply.send(input);
+                    done += 1;
+                    backoff.reset();
+                }
+                Err(_) => backoff.snooze(),
+            }
+        }
+    });
+    crate::affinity::pin(core_a);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio runtime");
+    let elapsed = runtime.block_on(async move {
+        let start = Instant::now();
+        let made = futures::stream::iter(0..n).map(move |i| {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let mut call = (i, reply);
+            // The ring holds twice the calls in flight: this only spins if the completer
+            // thread is descheduled.
+            while let Err(rtrb::PushError::Full(back)) = calls.push(call) {
+                call = back;
+                std::thread::yield_now();
+            }
+            answer
+        });
+        let fold = |(c, s): (u64, u64), v: Result<u64, _>| {
+            std::future::ready((c + 1, s.wrapping_add(v.expect("the completer answers"))))
+        };
+        let (count, sum) = with_results!(framework, ordered, capacity, made, |results| {
+            results.fold((0u64, 0u64), fold).await
+        });
+        check(&CountingSink { count, sum }, n);
+        start.elapsed()
+    });
+    completer.join().expect("completer thread");
     elapsed.into()
 }
 
@@ -722,6 +797,7 @@ pub fn weir_timer(mode: OutputMode, capacity: usize, latency: Duration, n: u64) 
 /// tick (a 1 ms sleep takes 1 to 2 ms): what a tokio user gets. Latency from call to
 /// result of one call in `LATENCY_SAMPLE_EVERY`, as the operator samples it.
 pub fn tokio_timer(ordered: bool, capacity: usize, latency: Duration, n: u64) -> Measurement {
+    pin_first_core();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -852,8 +928,9 @@ fn monotonic_ns() -> u64 {
 /// binary heap on the task; the loop that drives `futures_buffered`'s
 /// `buffered_ordered` / `buffered_unordered` completes the due calls and arms one
 /// `timerfd` (registered with tokio's reactor through `AsyncFd`) at the earliest
-/// deadline, with the thread's timer slack set to 1 ns as Weir's workers set theirs.
-/// So a 1 ms call takes 1 ms and a little, not up to tokio's next 1 ms tick.
+/// deadline; a `timerfd` expires at its deadline (no timer slack applies to it) and the
+/// runtime, which has no time driver, waits in `epoll_wait` without a timeout. So a 1 ms
+/// call takes 1 ms and a little, not up to tokio's next 1 ms tick.
 pub fn tokio_precise_timer(
     ordered: bool,
     capacity: usize,
@@ -862,8 +939,7 @@ pub fn tokio_precise_timer(
 ) -> Measurement {
     use std::cmp::Reverse;
     use std::task::Poll;
-    // SAFETY: PR_SET_TIMERSLACK takes an integer argument and reads or writes no memory.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    pin_first_core();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -972,6 +1048,7 @@ mod tests {
                 for (capacity, n) in [(1, 10), (4, 1_000), (100, 10_000)] {
                     tokio_immediate(framework, ordered, capacity, n);
                     tokio_batched(framework, ordered, capacity, n);
+                    tokio_cross_thread(framework, ordered, capacity, n);
                 }
             }
         }

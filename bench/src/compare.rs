@@ -358,18 +358,39 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
         }
     }
     let cross = 300_000.0 * scale;
-    for (mode, name) in [
-        (OutputMode::Ordered, "weir ordered"),
-        (OutputMode::Unordered, "weir unordered"),
-        (OutputMode::KeyedOrdered, "weir keyed-ordered"),
+    let experiment = "async completed on another thread, capacity 100";
+    for (mode, name, pairing) in [
+        (OutputMode::Ordered, "weir ordered", ORDERED),
+        (OutputMode::Unordered, "weir unordered", UNORDERED),
+        (OutputMode::KeyedOrdered, "weir keyed-ordered", ORDERED),
     ] {
-        cases.push(workload(
-            "async completed on another thread, capacity 100",
-            name,
-            cross,
-            Arc::new(move |n| async_peers::weir_cross_thread(mode, 100, n)),
-            None,
-        ));
+        cases.push(
+            workload(
+                experiment,
+                name,
+                cross,
+                Arc::new(move |n| async_peers::weir_cross_thread(mode, 100, n)),
+                None,
+            )
+            .paired(pairing),
+        );
+    }
+    for (ordered, name, pairing) in [
+        (true, TOKIO_CROSS_THREAD_ORDERED, ORDERED),
+        (false, TOKIO_CROSS_THREAD_UNORDERED, UNORDERED),
+    ] {
+        cases.push(
+            workload(
+                experiment,
+                name,
+                cross,
+                Arc::new(move |n| {
+                    async_peers::tokio_cross_thread(Framework::FuturesBuffered, ordered, 100, n)
+                }),
+                None,
+            )
+            .paired(pairing),
+        );
     }
     let timers: [(&'static str, u64, usize); 4] = [
         ("async unordered, latency 1 ms, capacity 10", 1, 10),
@@ -449,6 +470,18 @@ fn leak(name: String) -> &'static str {
     Box::leak(name.into_boxed_str())
 }
 
+/// The pairing of ordered output (Weir's ordered and keyed-ordered modes) with ordered
+/// peers.
+const ORDERED: &str = "ordered output";
+/// The pairing of unordered output.
+const UNORDERED: &str = "unordered output";
+/// The tokio peer of the cross-thread experiment, ordered.
+pub const TOKIO_CROSS_THREAD_ORDERED: &str =
+    "tokio + futures-buffered buffered_ordered, oneshot per call, spinning completer thread";
+/// The same, unordered.
+pub const TOKIO_CROSS_THREAD_UNORDERED: &str =
+    "tokio + futures-buffered buffered_unordered, oneshot per call, spinning completer thread";
+
 /// The pairing of Weir's timer wheel with the peer's precise timer: the tick peer is
 /// shown beside them, compared with the best Weir row, not as Weir's peer.
 const PRECISE_TIMER: &str = "precise timers";
@@ -515,6 +548,13 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
                 RTRB_PER_RECORD,
                 ops,
                 Arc::new(move |n| exchange_peers::rtrb_per_record::<$n>(n)),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                RTRB_CHUNKED,
+                ops,
+                Arc::new(move |n| exchange_peers::rtrb_chunked::<$n>(n)),
                 None,
             ));
             cases.push(workload(
@@ -796,6 +836,8 @@ pub const CROSSBEAM_PER_RECORD: &str = "crossbeam_channel, one record per messag
 pub const CROSSBEAM_BATCHED: &str = "crossbeam_channel, Vec of 32 KiB per message";
 /// The `rtrb` peer: an SPSC ring buffer, one record per slot.
 pub const RTRB_PER_RECORD: &str = "rtrb ring buffer, one record per slot";
+/// The rtrb peer moving up to 32 KiB of records per chunk.
+pub const RTRB_CHUNKED: &str = "rtrb ring buffer, chunks of 32 KiB of records";
 /// The same values moved between the two cores with no framework: written by value into
 /// preallocated 32 KiB batches that two SPSC rings circulate, both sides spinning.
 pub const CROSS_CORE_CEILING: &str =
@@ -930,7 +972,7 @@ pub const MIO_LOOKUP_CEILING: &str = "mio loop ceiling (hand-written, no operato
 /// every turn; it stops when the cases are dropped. Fails where `redis-server` cannot be
 /// started.
 pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
-    use redis_peers::{ceiling, fred, peer_batch, redis_rs, weir, PeerForm, SPIN};
+    use redis_peers::{fred, peer_batch, redis_rs, reference, weir, PeerForm, SPIN};
     let server = Arc::new(redis_peers::server()?);
     let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     let mut drivers = vec![(DriverKind::Epoll, "weir epoll", "weir epoll, MGET batching")];
@@ -1021,9 +1063,9 @@ pub fn redis_cases(scale: f64) -> Result<Vec<Case>, String> {
         }
         cases.push(workload(
             experiment,
-            REDIS_CEILING,
+            REDIS_REFERENCE,
             1_000_000.0 * scale,
-            with_server(Arc::new(ceiling)),
+            with_server(Arc::new(reference)),
             None,
         ));
     }
@@ -1069,8 +1111,8 @@ pub const FRED: &str =
 pub const FRED_PIPELINE: &str = "fred pipeline() of C/2 GETs, 2 in flight (tokio current-thread)";
 /// The fred peer, `mget` of C / 2 keys per call.
 pub const FRED_MGET: &str = "fred mget of C/2 keys, 2 in flight (tokio current-thread)";
-/// The server's ceiling.
-pub const REDIS_CEILING: &str =
+/// The server's rate under its own load tool, for reference.
+pub const REDIS_REFERENCE: &str =
     "redis-benchmark -P 64 -r 100000, 50 connections (reference: the server under its own load tool)";
 
 /// The ring experiments (issue: streaming single and batched, round trip), scaled.
@@ -1531,7 +1573,7 @@ mod tests {
         assert_eq!(Role::of(REDIS_RS), Role::Peer);
         assert_eq!(Role::of(FRED), Role::Peer);
         assert_eq!(Role::of(LOCAL_EXCHANGE_REFERENCE), Role::Reference);
-        assert_eq!(Role::of(REDIS_CEILING), Role::Reference);
+        assert_eq!(Role::of(REDIS_REFERENCE), Role::Reference);
         assert_eq!(Role::of("weir io_uring, MGET batching"), Role::Weir);
     }
 }

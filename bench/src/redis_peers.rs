@@ -46,6 +46,7 @@ use weir_net::DriverKind;
 
 use crate::affinity::{bench_cores, pin};
 use crate::async_peers::{histogram, Measurement};
+use hdrhistogram::Histogram;
 
 /// Keys loaded and read in turn.
 pub const KEYS: u64 = 100_000;
@@ -79,24 +80,28 @@ pub fn server() -> Result<RedisServer, String> {
 struct Get(u64);
 
 impl RedisRequest for Get {
-    type Out = usize;
+    /// The call's number and its value's length.
+    type Out = (u64, usize);
     fn lookup(&self, args: &mut Args) -> Lookup {
         args.push_fmt(format_args!("key:{:012}", self.0 % KEYS));
         Lookup::Get
     }
-    fn complete(self, reply: Reply<'_>) -> usize {
-        reply.value().map_or(0, <[u8]>::len)
+    fn complete(self, reply: Reply<'_>) -> (u64, usize) {
+        (self.0, reply.value().map_or(0, <[u8]>::len))
     }
 }
 
-/// Counts the values and checks their length.
-struct Count(u64);
+/// Counts the values, checks their length, and sums the calls' numbers (so that a call
+/// answered twice and one never answered cannot pass for all of them).
+struct Count(u64, u64);
 
-impl Collector<usize> for Count {
-    fn collect(&mut self, element: StreamElement<usize>) {
+impl Collector<(u64, usize)> for Count {
+    fn collect(&mut self, element: StreamElement<(u64, usize)>) {
         if let Some(record) = element.as_record() {
-            assert_eq!(record.value, VALUE_SIZE, "every key holds its value");
+            let (call, len) = record.value;
+            assert_eq!(len, VALUE_SIZE, "every key holds its value");
             self.0 += 1;
+            self.1 = self.1.wrapping_add(call);
         }
     }
 }
@@ -139,7 +144,7 @@ pub fn weir(
     let epoch = Instant::now();
     let spin_ns = spin.as_nanos() as u64;
     let mut progress_ns = 0;
-    let mut out = Count(0);
+    let mut out = Count(0, 0);
     let mut next = 0;
     while out.0 < n {
         let now = epoch.elapsed().as_nanos() as u64;
@@ -174,6 +179,11 @@ pub fn weir(
             .expect("no failure");
     }
     let elapsed = epoch.elapsed();
+    assert_eq!(
+        out.1,
+        n * n.saturating_sub(1) / 2,
+        "every call answered once"
+    );
     Measurement {
         elapsed,
         latency_ns: Some(operator.metrics().latency_ns.clone()),
@@ -255,31 +265,45 @@ pub fn redis_rs(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement
             .get_multiplexed_async_connection_with_config(&redis_rs_config(c))
             .await
             .expect("redis-rs connects");
-        by_tasks(n, c, form.keys(), move |keys: Vec<String>| {
+        by_tasks(n, c, form.keys(), move |share| {
+            // One clone per task, not per call.
             let mut connection = connection.clone();
             async move {
-                let values: Vec<Option<Vec<u8>>> = match form {
-                    PeerForm::Get => {
-                        let value: Option<Vec<u8>> = connection.get(&keys[0]).await.expect("GET");
-                        vec![value]
-                    }
-                    PeerForm::Pipeline(_) => {
-                        let mut pipe = redis::pipe();
-                        for key in &keys {
-                            pipe.get(key);
+                let mut keys = Vec::new();
+                let mut pipe = redis::pipe();
+                while let Some(batch) = share.next(&mut keys) {
+                    let found = match form {
+                        PeerForm::Get => {
+                            let value: Option<Vec<u8>> =
+                                connection.get(&keys[0]).await.expect("GET");
+                            usize::from(value.is_some_and(|v| v.len() == VALUE_SIZE))
                         }
-                        pipe.query_async(&mut connection).await.expect("pipeline")
-                    }
-                    PeerForm::Mget(_) => connection.mget(&keys).await.expect("MGET"),
-                };
-                values
-                    .iter()
-                    .filter(|v| v.as_ref().map(Vec::len) == Some(VALUE_SIZE))
-                    .count()
+                        PeerForm::Pipeline(_) => {
+                            pipe.clear();
+                            for key in &keys {
+                                pipe.get(key);
+                            }
+                            let values: Vec<Option<Vec<u8>>> =
+                                pipe.query_async(&mut connection).await.expect("pipeline");
+                            full_values(values.iter().map(|v| v.as_ref().map(Vec::len)))
+                        }
+                        PeerForm::Mget(_) => {
+                            let values: Vec<Option<Vec<u8>>> =
+                                connection.mget(&keys).await.expect("MGET");
+                            full_values(values.iter().map(|v| v.as_ref().map(Vec::len)))
+                        }
+                    };
+                    share.done(batch, found);
+                }
             }
         })
         .await
     })
+}
+
+/// How many of the values had the benchmark's length.
+fn full_values(lengths: impl Iterator<Item = Option<usize>>) -> usize {
+    lengths.filter(|len| *len == Some(VALUE_SIZE)).count()
 }
 
 /// `n` GETs with fred: one client (auto-pipelining, its default; `TCP_NODELAY`), values
@@ -304,27 +328,35 @@ pub fn fred(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement {
             .expect("fred client");
         client.init().await.expect("fred connects");
         let caller = client.clone();
-        let measured = by_tasks(n, c, form.keys(), move |keys: Vec<String>| {
+        let measured = by_tasks(n, c, form.keys(), move |share| {
             let client = caller.clone();
             async move {
-                let values: Vec<Option<Bytes>> = match form {
-                    PeerForm::Get => {
-                        let key = keys.into_iter().next().expect("one key");
-                        vec![client.get(key).await.expect("GET")]
-                    }
-                    PeerForm::Pipeline(_) => {
-                        let pipeline = client.pipeline();
-                        for key in keys {
-                            let () = pipeline.get(key).await.expect("queued");
+                let mut keys = Vec::new();
+                while let Some(batch) = share.next(&mut keys) {
+                    let found = match form {
+                        PeerForm::Get => {
+                            let value: Option<Bytes> =
+                                client.get(keys[0].as_str()).await.expect("GET");
+                            usize::from(value.is_some_and(|v| v.len() == VALUE_SIZE))
                         }
-                        pipeline.all().await.expect("pipeline")
-                    }
-                    PeerForm::Mget(_) => client.mget(keys).await.expect("MGET"),
-                };
-                values
-                    .iter()
-                    .filter(|v| v.as_ref().map(Bytes::len) == Some(VALUE_SIZE))
-                    .count()
+                        PeerForm::Pipeline(_) => {
+                            let pipeline = client.pipeline();
+                            for key in &keys {
+                                let () = pipeline.get(key.as_str()).await.expect("queued");
+                            }
+                            let values: Vec<Option<Bytes>> =
+                                pipeline.all().await.expect("pipeline");
+                            full_values(values.iter().map(|v| v.as_ref().map(Bytes::len)))
+                        }
+                        PeerForm::Mget(_) => {
+                            let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+                            let values: Vec<Option<Bytes>> =
+                                client.mget(names).await.expect("MGET");
+                            full_values(values.iter().map(|v| v.as_ref().map(Bytes::len)))
+                        }
+                    };
+                    share.done(batch, found);
+                }
             }
         })
         .await;
@@ -333,62 +365,100 @@ pub fn fred(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement {
     })
 }
 
+/// A task's share of the work in [`by_tasks`]: it hands out the next keys and takes
+/// each call's outcome.
+pub struct Share {
+    next: Rc<std::cell::Cell<u64>>,
+    n: u64,
+    k: u64,
+    latency: Rc<RefCell<Histogram<u64>>>,
+    done: Rc<std::cell::Cell<u64>>,
+}
+
+/// One call's keys: `first..end`, and when it was made if one of them is sampled.
+pub struct Batch {
+    first: u64,
+    end: u64,
+    invoked: Option<(Instant, u64)>,
+}
+
+impl Share {
+    /// The next call's keys, written into `keys` (its strings reused), or `None` when
+    /// every key has been called.
+    pub fn next(&self, keys: &mut Vec<String>) -> Option<Batch> {
+        use std::fmt::Write as _;
+        let first = self.next.get();
+        if first >= self.n {
+            return None;
+        }
+        let end = (first + self.k).min(self.n);
+        self.next.set(end);
+        keys.resize_with((end - first) as usize, String::new);
+        for (key, i) in keys.iter_mut().zip(first..end) {
+            key.clear();
+            let _ = write!(key, "key:{:012}", i % KEYS);
+        }
+        let sampled = (first..end)
+            .filter(|i| i % LATENCY_SAMPLE_EVERY == 0)
+            .count() as u64;
+        Some(Batch {
+            first,
+            end,
+            invoked: (sampled > 0).then(|| (Instant::now(), sampled)),
+        })
+    }
+
+    /// The call of `batch` answered, `found` of its values with the benchmark's length
+    /// (every one must have it).
+    pub fn done(&self, batch: Batch, found: usize) {
+        assert_eq!(
+            found as u64,
+            batch.end - batch.first,
+            "every key holds its value"
+        );
+        if let Some((invoked, sampled)) = batch.invoked {
+            let took = invoked.elapsed().as_nanos().max(1) as u64;
+            self.latency.borrow_mut().saturating_record_n(took, sampled);
+        }
+        self.done.set(self.done.get() + found as u64);
+    }
+}
+
 /// `n` GETs of the benchmark's keys, `k` keys per call and `c` keys in flight, driven as
 /// a competent tokio user drives a pipelined client: `c / k` tasks on this thread's
-/// `LocalSet`, each taking the next `k` keys and awaiting its call, so the server works on
-/// some calls while the client handles the replies of others. (A `FuturesUnordered` of
-/// the calls, `buffer_unordered(c)` polled `unconstrained`, ran at 0.14–0.28 M GET/s at
-/// 256 in flight where these tasks ran at 0.20–0.42 M/s in the same rounds: the client
-/// and the server take turns.) `call` returns how many of its keys'
-/// values had the expected length; every one must. The latency of one key in
+/// `LocalSet` (each made by `task` from its [`Share`]), each taking the next `k` keys and
+/// awaiting its call, so the server works on some calls while the client handles the
+/// replies of others. (A `FuturesUnordered` of the calls, `buffer_unordered(c)` polled
+/// `unconstrained`, ran at 0.14–0.28 M GET/s at 256 in flight where these tasks ran at
+/// 0.20–0.42 M/s in the same rounds: the client and the server take turns.) Every key is
+/// handed out once and every value checked; the latency of one key in
 /// `LATENCY_SAMPLE_EVERY` is its call's, from call to answer, as the operator samples it.
-async fn by_tasks<C, Fut>(n: u64, c: usize, k: usize, call: C) -> Measurement
+async fn by_tasks<T, Fut>(n: u64, c: usize, k: usize, task: T) -> Measurement
 where
-    C: Fn(Vec<String>) -> Fut + Clone + 'static,
-    Fut: std::future::Future<Output = usize> + 'static,
+    T: Fn(Share) -> Fut,
+    Fut: std::future::Future<Output = ()> + 'static,
 {
     let start = Instant::now();
     let next = Rc::new(std::cell::Cell::new(0u64));
+    let done = Rc::new(std::cell::Cell::new(0u64));
     let latency = Rc::new(RefCell::new(histogram()));
     let tasks = (c / k).max(1);
-    let k = k as u64;
-    let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let (next, latency, call) = (Rc::clone(&next), Rc::clone(&latency), call.clone());
-        handles.push(tokio::task::spawn_local(async move {
-            let mut done = 0u64;
-            loop {
-                let first = next.get();
-                if first >= n {
-                    return done;
-                }
-                let end = (first + k).min(n);
-                next.set(end);
-                let keys = (first..end)
-                    .map(|i| format!("key:{:012}", i % KEYS))
-                    .collect();
-                let sampled = (first..end)
-                    .filter(|i| i % LATENCY_SAMPLE_EVERY == 0)
-                    .count();
-                let invoked = Instant::now();
-                let found = call(keys).await;
-                assert_eq!(found as u64, end - first, "every key holds its value");
-                if sampled > 0 {
-                    let took = invoked.elapsed().as_nanos().max(1) as u64;
-                    latency
-                        .borrow_mut()
-                        .saturating_record_n(took, sampled as u64);
-                }
-                done += end - first;
-            }
-        }));
-    }
-    let mut count = 0;
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            tokio::task::spawn_local(task(Share {
+                next: Rc::clone(&next),
+                n,
+                k: k as u64,
+                latency: Rc::clone(&latency),
+                done: Rc::clone(&done),
+            }))
+        })
+        .collect();
     for handle in handles {
-        count += handle.await.expect("a call task");
+        handle.await.expect("a call task");
     }
-    assert_eq!(count, n);
     let elapsed = start.elapsed();
+    assert_eq!(done.get(), n);
     let latency = latency.borrow().clone();
     Measurement {
         elapsed,
@@ -399,7 +469,7 @@ where
 
 /// The reference: `redis-benchmark -P 64 -t get -r 100000 -n n` (50 connections),
 /// pinned to the first core. The time is `n` over the rate it reports.
-pub fn ceiling(url: &RedisUrl, n: u64) -> Measurement {
+pub fn reference(url: &RedisUrl, n: u64) -> Measurement {
     let (core_a, _) = bench_cores();
     // Pinned like the other implementations (taskset, from util-linux).
     let mut command = match core_a {
@@ -482,6 +552,6 @@ mod tests {
                     .is_empty());
             }
         }
-        assert!(ceiling(&url, 10_000).elapsed > Duration::ZERO);
+        assert!(reference(&url, 10_000).elapsed > Duration::ZERO);
     }
 }

@@ -13,12 +13,12 @@
 //!   same records between the same threads with no TCP.
 //! - The raw TCP ceiling of throughput ([`tcp_ceiling`]): the same bytes moved as a
 //!   competent user would by hand. The writer fills a 32 KiB buffer with the same
-//!   length-prefixed records (the records' codec) and writes its length and the buffer
-//!   with blocking writes on a `TcpStream` (`TCP_NODELAY`); the reader reads the length
-//!   and the buffer into one buffer of its own, spinning on a non-blocking socket 1→1
+//!   length-prefixed records (the records' codec) and writes it with its length in front
+//!   in one blocking write on a `TcpStream` (`TCP_NODELAY`); the reader reads as much as
+//!   has arrived into one large buffer of its own, spinning on a non-blocking socket 1→1
 //!   and blocked in `read` 2→2 (whichever is faster on two cores, see [`tcp_ceiling`]),
-//!   and decodes the records, checking their order. No credits, no pools, no
-//!   multiplexing: one connection per producer–consumer pair.
+//!   and decodes every whole frame in place, checking the records' order. No credits, no
+//!   pools, no multiplexing: one connection per producer–consumer pair.
 //! - Latency at an open-loop rate, 1→1, buffer timeout 0 ([`weir_remote_open_loop`]),
 //!   with the network threads parking when idle or spinning 200 µs first; against the
 //!   raw TCP ceiling of latency ([`tcp_open_loop_ceiling`]): one write per record on a
@@ -508,15 +508,19 @@ fn idle(spins: &mut u32, parker: &weir_engine::park::Parker) {
 /// connection, moving `n / pairs` records of `N` bytes in 32 KiB buffers (see the
 /// module docs).
 ///
-/// The reader spins on a non-blocking socket where it has a core to itself (one pair:
-/// the writer on one bench core, the reader on the other) and blocks in `read` where
-/// the threads outnumber the cores (two pairs on the two bench cores), whichever
+/// Each buffer goes out in one `write` with its 4-byte length in front (a separate
+/// write of the length would cost a system call and, with `TCP_NODELAY`, a TCP segment
+/// of its own per buffer); the reader reads as much as has arrived, up to 256 KiB, into
+/// one buffer and decodes every whole frame in it in place, keeping a partial one for the
+/// next read. The reader spins on a non-blocking socket where it has a core to itself
+/// (one pair: the writer on one bench core, the reader on the other) and blocks in `read`
+/// where the threads outnumber the cores (two pairs on the two bench cores), whichever
 /// is faster there: on this VM, spinning took about a tenth less time per record than
 /// blocking 1→1, and blocking about a quarter to a third less than spinning 2→2, where
 /// a spinning reader takes the time its core's writer needs. The writes block: a
-/// spinning writer gained nothing. Each wake-up of a blocked reader brings up to 32 KiB,
-/// so it is paid per buffer, not per record.
+/// spinning writer gained nothing.
 pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
+    const READ_BUFFER: usize = 256 * 1024;
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let per_pair = n / pairs as u64;
@@ -533,16 +537,15 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
         threads.push(std::thread::spawn(move || {
             let mut writer = writer;
             pin(if pair % 2 == 0 { core_a } else { core_b });
-            let mut segment = vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice();
+            // The frame: 4 bytes of length, then the segment.
+            let mut frame = vec![1u8; 4 + SEGMENT_SIZE_DEFAULT].into_boxed_slice();
             let mut record = record_template::<N>();
             let mut seq = 0;
             start.wait();
             while seq < per_pair {
-                let used = fill_segment(&mut segment, &mut record, &mut seq, per_pair);
-                writer
-                    .write_all(&(used as u32).to_le_bytes())
-                    .expect("write");
-                writer.write_all(&segment[..used]).expect("write");
+                let used = fill_segment(&mut frame[4..], &mut record, &mut seq, per_pair);
+                frame[..4].copy_from_slice(&(used as u32).to_le_bytes());
+                writer.write_all(&frame[..4 + used]).expect("write");
             }
             None
         }));
@@ -550,20 +553,40 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
         threads.push(std::thread::spawn(move || {
             let mut reader = reader;
             pin(if pair % 2 == 0 { core_b } else { core_a });
-            let mut segment = vec![1u8; SEGMENT_SIZE_DEFAULT].into_boxed_slice();
+            let mut buffer = vec![1u8; READ_BUFFER].into_boxed_slice();
+            let mut filled = 0;
             let mut decoded = 0;
-            let mut prefix = [0u8; 4];
             start.wait();
             while decoded < per_pair {
-                read_full(&mut reader, &mut prefix);
-                let used = u32::from_le_bytes(prefix) as usize;
-                read_full(&mut reader, &mut segment[..used]);
-                decode_segment::<N>(&segment, used, &mut decoded);
+                match reader.read(&mut buffer[filled..]) {
+                    Ok(0) => panic!("the writer closed early"),
+                    Ok(read) => filled += read,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => panic!("read: {e}"),
+                }
+                let mut at = 0;
+                while filled - at >= 4 {
+                    let used =
+                        u32::from_le_bytes(buffer[at..at + 4].try_into().expect("4-byte length"))
+                            as usize;
+                    if filled - at < 4 + used {
+                        break;
+                    }
+                    decode_segment::<N>(&buffer[at + 4..], used, &mut decoded);
+                    at += 4 + used;
+                }
+                buffer.copy_within(at..filled, 0);
+                filled -= at;
             }
             let finished = Instant::now();
+            assert_eq!(filled, 0, "bytes beyond the {per_pair} records sent");
             // Nothing beyond the records sent: the writer closes its end after them.
             reader.set_nonblocking(false).expect("blocking");
-            let beyond = reader.read(&mut prefix).expect("read");
+            let beyond = reader.read(&mut buffer).expect("read");
             assert_eq!(beyond, 0, "bytes beyond the {per_pair} records sent");
             Some(finished)
         }));
@@ -577,20 +600,6 @@ pub fn tcp_ceiling<const N: usize>(pairs: usize, n: u64) -> Measurement {
     let start = start_gate.start();
     end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start))
         .into()
-}
-
-/// Fills `buf` from `reader`: blocked in `read` on a blocking socket, spinning on a
-/// non-blocking one (a read that would block is retried at once).
-fn read_full(reader: &mut TcpStream, mut buf: &mut [u8]) {
-    while !buf.is_empty() {
-        match reader.read(buf) {
-            Ok(0) => panic!("the writer closed early"),
-            Ok(read) => buf = &mut buf[read..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => panic!("read: {e}"),
-        }
-    }
 }
 
 /// Open loop over the transport: `n` records of `N` bytes at `rate` per second, 1→1,
