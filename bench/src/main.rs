@@ -84,6 +84,13 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Lists the checkpoints in a checkpoint directory, newest first: id, when it was
+    /// taken, how long it took, its size and tasks, and whether a restore can use it
+    /// (and why not).
+    Checkpoints {
+        /// The checkpoint directory (holds `chk-<id>/`).
+        dir: PathBuf,
+    },
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.
@@ -327,6 +334,69 @@ struct DefaultRun {
     args: RunArgs,
 }
 
+/// `ms` since the Unix epoch as `YYYY-MM-DD hh:mm:ss.mmm` in UTC (days to a civil date by
+/// Howard Hinnant's algorithm, which needs no time-zone data).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let (h, mi, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {h:02}:{mi:02}:{s:02}.{:03}",
+        ms % 1000
+    )
+}
+
+/// `weir checkpoints`' table: one line per checkpoint directory, newest first; the first
+/// valid one is what `--restore DIR` takes.
+fn checkpoint_table(listing: &[weir_engine::checkpoint::storage::Listing]) -> String {
+    use std::fmt::Write as _;
+    if listing.is_empty() {
+        return "no checkpoints\n".to_string();
+    }
+    let mut out = String::from(
+        "| id | taken (UTC) | duration | size | tasks | restore |\n|---:|---|---:|---:|---:|---|\n",
+    );
+    let mut restore_taken = false;
+    for entry in listing {
+        match &entry.metadata {
+            Ok(m) => {
+                let note = if restore_taken {
+                    "valid"
+                } else {
+                    restore_taken = true;
+                    "valid, the latest: --restore takes it"
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {:.1} ms | {} B | {} | {note} |",
+                    m.id,
+                    utc(m.triggered_unix_ms),
+                    m.duration.as_secs_f64() * 1e3,
+                    m.state_bytes(),
+                    m.tasks.len()
+                );
+            }
+            Err(error) => {
+                let _ = writeln!(
+                    out,
+                    "| {} | — | — | — | — | not usable: {error} |",
+                    entry.id
+                );
+            }
+        }
+    }
+    out
+}
+
 fn main() {
     // The producing side of the two-process remote benchmark: this binary re-executed
     // by `weir compare remote` (not a user-facing command).
@@ -366,6 +436,16 @@ fn main() {
                 }
             }
         }
+        Command::Checkpoints { dir } => match weir_engine::checkpoint::storage::list(&dir) {
+            Ok(listing) => {
+                print!("{}", checkpoint_table(&listing));
+                std::process::exit(0);
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                std::process::exit(2);
+            }
+        },
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::Compare {

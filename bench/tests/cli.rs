@@ -531,3 +531,54 @@ fn processes_without_the_secret_or_of_another_job_are_refused() {
     ]));
     assert!(stderr.contains("chmod 600"), "{stderr}");
 }
+
+/// `weir checkpoints DIR` lists every checkpoint, newest first, says which one a restore
+/// takes, and why a corrupt one cannot be used.
+#[test]
+fn checkpoints_are_listed_with_the_one_a_restore_takes() {
+    use weir_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
+    let dir = scratch("checkpoints");
+    let store = CheckpointStore::open(&dir, 3).expect("store");
+    for id in [1, 2, 3] {
+        let task = store
+            .write_task_state(id, "source-0", &[7u8; 100])
+            .expect("state");
+        store
+            .complete(&CheckpointMetadata {
+                id,
+                triggered_unix_ms: 1_764_672_000_123 + id * 1000,
+                duration: std::time::Duration::from_micros(2500),
+                job: "job".into(),
+                tasks: vec![task],
+            })
+            .expect("complete");
+    }
+    // The newest one's state altered.
+    let file = store.checkpoint_dir(3).join("source-0.state");
+    let mut bytes = std::fs::read(&file).expect("read");
+    bytes[40] ^= 1;
+    std::fs::write(&file, bytes).expect("write");
+    let output = weir(&["checkpoints", &dir.display().to_string()]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", text(&output.stderr));
+    let lines: Vec<&str> = stdout.lines().skip(2).collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("| 3 |") && lines[0].contains("not usable"),
+        "{stdout}"
+    );
+    assert!(lines[0].contains("source-0.state"), "{stdout}");
+    assert!(
+        lines[1].starts_with("| 2 | 2025-12-02 10:40:02.123 | 2.5 ms | 132 B | 1 |"),
+        "{stdout}"
+    );
+    assert!(lines[1].contains("--restore takes it"), "{stdout}");
+    assert!(
+        lines[2].starts_with("| 1 |") && !lines[2].contains("restore takes"),
+        "{stdout}"
+    );
+    // A directory that does not exist is a one-line error.
+    let output = weir(&["checkpoints", "/nonexistent/weir-checkpoints"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("/nonexistent/weir-checkpoints"));
+}

@@ -11,6 +11,8 @@
 //! - [`runtime`]: workers pinned to cores, each running its tasks;
 //! - [`graph`]: the job-graph API: sources, chained operators, Flink's partitioners
 //!   and key groups, sinks, placement, run on the runtime;
+//! - [`checkpoint`]: the checkpoint coordinator's rules and the checkpoint directory
+//!   (format, checksums, retention, restore from the newest valid checkpoint);
 //! - [`limits`]: every default capacity with its cost.
 //!
 //! `--cfg loom` switches every atomic to loom (see `sync`) for the models in
@@ -24,6 +26,7 @@
 )]
 
 pub mod async_io;
+pub mod checkpoint;
 pub mod element;
 pub mod error;
 pub mod exchange;

@@ -1,0 +1,157 @@
+//! Checkpoints: Flink's asynchronous barrier snapshotting, the parts that do not touch a
+//! record.
+//!
+//! - [`coordinator`]: when a checkpoint is triggered (every `interval`, at most
+//!   `max_concurrent` at once, a minimum pause after the last one), which task
+//!   acknowledgements complete it, when it times out, and how many failures in a row a
+//!   job tolerates: Flink's `CheckpointCoordinator`, as a state machine driven by its
+//!   caller's clock, so that every rule is tested without threads or sleeps;
+//! - [`alignment`]: barrier alignment at a task with several input channels, aligned,
+//!   unaligned, and aligned switching to unaligned after a timeout (Flink's
+//!   `SingleCheckpointBarrierHandler`), as a state machine the input gate drives;
+//! - [`storage`]: the checkpoint directory (`chk-<id>/` with a state file per task and a
+//!   `_metadata` written last, fsync'd and renamed into place), the versioned format with
+//!   a checksum per file, retention, and restore from the newest checkpoint that reads
+//!   back whole.
+//!
+//! The guarantees are Flink's: a checkpoint counts only once every task acknowledged it
+//! and its metadata is durable; restore never uses a torn or corrupt checkpoint.
+
+pub mod alignment;
+pub mod coordinator;
+pub mod storage;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
+pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
+pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
+
+/// What went wrong with a checkpoint, or with restoring from one. Every message says
+/// what to fix or what was done instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// A setting that cannot work.
+    #[error("checkpoint setting: {0}")]
+    Config(String),
+    /// A file or directory could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("writing", "syncing", ...).
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A file whose contents cannot be what Weir wrote.
+    #[error("{} is corrupt: {why}", file.display())]
+    Corrupt {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A file of another format version.
+    #[error(
+        "{} has format version {found}; this build reads version {}: restore it with the \
+         Weir that wrote it",
+        file.display(),
+        storage::FORMAT_VERSION
+    )]
+    Version {
+        /// The file.
+        file: PathBuf,
+        /// The version it says.
+        found: u32,
+    },
+    /// A checkpoint directory without metadata: it never completed.
+    #[error("{} never completed (no {} in it)", path.display(), storage::METADATA)]
+    Incomplete {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// No checkpoint to restore from.
+    #[error(
+        "no complete checkpoint under {} to restore from{}",
+        dir.display(),
+        if tried.is_empty() { String::from(" (it holds none)") } else { format!("; tried: {}", tried.join("; ")) }
+    )]
+    NoValidCheckpoint {
+        /// The directory searched.
+        dir: PathBuf,
+        /// Each checkpoint tried and why it could not be used.
+        tried: Vec<String>,
+    },
+    /// A checkpoint of another job.
+    #[error(
+        "checkpoint {} belongs to job {found}, not this job ({expected}): restore a job \
+         with the graph and settings it was taken with",
+        path.display()
+    )]
+    WrongJob {
+        /// The checkpoint's directory.
+        path: PathBuf,
+        /// Its job id.
+        found: String,
+        /// This job's.
+        expected: String,
+    },
+    /// A checkpoint took longer than the checkpoint timeout.
+    #[error(
+        "checkpoint {id} expired after {after:?} with {acknowledged} of {tasks} tasks \
+         acknowledged (raise the checkpoint timeout, or look for back-pressure)"
+    )]
+    Expired {
+        /// The checkpoint.
+        id: u64,
+        /// The timeout.
+        after: Duration,
+        /// Tasks that had acknowledged.
+        acknowledged: usize,
+        /// Tasks of the job.
+        tasks: usize,
+    },
+    /// A task could not take its snapshot.
+    #[error("checkpoint {id} declined by task {task}: {reason}")]
+    Declined {
+        /// The checkpoint.
+        id: u64,
+        /// The task that declined.
+        task: usize,
+        /// Why.
+        reason: String,
+    },
+    /// More checkpoints failed in a row than the job tolerates.
+    #[error(
+        "{failures} checkpoints failed in a row, more than the {tolerable} tolerated; the \
+         last: {last}"
+    )]
+    TooManyFailures {
+        /// Failures in a row.
+        failures: u32,
+        /// The tolerated number.
+        tolerable: u32,
+        /// The last failure.
+        last: String,
+    },
+}
+
+impl CheckpointError {
+    fn io(what: &'static str, path: &Path, source: std::io::Error) -> Self {
+        CheckpointError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn corrupt(file: &Path, why: String) -> Self {
+        CheckpointError::Corrupt {
+            file: file.to_path_buf(),
+            why,
+        }
+    }
+}
