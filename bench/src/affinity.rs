@@ -18,6 +18,16 @@ pub fn bench_cores() -> (Option<core_affinity::CoreId>, Option<core_affinity::Co
     }
 }
 
+/// Held by each test that runs a workload pinning threads to the bench cores: two such
+/// workloads side by side (the test harness runs tests in parallel) put two spinning
+/// threads on one core and slow each other down by orders of magnitude, which says
+/// nothing about either.
+#[cfg(test)]
+pub(crate) fn exclusive_cores() -> std::sync::MutexGuard<'static, ()> {
+    static CORES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CORES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Pins the calling thread to `core` if given; returns whether pinning took effect.
 pub fn pin(core: Option<core_affinity::CoreId>) -> bool {
     core.is_some_and(core_affinity::set_for_current)

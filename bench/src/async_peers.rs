@@ -1039,6 +1039,7 @@ mod tests {
     /// sum before it reports).
     #[test]
     fn every_tokio_peer_emits_every_record_once() {
+        let _cores = crate::affinity::exclusive_cores();
         for framework in [
             Framework::Futures,
             Framework::FuturesBuffered,
@@ -1058,6 +1059,7 @@ mod tests {
     /// ready one are still pending.
     #[test]
     fn value_or_future_keeps_the_order() {
+        let _cores = crate::affinity::exclusive_cores();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("tokio runtime");
@@ -1094,6 +1096,7 @@ mod tests {
 
     #[test]
     fn timer_driven_calls_take_their_latency_on_both_sides() {
+        let _cores = crate::affinity::exclusive_cores();
         let latency = Duration::from_millis(1);
         for mode in [OutputMode::Unordered, OutputMode::Ordered] {
             let measured = weir_timer(mode, 10, latency, 50);

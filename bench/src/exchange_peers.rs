@@ -880,6 +880,7 @@ mod tests {
 
     #[test]
     fn batched_crossbeam_sends_a_partial_last_batch() {
+        let _cores = crate::affinity::exclusive_cores();
         let n = records_per_batch::<100>() as u64 * 3 + 7;
         crossbeam_channel_batched::<100>(n);
         crossbeam_channel_batched::<8>(1);
@@ -887,6 +888,7 @@ mod tests {
 
     #[test]
     fn wire_format_references_copy_and_decode_every_record() {
+        let _cores = crate::affinity::exclusive_cores();
         wire_copy_reference::<1000>(5_000);
         wire_decode_reference::<100>(20_000);
         wire_decode_reference::<8>(1);
@@ -896,6 +898,7 @@ mod tests {
 
     #[test]
     fn rtrb_delivers_every_record_through_a_full_ring() {
+        let _cores = crate::affinity::exclusive_cores();
         let measured = rtrb_per_record::<100>(RTRB_CAPACITY as u64 * 3 + 5);
         assert!(measured.latency_ns.is_some());
         rtrb_per_record::<8>(1);
@@ -904,6 +907,7 @@ mod tests {
 
     #[test]
     fn rtrb_chunks_deliver_every_record_through_a_full_ring() {
+        let _cores = crate::affinity::exclusive_cores();
         // More than the ring holds, so that chunks wrap around its end, and a partial one.
         let n = (records_per_batch::<100>() * POOL_SEGMENTS) as u64 * 2 + 11;
         assert!(rtrb_chunked::<100>(n).latency_ns.is_some());
@@ -913,6 +917,7 @@ mod tests {
 
     #[test]
     fn cross_core_ceiling_sends_a_partial_last_batch() {
+        let _cores = crate::affinity::exclusive_cores();
         // More batches than circulate, so that they are recycled, and a partial last one.
         let n = records_per_batch::<100>() as u64 * (POOL_SEGMENTS as u64 + 3) + 7;
         let measured = cross_core_ceiling::<100>(n);
@@ -923,6 +928,7 @@ mod tests {
 
     #[test]
     fn segments_hold_whole_records() {
+        let _cores = crate::affinity::exclusive_cores();
         let mut segment = vec![0u8; SEGMENT_SIZE_DEFAULT];
         let mut record = FixedBytes([7u8; 1000]);
         let mut seq = 0;
@@ -936,6 +942,7 @@ mod tests {
 
     #[test]
     fn the_exchange_runs_on_a_real_clock() {
+        let _cores = crate::affinity::exclusive_cores();
         weir_exchange::<100>(
             1,
             1,

@@ -537,6 +537,7 @@ mod tests {
 
     #[test]
     fn the_tokio_client_and_the_mio_loop_get_every_answer() {
+        let _cores = crate::affinity::exclusive_cores();
         let server = service(Latency::Fixed(Duration::ZERO));
         for (c, n) in [(1, 50), (16, 5_000), (256, 3_000), (64, 10)] {
             let measured = tokio(&server, c, n);

@@ -515,6 +515,7 @@ mod tests {
 
     #[test]
     fn redis_benchmark_csv_rates_parse() {
+        let _cores = crate::affinity::exclusive_cores();
         let text = "\"test\",\"rps\",\"avg_latency_ms\"\n\"GET\",\"476190.47\",\"5.1\"\n";
         assert_eq!(parse_csv_rate(text, "GET"), Some(476190.47));
         assert_eq!(parse_csv_rate(text, "SET"), None);
@@ -524,6 +525,7 @@ mod tests {
     /// Every implementation reads every value (when Redis is installed).
     #[test]
     fn every_implementation_gets_every_value() {
+        let _cores = crate::affinity::exclusive_cores();
         if std::env::var(weir_net::redis::TEST_URL_VAR).is_err() {
             eprintln!("note: skipped: WEIR_REDIS_URL is unset (scripts/redis.sh start)");
             return;

@@ -9,6 +9,8 @@
 //! - [`alignment`]: barrier alignment at a task with several input channels, aligned,
 //!   unaligned, and aligned switching to unaligned after a timeout (Flink's
 //!   `SingleCheckpointBarrierHandler`), as a state machine the input gate drives;
+//! - [`keyed`]: keyed state per key group, snapshotted and restored at another
+//!   parallelism (Flink's `KeyGroupRangeAssignment`);
 //! - [`storage`]: the checkpoint directory (`chk-<id>/` with a state file per task and a
 //!   `_metadata` written last, fsync'd and renamed into place), the versioned format with
 //!   a checksum per file, retention, and restore from the newest checkpoint that reads
@@ -19,6 +21,7 @@
 
 pub mod alignment;
 pub mod coordinator;
+pub mod keyed;
 pub mod storage;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +29,7 @@ use std::time::Duration;
 
 pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
 pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
+pub use keyed::{key_group_range, KeyedState, KeyedStateError};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
 
 /// What went wrong with a checkpoint, or with restoring from one. Every message says
