@@ -42,6 +42,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
 use weir_engine::exchange::codec::{Codec, FixedBytes, SliceEncoder};
 use weir_engine::exchange::{
     local_channel, ChannelSelector, GateEvent, HashModulo, InputChannel, InputGate,
@@ -305,12 +307,7 @@ pub fn crossbeam_channel<const N: usize>(n: u64) -> Measurement {
         let mut count = 0u64;
         gate.wait();
         while let Ok(value) = rx.recv() {
-            assert_eq!(seq_of(&value), count, "out of order");
-            if let Some(created) = created_of(&value) {
-                let now = epoch.elapsed().as_nanos() as u64;
-                latency.saturating_record(now.saturating_sub(created).max(1));
-            }
-            count += 1;
+            receive(&value, &mut count, &mut latency, epoch);
         }
         (count, latency, Instant::now())
     });
@@ -367,12 +364,7 @@ pub fn rtrb_per_record<const N: usize>(n: u64) -> Measurement {
         while count < n {
             match rx.pop() {
                 Ok(value) => {
-                    assert_eq!(seq_of(&value), count, "out of order");
-                    if let Some(created) = created_of(&value) {
-                        let now = epoch.elapsed().as_nanos() as u64;
-                        latency.saturating_record(now.saturating_sub(created).max(1));
-                    }
-                    count += 1;
+                    receive(&value, &mut count, &mut latency, epoch);
                     backoff.reset();
                 }
                 Err(rtrb::PopError::Empty) => backoff.snooze(),
@@ -439,12 +431,7 @@ pub fn rtrb_chunked<const N: usize>(n: u64) -> Measurement {
             let chunk = rx.read_chunk(ready).expect("slots counted");
             let (first, second) = chunk.as_slices();
             for value in first.iter().chain(second) {
-                assert_eq!(seq_of(value), count, "out of order");
-                if let Some(created) = created_of(value) {
-                    let now = epoch.elapsed().as_nanos() as u64;
-                    latency.saturating_record(now.saturating_sub(created).max(1));
-                }
-                count += 1;
+                receive(value, &mut count, &mut latency, epoch);
             }
             chunk.commit_all();
         }
@@ -517,12 +504,7 @@ pub fn crossbeam_channel_batched<const N: usize>(n: u64) -> Measurement {
         gate.wait();
         while let Ok(mut batch) = rx.recv() {
             for value in batch.drain(..) {
-                assert_eq!(seq_of(&value), count, "out of order");
-                if let Some(created) = created_of(&value) {
-                    let now = epoch.elapsed().as_nanos() as u64;
-                    latency.saturating_record(now.saturating_sub(created).max(1));
-                }
-                count += 1;
+                receive(&value, &mut count, &mut latency, epoch);
             }
             let _ = recycle_tx.try_send(batch);
         }
@@ -594,12 +576,7 @@ pub fn cross_core_ceiling<const N: usize>(n: u64) -> Measurement {
             match full_rx.pop() {
                 Ok((batch, len)) => {
                     for value in &batch[..len] {
-                        assert_eq!(seq_of(value), count, "out of order");
-                        if let Some(created) = created_of(value) {
-                            let now = epoch.elapsed().as_nanos() as u64;
-                            latency.saturating_record(now.saturating_sub(created).max(1));
-                        }
-                        count += 1;
+                        receive(value, &mut count, &mut latency, epoch);
                     }
                     // The free ring holds every batch, so this never fails.
                     let _ = free_tx.push(batch);
@@ -695,6 +672,23 @@ pub(crate) fn decode_segment<const N: usize>(segment: &[u8], used: usize, expect
         *expected += 1;
         offset += 4 + len;
     }
+}
+
+/// A peer's consumer took `value`: checks it is record number `*count` (in order, none
+/// lost), samples its latency if it carries its creation time, and counts it.
+#[inline]
+fn receive<const N: usize>(
+    value: &FixedBytes<N>,
+    count: &mut u64,
+    latency: &mut Histogram<u64>,
+    epoch: Instant,
+) {
+    assert_eq!(seq_of(value), *count, "out of order");
+    if let Some(created) = created_of(value) {
+        let now = epoch.elapsed().as_nanos() as u64;
+        latency.saturating_record(now.saturating_sub(created).max(1));
+    }
+    *count += 1;
 }
 
 /// A warm region of the Weir pool's footprint: `POOL_SEGMENTS` segments of 32 KiB,

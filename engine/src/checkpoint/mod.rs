@@ -9,20 +9,27 @@
 //! - [`alignment`]: barrier alignment at a task with several input channels, aligned,
 //!   unaligned, and aligned switching to unaligned after a timeout (Flink's
 //!   `SingleCheckpointBarrierHandler`), as a state machine the input gate drives;
+//! - [`elements`]: stream elements as checkpoint bytes (what an async operator holds at a
+//!   barrier, processed again on restore);
 //! - [`keyed`]: keyed state per key group, snapshotted and restored at another
 //!   parallelism (Flink's `KeyGroupRangeAssignment`);
 //! - [`storage`]: the checkpoint directory (`chk-<id>/` with a state file per task and a
 //!   `_metadata` written last, fsync'd and renamed into place), the versioned format with
 //!   a checksum per file, retention, and restore from the newest checkpoint that reads
-//!   back whole.
+//!   back whole;
+//! - [`transactional`]: exactly-once part files by two-phase commit (pre-commit at the
+//!   barrier, commit when the checkpoint completes, idempotent, restore commits what the
+//!   checkpoint pre-committed and drops the rest).
 //!
 //! The guarantees are Flink's: a checkpoint counts only once every task acknowledged it
 //! and its metadata is durable; restore never uses a torn or corrupt checkpoint.
 
 pub mod alignment;
 pub mod coordinator;
+pub mod elements;
 pub mod keyed;
 pub mod storage;
+pub mod transactional;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,6 +38,7 @@ pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
 pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
+pub use transactional::TransactionalFiles;
 
 /// What went wrong with a checkpoint, or with restoring from one. Every message says
 /// what to fix or what was done instead.
