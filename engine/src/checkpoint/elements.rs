@@ -83,8 +83,11 @@ mod tests {
     use std::cell::RefCell;
     use std::rc::Rc;
 
+    /// Calls made and not yet answered, with their inputs.
+    type Calls = Rc<RefCell<Vec<(u64, ResultFuture<u64>)>>>;
+
     /// Keeps each call's handle for the test to complete.
-    struct Held(Rc<RefCell<Vec<(u64, ResultFuture<u64>)>>>);
+    struct Held(Calls);
 
     impl AsyncFunction for Held {
         type In = u64;
