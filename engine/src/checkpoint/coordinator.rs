@@ -192,6 +192,11 @@ impl Coordinator {
         self.pending.len()
     }
 
+    /// Whether checkpoint `id` is pending (triggered, neither complete nor failed).
+    pub fn is_pending(&self, id: u64) -> bool {
+        self.pending.contains_key(&id)
+    }
+
     /// The next id to be triggered.
     pub fn next_id(&self) -> u64 {
         self.next_id

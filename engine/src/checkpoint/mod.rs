@@ -13,6 +13,8 @@
 //!   barrier, processed again on restore);
 //! - [`keyed`]: keyed state per key group, snapshotted and restored at another
 //!   parallelism (Flink's `KeyGroupRangeAssignment`);
+//! - [`service`]: the coordinator on a thread of its own with the checkpoint directory:
+//!   tasks hand it their snapshots and it writes them, off the workers;
 //! - [`storage`]: the checkpoint directory (`chk-<id>/` with a state file per task and a
 //!   `_metadata` written last, fsync'd and renamed into place), the versioned format with
 //!   a checksum per file, retention, and restore from the newest checkpoint that reads
@@ -28,6 +30,7 @@ pub mod alignment;
 pub mod coordinator;
 pub mod elements;
 pub mod keyed;
+pub mod service;
 pub mod storage;
 pub mod transactional;
 
@@ -37,6 +40,7 @@ use std::time::Duration;
 pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
 pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
+pub use service::{Acks, CheckpointHooks, CheckpointService};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
 pub use transactional::TransactionalFiles;
 

@@ -1,0 +1,439 @@
+//! The checkpoint service: the [`Coordinator`] on a thread of its own, with the
+//! checkpoint directory, so that everything slow about a checkpoint happens off the
+//! workers (Flink's asynchronous phase).
+//!
+//! A task snapshots its state in memory at the barrier (the synchronous phase, on its
+//! worker) and hands the bytes to [`Acks::acknowledge`], which only sends them to this
+//! thread. The thread writes each task's state file (fsync'd), counts the
+//! acknowledgements, writes the metadata once every task has acknowledged, and only then
+//! tells the job ([`CheckpointHooks::complete`]: Flink's `notifyCheckpointComplete`,
+//! where two-phase-commit sinks commit). Triggers and aborts go to the job through the
+//! same hooks. A slow disk therefore delays the checkpoint's completion, never a worker.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
+use super::storage::{unix_ms, CheckpointMetadata, CheckpointStore};
+use super::CheckpointError;
+
+/// How the service reaches the job.
+pub trait CheckpointHooks: Send + 'static {
+    /// Inject barrier `id` at every source.
+    fn trigger(&mut self, id: u64);
+    /// Checkpoint `id` is complete and durable: commit what was pre-committed for it.
+    fn complete(&mut self, id: u64);
+    /// Checkpoint `id` failed or was subsumed: drop what is held for it.
+    fn abort(&mut self, id: u64, reason: &str);
+}
+
+enum Message {
+    Ack {
+        id: u64,
+        task: usize,
+        name: String,
+        state: Vec<u8>,
+        alignment: Duration,
+    },
+    Decline {
+        id: u64,
+        task: usize,
+        reason: String,
+    },
+    TriggerNow,
+    Stop,
+}
+
+/// The tasks' side of the service: cheap to clone, one per task.
+#[derive(Clone)]
+pub struct Acks {
+    tx: Sender<Message>,
+}
+
+impl Acks {
+    /// Task `task` (its state file named `name`) took its snapshot for checkpoint `id`
+    /// after waiting `alignment` for its barriers. Returns at once: the state is written
+    /// by the service's thread. Does nothing once the service stopped.
+    pub fn acknowledge(
+        &self,
+        id: u64,
+        task: usize,
+        name: &str,
+        state: Vec<u8>,
+        alignment: Duration,
+    ) {
+        let _ = self.tx.send(Message::Ack {
+            id,
+            task,
+            name: name.to_string(),
+            state,
+            alignment,
+        });
+    }
+
+    /// Task `task` could not snapshot checkpoint `id`.
+    pub fn decline(&self, id: u64, task: usize, reason: String) {
+        let _ = self.tx.send(Message::Decline { id, task, reason });
+    }
+
+    /// Asks for a checkpoint now, outside the interval.
+    pub fn trigger_now(&self) {
+        let _ = self.tx.send(Message::TriggerNow);
+    }
+}
+
+/// See the [module docs](self).
+pub struct CheckpointService {
+    acks: Option<Acks>,
+    thread: Option<JoinHandle<Result<CheckpointStats, CheckpointError>>>,
+}
+
+impl CheckpointService {
+    /// Starts the service for a job of `tasks` tasks (`job` is its id, stored in every
+    /// checkpoint's metadata), its first checkpoint `first_id`.
+    pub fn start(
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        job: String,
+        tasks: usize,
+        first_id: u64,
+        hooks: impl CheckpointHooks,
+    ) -> Result<Self, CheckpointError> {
+        let epoch = Instant::now();
+        let coordinator = Coordinator::new(config, tasks, first_id, 0)?;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("weir-checkpoints".into())
+            .spawn(move || run(coordinator, store, job, hooks, rx, epoch))
+            .map_err(|e| {
+                CheckpointError::Config(format!("cannot start the checkpoint thread: {e}"))
+            })?;
+        Ok(CheckpointService {
+            acks: Some(Acks { tx }),
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle for the tasks.
+    pub fn acks(&self) -> Acks {
+        self.acks.clone().expect("running")
+    }
+
+    /// Whether the service ended by itself (too many failures, a disk error): then
+    /// [`stop`](Self::stop) returns why, and the job must fail.
+    pub fn has_failed(&self) -> bool {
+        self.thread.as_ref().is_some_and(JoinHandle::is_finished)
+    }
+
+    /// Stops the service (pending checkpoints are left unfinished, as a crash would) and
+    /// returns its figures, or why it failed.
+    pub fn stop(mut self) -> Result<CheckpointStats, CheckpointError> {
+        if let Some(acks) = self.acks.take() {
+            let _ = acks.tx.send(Message::Stop);
+        }
+        let thread = self.thread.take().expect("running");
+        thread.join().unwrap_or_else(|_| {
+            Err(CheckpointError::Config(
+                "the checkpoint thread panicked".into(),
+            ))
+        })
+    }
+}
+
+impl Drop for CheckpointService {
+    fn drop(&mut self) {
+        if let Some(acks) = self.acks.take() {
+            let _ = acks.tx.send(Message::Stop);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(
+    mut coordinator: Coordinator,
+    store: CheckpointStore,
+    job: String,
+    mut hooks: impl CheckpointHooks,
+    rx: Receiver<Message>,
+    epoch: Instant,
+) -> Result<CheckpointStats, CheckpointError> {
+    let now = || epoch.elapsed().as_nanos() as u64;
+    loop {
+        match coordinator.poll(now()) {
+            Ok(outcomes) => act(outcomes, &store, &job, &mut hooks, epoch)?,
+            Err(error) => return fail(error, &mut coordinator, &store, &job, &mut hooks, epoch),
+        }
+        let wait = coordinator
+            .next_deadline()
+            .map_or(Duration::from_secs(3600), |at| {
+                Duration::from_nanos(at.saturating_sub(now()))
+            });
+        let message = match rx.recv_timeout(wait) {
+            Ok(message) => message,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Ok(coordinator.stats().clone()),
+        };
+        match message {
+            Message::Ack {
+                id,
+                task,
+                name,
+                state,
+                alignment,
+            } => {
+                if !coordinator.is_pending(id) {
+                    continue;
+                }
+                // The asynchronous phase: the state reaches the disk here, not on the
+                // task's worker.
+                let file = store.write_task_state(id, &name, &state)?;
+                coordinator.acknowledge(id, task, file, alignment, now());
+            }
+            Message::Decline { id, task, reason } => {
+                if let Err(error) = coordinator.decline(id, task, reason) {
+                    return fail(error, &mut coordinator, &store, &job, &mut hooks, epoch);
+                }
+            }
+            Message::TriggerNow => {
+                coordinator.trigger_now(now());
+            }
+            // The tasks' handles may outlive the service: it ends when told to.
+            Message::Stop => return Ok(coordinator.stats().clone()),
+        }
+        let outcomes = coordinator.take_outcomes();
+        act(outcomes, &store, &job, &mut hooks, epoch)?;
+    }
+}
+
+/// The job fails with `error`: the aborts that came with it reach the job first.
+fn fail(
+    error: CheckpointError,
+    coordinator: &mut Coordinator,
+    store: &CheckpointStore,
+    job: &str,
+    hooks: &mut impl CheckpointHooks,
+    epoch: Instant,
+) -> Result<CheckpointStats, CheckpointError> {
+    act(coordinator.take_outcomes(), store, job, hooks, epoch)?;
+    Err(error)
+}
+
+fn act(
+    outcomes: Vec<Outcome>,
+    store: &CheckpointStore,
+    job: &str,
+    hooks: &mut impl CheckpointHooks,
+    epoch: Instant,
+) -> Result<(), CheckpointError> {
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Trigger(id) => hooks.trigger(id),
+            Outcome::Abort { id, reason } => {
+                store.discard(id)?;
+                hooks.abort(id, &reason);
+            }
+            Outcome::Complete {
+                id,
+                triggered_ns,
+                duration,
+                tasks,
+                ..
+            } => {
+                let since_trigger = epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(triggered_ns));
+                store.complete(&CheckpointMetadata {
+                    id,
+                    triggered_unix_ms: unix_ms().saturating_sub(since_trigger.as_millis() as u64),
+                    duration,
+                    job: job.to_string(),
+                    tasks,
+                })?;
+                hooks.complete(id);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// What the job was told, in order.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Told {
+        Trigger(u64),
+        Complete(u64, bool),
+        Abort(u64),
+    }
+
+    struct Recorder {
+        told: Arc<Mutex<Vec<Told>>>,
+        events: Sender<Told>,
+        store: CheckpointStore,
+    }
+
+    impl CheckpointHooks for Recorder {
+        fn trigger(&mut self, id: u64) {
+            self.told.lock().unwrap().push(Told::Trigger(id));
+            let _ = self.events.send(Told::Trigger(id));
+        }
+        fn complete(&mut self, id: u64) {
+            // Durable before the job hears of it.
+            let durable = self.store.latest().is_ok_and(|r| r.metadata.id == id);
+            self.told.lock().unwrap().push(Told::Complete(id, durable));
+            let _ = self.events.send(Told::Complete(id, durable));
+        }
+        fn abort(&mut self, id: u64, _reason: &str) {
+            self.told.lock().unwrap().push(Told::Abort(id));
+            let _ = self.events.send(Told::Abort(id));
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("weir-service-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// The watchdog of these tests: a hook call that does not come within it is a lost
+    /// one, and fails the test (it is never what lets a test pass).
+    const WATCHDOG: Duration = Duration::from_secs(20);
+
+    fn start(
+        dir: &std::path::Path,
+        config: CheckpointConfig,
+        tasks: usize,
+    ) -> (CheckpointService, Receiver<Told>, Arc<Mutex<Vec<Told>>>) {
+        let store = CheckpointStore::open(dir, 2).expect("store");
+        let (events, rx) = mpsc::channel();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let hooks = Recorder {
+            told: Arc::clone(&told),
+            events,
+            store: store.clone(),
+        };
+        let service = CheckpointService::start(config, store, "job-x".into(), tasks, 1, hooks)
+            .expect("service");
+        (service, rx, told)
+    }
+
+    /// Tasks on other threads acknowledge each trigger with their state; each checkpoint
+    /// is written, completed and only then announced, and reads back whole.
+    #[test]
+    fn acknowledged_checkpoints_complete_on_disk_before_the_job_hears() {
+        let dir = scratch("complete");
+        let mut config = CheckpointConfig::every(Duration::from_millis(20));
+        config.retain = 2;
+        let (service, rx, _) = start(&dir, config, 3);
+        let acks = service.acks();
+        let mut completed = Vec::new();
+        while completed.len() < 3 {
+            match rx
+                .recv_timeout(WATCHDOG)
+                .expect("a hook call within the watchdog")
+            {
+                Told::Trigger(id) => {
+                    let workers: Vec<_> = (0..3)
+                        .map(|task| {
+                            let acks = acks.clone();
+                            std::thread::spawn(move || {
+                                let state = format!("task {task} at {id}").into_bytes();
+                                acks.acknowledge(
+                                    id,
+                                    task,
+                                    &format!("t-{task}"),
+                                    state,
+                                    Duration::ZERO,
+                                );
+                            })
+                        })
+                        .collect();
+                    workers.into_iter().for_each(|w| w.join().expect("task"));
+                }
+                Told::Complete(id, durable) => {
+                    assert!(
+                        durable,
+                        "checkpoint {id} announced before its metadata was durable"
+                    );
+                    completed.push(id);
+                }
+                Told::Abort(id) => panic!("checkpoint {id} aborted"),
+            }
+        }
+        let stats = service.stop().expect("stats");
+        assert!(stats.completed >= 3);
+        let restored = CheckpointStore::open(&dir, 2)
+            .expect("store")
+            .latest()
+            .expect("latest");
+        assert_eq!(restored.metadata.job, "job-x");
+        let id = restored.metadata.id;
+        assert_eq!(
+            restored.states["t-2"],
+            format!("task 2 at {id}").into_bytes()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A checkpoint some task never acknowledges expires; its files are discarded and the
+    /// job is told; past the tolerated failures the service fails with the reason.
+    #[test]
+    fn an_unacknowledged_checkpoint_expires_and_too_many_fail_the_job() {
+        let dir = scratch("expire");
+        let config = CheckpointConfig {
+            timeout: Duration::from_millis(50),
+            tolerable_failures: 1,
+            ..CheckpointConfig::every(Duration::from_millis(20))
+        };
+        let (service, rx, told) = start(&dir, config, 2);
+        let acks = service.acks();
+        let mut aborted = 0;
+        while aborted < 2 {
+            match rx
+                .recv_timeout(WATCHDOG)
+                .expect("a hook call within the watchdog")
+            {
+                // Only task 0 answers.
+                Told::Trigger(id) => acks.acknowledge(id, 0, "t-0", vec![1, 2, 3], Duration::ZERO),
+                Told::Abort(id) => {
+                    aborted += 1;
+                    assert!(
+                        !dir.join(format!("chk-{id}")).exists(),
+                        "checkpoint {id}'s files kept"
+                    );
+                }
+                Told::Complete(id, _) => panic!("checkpoint {id} completed without task 1"),
+            }
+        }
+        // The thread ends by itself with the failure.
+        let deadline = Instant::now() + WATCHDOG;
+        while !service.has_failed() {
+            assert!(
+                Instant::now() < deadline,
+                "the service did not fail the job"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let error = service.stop().expect_err("too many failures");
+        assert!(
+            matches!(error, CheckpointError::TooManyFailures { failures: 2, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("1 of 2 tasks"), "{error}");
+        assert_eq!(
+            told.lock()
+                .unwrap()
+                .iter()
+                .filter(|t| matches!(t, Told::Complete(..)))
+                .count(),
+            0
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
