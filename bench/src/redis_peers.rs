@@ -243,11 +243,11 @@ impl PeerForm {
 
 /// Keys per batched call of a peer at `c` in flight: `c / 2` (at least 1), so that two
 /// batches are in flight and the server works on one while the client handles the
-/// replies of the other. At 256 in flight, three rounds of 300,000 GETs splitting them
-/// into 1, 2, 4 or 8 calls (`MGET`s of 256, 128, 64, 32 keys) put two calls of 128 first
-/// or within the rounds' noise of the first for both peers (redis-rs 0.33–0.81 M/s,
-/// fred 0.44–0.77 M/s); pipelines of `GET`s were slower than `MGET`s at every split
-/// (fred's most: each command of its pipeline is queued by an `await`).
+/// replies of the other. The split was chosen by trying 1, 2, 4 and 8 calls at 256 in
+/// flight on the bench VM (a one-off exploration, not kept as rows): one and two calls
+/// were the fastest, within the VM's noise of each other, for both peers; pipelines of
+/// `GET`s were slower than `MGET`s at every split (fred's most: each command of its
+/// pipeline is queued by an `await`).
 pub fn peer_batch(c: usize) -> usize {
     (c / 2).max(1)
 }
@@ -429,8 +429,8 @@ impl Share {
 /// `LocalSet` (each made by `task` from its [`Share`]), each taking the next `k` keys and
 /// awaiting its call, so the server works on some calls while the client handles the
 /// replies of others. (A `FuturesUnordered` of the calls, `buffer_unordered(c)` polled
-/// `unconstrained`, ran at 0.14–0.28 M GET/s at 256 in flight where these tasks ran at
-/// 0.20–0.42 M/s in the same rounds: the client and the server take turns.) Every key is
+/// `unconstrained`, was slower than these tasks in every round of a one-off exploration
+/// at 256 in flight: the client and the server take turns.) Every key is
 /// handed out once and every value checked; the latency of one key in
 /// `LATENCY_SAMPLE_EVERY` is its call's, from call to answer, as the operator samples it.
 async fn by_tasks<T, Fut>(n: u64, c: usize, k: usize, task: T) -> Measurement
