@@ -171,6 +171,9 @@ pub fn back_pressured(settings: &Settings, debloat: bool) -> Outcome {
                     }
                 }
                 Some(GateEvent::End) | None => break,
+                Some(GateEvent::Barrier { .. } | GateEvent::CheckpointAborted { .. }) => {
+                    unreachable!("no checkpoints in this measurement")
+                }
             }
         }
         if now >= warm_up_ns {

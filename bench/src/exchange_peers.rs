@@ -179,7 +179,11 @@ pub fn weir_exchange<const N: usize>(
                         backoff.reset();
                     }
                     Some(GateEvent::End) => return (count, latency, Instant::now()),
-                    Some(GateEvent::Watermark(_)) => {}
+                    Some(
+                        GateEvent::Watermark(_)
+                        | GateEvent::Barrier { .. }
+                        | GateEvent::CheckpointAborted { .. },
+                    ) => {}
                     None => backoff.snooze(),
                 }
             }
@@ -831,7 +835,11 @@ pub fn weir_open_loop<const N: usize>(rate: u64, n: u64) -> Measurement {
                     count += 1;
                 }
                 Some(GateEvent::End) => return (count, latency),
-                Some(GateEvent::Watermark(_)) => {}
+                Some(
+                    GateEvent::Watermark(_)
+                    | GateEvent::Barrier { .. }
+                    | GateEvent::CheckpointAborted { .. },
+                ) => {}
                 None => std::hint::spin_loop(),
             }
         }

@@ -476,6 +476,22 @@ impl Codec for LookupValue {
     }
 }
 
+/// A record held by the async operator at a checkpoint is stored as its source record.
+impl Codec for Lookup {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        self.0.id.encode(out);
+        self.0.key.encode(out);
+        self.0.created_ns.encode(out);
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        Ok(Lookup(SourceRecord {
+            id: u64::decode(input)?,
+            key: u64::decode(input)?,
+            created_ns: u64::decode(input)?,
+        }))
+    }
+}
+
 impl Codec for Enriched {
     fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
         self.id.encode(out);

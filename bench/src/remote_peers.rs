@@ -143,7 +143,11 @@ pub fn weir_remote<const N: usize>(
                         spins = 0;
                     }
                     Some(GateEvent::End) => return (count, latency, Instant::now()),
-                    Some(GateEvent::Watermark(_)) => {}
+                    Some(
+                        GateEvent::Watermark(_)
+                        | GateEvent::Barrier { .. }
+                        | GateEvent::CheckpointAborted { .. },
+                    ) => {}
                     None => idle(&mut spins, &parker),
                 }
             }
@@ -341,7 +345,11 @@ pub fn weir_remote_processes<const N: usize>(
                         spins = 0;
                     }
                     Some(GateEvent::End) => return (count, Instant::now()),
-                    Some(GateEvent::Watermark(_)) => {}
+                    Some(
+                        GateEvent::Watermark(_)
+                        | GateEvent::Barrier { .. }
+                        | GateEvent::CheckpointAborted { .. },
+                    ) => {}
                     None => idle(&mut spins, &parker),
                 }
             }
@@ -665,7 +673,11 @@ pub fn weir_remote_open_loop<const N: usize>(
                     count += 1;
                 }
                 Some(GateEvent::End) => return (count, latency),
-                Some(GateEvent::Watermark(_)) => {}
+                Some(
+                    GateEvent::Watermark(_)
+                    | GateEvent::Barrier { .. }
+                    | GateEvent::CheckpointAborted { .. },
+                ) => {}
                 None => {
                     // Race-free without a re-check: a buffer pushed after the poll above
                     // notifies before or after the announcement, and either way the park

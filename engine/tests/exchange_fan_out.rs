@@ -111,7 +111,9 @@ impl Exchange {
                         self.read[sub].push(value);
                         count += 1;
                     }
-                    GateEvent::Watermark(_) => {}
+                    GateEvent::Watermark(_)
+                    | GateEvent::Barrier { .. }
+                    | GateEvent::CheckpointAborted { .. } => {}
                     GateEvent::End => {
                         assert!(!self.ended[sub], "end of partition twice");
                         self.ended[sub] = true;

@@ -74,7 +74,11 @@ fn read_all(mut gate: InputGate<(u64, Vec<u8>)>, expected: u64) {
                 next += 1;
             }
             Some(GateEvent::End) => break,
-            Some(GateEvent::Watermark(_)) => {}
+            Some(
+                GateEvent::Watermark(_)
+                | GateEvent::Barrier { .. }
+                | GateEvent::CheckpointAborted { .. },
+            ) => {}
             None => std::thread::yield_now(),
         }
     }

@@ -166,6 +166,9 @@ fn drain(
                 Some(GateEvent::End) => {
                     assert!(seen.ended.insert(consumer, true).is_none(), "End twice");
                 }
+                Some(GateEvent::Barrier { .. } | GateEvent::CheckpointAborted { .. }) => {
+                    unreachable!("no barriers are written here")
+                }
                 None => break,
             }
         }
@@ -569,7 +572,11 @@ fn two_thread_stress_with_a_tiny_pool() {
                     expected += 1;
                 }
                 Some(GateEvent::End) => return expected,
-                Some(GateEvent::Watermark(_)) => {}
+                Some(
+                    GateEvent::Watermark(_)
+                    | GateEvent::Barrier { .. }
+                    | GateEvent::CheckpointAborted { .. },
+                ) => {}
                 None => std::thread::yield_now(),
             }
         }

@@ -51,6 +51,21 @@ impl LookupRequest for Order {
     }
 }
 
+/// How an order is stored when a checkpoint finds it in flight in the async operator.
+impl Codec for Order {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        (self.id, self.customer, self.cents).encode(out);
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        let (id, customer, cents) = <(u64, u64, u64)>::decode(input)?;
+        Ok(Order {
+            id,
+            customer,
+            cents,
+        })
+    }
+}
+
 /// How enriched orders cross the exchange.
 impl Codec for EnrichedOrder {
     fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {

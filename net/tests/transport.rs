@@ -138,7 +138,11 @@ fn drain(gate: &mut InputGate<u64>) -> Result<Vec<(usize, u64)>, ExchangeError> 
         match gate.poll_next()? {
             Some(GateEvent::Record { value, channel }) => records.push((channel, value)),
             Some(GateEvent::End) => return Ok(records),
-            Some(GateEvent::Watermark(_)) => {}
+            Some(
+                GateEvent::Watermark(_)
+                | GateEvent::Barrier { .. }
+                | GateEvent::CheckpointAborted { .. },
+            ) => {}
             None => {
                 assert!(started.elapsed() < GUARD, "consumer hung");
                 thread::sleep(Duration::from_micros(50));

@@ -197,6 +197,19 @@ impl Coordinator {
         self.pending.contains_key(&id)
     }
 
+    /// The checkpoints pending now, oldest first.
+    pub fn pending_ids(&self) -> Vec<u64> {
+        self.pending.keys().copied().collect()
+    }
+
+    /// Whether task `task` acknowledged pending checkpoint `id`.
+    pub fn has_acknowledged(&self, id: u64, task: usize) -> bool {
+        self.pending
+            .get(&id)
+            .and_then(|p| p.tasks.get(task))
+            .is_some_and(Option::is_some)
+    }
+
     /// The next id to be triggered.
     pub fn next_id(&self) -> u64 {
         self.next_id

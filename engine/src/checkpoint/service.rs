@@ -9,6 +9,13 @@
 //! tells the job ([`CheckpointHooks::complete`]: Flink's `notifyCheckpointComplete`,
 //! where two-phase-commit sinks commit). Triggers and aborts go to the job through the
 //! same hooks. A slow disk therefore delays the checkpoint's completion, never a worker.
+//!
+//! Finished tasks (Flink's checkpoints after tasks finished): a task whose input ended
+//! hands its final state to [`Acks::finished`] and leaves; the service acknowledges
+//! every checkpoint it has not acknowledged yet, and every later one, with that state.
+//! Downstream, a channel's end counts as every later barrier, so the snapshots still
+//! agree: a bounded job's last records are committed by a checkpoint taken after its
+//! sources ended.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
@@ -26,6 +33,16 @@ pub trait CheckpointHooks: Send + 'static {
     fn complete(&mut self, id: u64);
     /// Checkpoint `id` failed or was subsumed: drop what is held for it.
     fn abort(&mut self, id: u64, reason: &str);
+    /// Checkpoint `metadata.id` completed, its longest alignment `alignment` (after
+    /// [`complete`](Self::complete)): for a progress line.
+    fn completed(&mut self, metadata: &CheckpointMetadata, alignment: Duration) {
+        let _ = (metadata, alignment);
+    }
+    /// The service stopped on `error` (too many failed checkpoints, a disk error): the
+    /// job must fail.
+    fn failed(&mut self, error: &CheckpointError) {
+        let _ = error;
+    }
 }
 
 enum Message {
@@ -40,6 +57,11 @@ enum Message {
         id: u64,
         task: usize,
         reason: String,
+    },
+    Finished {
+        task: usize,
+        name: String,
+        state: Vec<u8>,
     },
     TriggerNow,
     Stop,
@@ -75,6 +97,16 @@ impl Acks {
     /// Task `task` could not snapshot checkpoint `id`.
     pub fn decline(&self, id: u64, task: usize, reason: String) {
         let _ = self.tx.send(Message::Decline { id, task, reason });
+    }
+
+    /// Task `task` (state file `name`) finished with `state`: it acknowledges with it
+    /// every checkpoint pending or to come.
+    pub fn finished(&self, task: usize, name: &str, state: Vec<u8>) {
+        let _ = self.tx.send(Message::Finished {
+            task,
+            name: name.to_string(),
+            state,
+        });
     }
 
     /// Asks for a checkpoint now, outside the interval.
@@ -160,12 +192,30 @@ fn run(
     rx: Receiver<Message>,
     epoch: Instant,
 ) -> Result<CheckpointStats, CheckpointError> {
+    let result = serve(&mut coordinator, &store, &job, &mut hooks, rx, epoch);
+    if let Err(error) = &result {
+        hooks.failed(error);
+    }
+    result
+}
+
+fn serve(
+    coordinator: &mut Coordinator,
+    store: &CheckpointStore,
+    job: &str,
+    hooks: &mut impl CheckpointHooks,
+    rx: Receiver<Message>,
+    epoch: Instant,
+) -> Result<CheckpointStats, CheckpointError> {
     let now = || epoch.elapsed().as_nanos() as u64;
+    // Finished tasks and their final state.
+    let mut finished: Vec<(usize, String, Vec<u8>)> = Vec::new();
     loop {
         match coordinator.poll(now()) {
-            Ok(outcomes) => act(outcomes, &store, &job, &mut hooks, epoch)?,
-            Err(error) => return fail(error, &mut coordinator, &store, &job, &mut hooks, epoch),
+            Ok(outcomes) => act(outcomes, store, job, hooks, epoch)?,
+            Err(error) => return fail(error, coordinator, store, job, hooks, epoch),
         }
+        settle(coordinator, store, job, hooks, epoch, &finished)?;
         let wait = coordinator
             .next_deadline()
             .map_or(Duration::from_secs(3600), |at| {
@@ -194,9 +244,10 @@ fn run(
             }
             Message::Decline { id, task, reason } => {
                 if let Err(error) = coordinator.decline(id, task, reason) {
-                    return fail(error, &mut coordinator, &store, &job, &mut hooks, epoch);
+                    return fail(error, coordinator, store, job, hooks, epoch);
                 }
             }
+            Message::Finished { task, name, state } => finished.push((task, name, state)),
             Message::TriggerNow => {
                 coordinator.trigger_now(now());
             }
@@ -204,8 +255,35 @@ fn run(
             Message::Stop => return Ok(coordinator.stats().clone()),
         }
         let outcomes = coordinator.take_outcomes();
-        act(outcomes, &store, &job, &mut hooks, epoch)?;
+        act(outcomes, store, job, hooks, epoch)?;
+        settle(coordinator, store, job, hooks, epoch, &finished)?;
     }
+}
+
+/// Acknowledges every pending checkpoint for the finished tasks, acting on what that
+/// completes.
+fn settle(
+    coordinator: &mut Coordinator,
+    store: &CheckpointStore,
+    job: &str,
+    hooks: &mut impl CheckpointHooks,
+    epoch: Instant,
+    finished: &[(usize, String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
+    if finished.is_empty() {
+        return Ok(());
+    }
+    for id in coordinator.pending_ids() {
+        for (task, name, state) in finished {
+            if coordinator.is_pending(id) && !coordinator.has_acknowledged(id, *task) {
+                let file = store.write_task_state(id, name, state)?;
+                let now_ns = epoch.elapsed().as_nanos() as u64;
+                coordinator.acknowledge(id, *task, file, Duration::ZERO, now_ns);
+            }
+        }
+    }
+    let outcomes = coordinator.take_outcomes();
+    act(outcomes, store, job, hooks, epoch)
 }
 
 /// The job fails with `error`: the aborts that came with it reach the job first.
@@ -240,19 +318,21 @@ fn act(
                 triggered_ns,
                 duration,
                 tasks,
-                ..
+                alignment,
             } => {
                 let since_trigger = epoch
                     .elapsed()
                     .saturating_sub(Duration::from_nanos(triggered_ns));
-                store.complete(&CheckpointMetadata {
+                let metadata = CheckpointMetadata {
                     id,
                     triggered_unix_ms: unix_ms().saturating_sub(since_trigger.as_millis() as u64),
                     duration,
                     job: job.to_string(),
                     tasks,
-                })?;
+                };
+                store.complete(&metadata)?;
                 hooks.complete(id);
+                hooks.completed(&metadata, alignment);
             }
         }
     }

@@ -19,18 +19,30 @@
 //! Buffers arrive as views of what the producer published (see `channel`); a view may
 //! end inside a record, which the next view of the channel continues.
 //!
+//! Checkpoint barriers (see [`checkpoint::alignment`](crate::checkpoint::alignment)):
+//! a barrier frame goes to the gate's [`BarrierAligner`]. Aligned, a channel whose
+//! barrier arrived is not read until every channel's has; then the gate yields
+//! [`GateEvent::Barrier`] (the task snapshots and forwards it) and reads every channel
+//! again. Unaligned, the first barrier yields it at once, and the records still arriving
+//! on a channel before that channel's barrier are copied, as they were framed, into the
+//! checkpoint's channel state ([`InputGate::take_channel_state`]); a restored gate yields
+//! such records ([`InputGate::restore_channel_state`]) before anything its channels bring.
+//!
 //! Debloating (off unless [`InputGate::set_debloat`]): [`InputGate::poll_next_at`]
 //! feeds the gate's [`Debloater`] its bytes and idle time once per period, and passes
 //! each new buffer size to every channel ([`InputChannel::announce_buffer_size`]).
 
+use std::collections::VecDeque;
 use std::marker::PhantomData;
+use std::time::Duration;
 
+use crate::checkpoint::{Alignment, AlignmentMode, BarrierAligner};
 use crate::error::{ConfigError, DebloatError, ExchangeError};
 use crate::exchange::channel::InputChannel;
 use crate::exchange::codec::{Codec, Decoder};
 use crate::exchange::debloat::{DebloatConfig, Debloater};
 use crate::exchange::pool::SharedBuffer;
-use crate::exchange::writer::{END_TAG, WATERMARK_TAG};
+use crate::exchange::writer::{BARRIER_TAG, END_TAG, WATERMARK_TAG};
 use crate::limits::{EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
 
 /// What the gate yields.
@@ -47,6 +59,25 @@ pub enum GateEvent<T> {
     Watermark(i64),
     /// Every channel has ended.
     End,
+    /// Checkpoint `id`'s barriers are aligned (or, unaligned, the first came): the task
+    /// snapshots its state now and forwards the barrier.
+    Barrier {
+        /// The checkpoint.
+        id: u64,
+        /// From its first barrier to this moment.
+        alignment: Duration,
+        /// Whether it is unaligned: its channel state follows from
+        /// [`InputGate::take_channel_state`].
+        unaligned: bool,
+    },
+    /// Checkpoint `id` cannot complete at this gate (a newer barrier overtook its
+    /// alignment).
+    CheckpointAborted {
+        /// The checkpoint.
+        id: u64,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Counters of a gate.
@@ -88,6 +119,7 @@ struct ChannelState {
 enum Frame<T> {
     Record(T),
     Watermark(i64),
+    Barrier(u64),
     End,
     /// The channel's buffer is used up in the middle of a frame: its turn ends (the
     /// frame waits in its partial), though it may have more buffers already.
@@ -106,7 +138,29 @@ pub struct InputGate<T: Codec> {
     metrics: GateMetrics,
     idle_since_ns: Option<u64>,
     debloat: Option<Debloater>,
+    /// Barrier alignment; made at the first barrier if not set before.
+    aligner: Option<BarrierAligner>,
+    /// Some channel may be blocked (an aligned checkpoint is aligning).
+    blocking: bool,
+    /// The unaligned checkpoint whose channel state is being recorded.
+    recording: Option<Recording>,
+    /// Channel state recorded whole, for the task to take.
+    recorded: Option<(u64, Vec<u8>)>,
+    /// What the aligner asked for that is still to be yielded.
+    events: VecDeque<GateEvent<T>>,
+    /// Restored channel state, yielded before anything else.
+    replay: VecDeque<T>,
+    /// The clock of the last [`poll_next_at`](Self::poll_next_at).
+    now_ns: u64,
     _records: PhantomData<fn() -> T>,
+}
+
+/// The channel state of an unaligned checkpoint being recorded: the frames of the
+/// channels whose barrier has not come yet.
+struct Recording {
+    id: u64,
+    channels: Vec<bool>,
+    bytes: Vec<u8>,
 }
 
 impl<T: Codec> InputGate<T> {
@@ -146,8 +200,66 @@ impl<T: Codec> InputGate<T> {
             metrics: GateMetrics::default(),
             idle_since_ns: None,
             debloat: None,
+            aligner: None,
+            blocking: false,
+            recording: None,
+            recorded: None,
+            events: VecDeque::new(),
+            replay: VecDeque::new(),
+            now_ns: 0,
             _records: PhantomData,
         })
+    }
+
+    /// How this gate aligns checkpoint barriers (aligned unless set).
+    pub fn set_alignment(&mut self, mode: AlignmentMode) {
+        self.aligner = Some(BarrierAligner::new(self.channels.len(), mode));
+    }
+
+    /// When the alignment in progress switches to unaligned (aligned with a timeout),
+    /// by the caller's clock; [`poll_next_at`](Self::poll_next_at) acts on it.
+    pub fn alignment_deadline(&self) -> Option<u64> {
+        self.aligner.as_ref().and_then(BarrierAligner::deadline)
+    }
+
+    /// The channel state of an unaligned checkpoint once every channel's barrier came:
+    /// its id and the frames recorded (as the channels framed them), to be stored with
+    /// the task's snapshot and handed to [`restore_channel_state`](Self::restore_channel_state).
+    pub fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.recorded.take()
+    }
+
+    /// Whether channel state is still being recorded for checkpoint `id`.
+    pub fn is_recording(&self, id: u64) -> bool {
+        self.recording.as_ref().is_some_and(|r| r.id == id)
+    }
+
+    /// Restores channel state taken by [`take_channel_state`](Self::take_channel_state):
+    /// its records come out of [`poll_next`](Self::poll_next) before any channel's.
+    pub fn restore_channel_state(&mut self, mut bytes: &[u8]) -> Result<(), ExchangeError> {
+        while !bytes.is_empty() {
+            if bytes.len() < 4 {
+                return Err(ExchangeError::Malformed {
+                    channel: 0,
+                    reason: "channel state ends inside a length prefix".into(),
+                });
+            }
+            let len = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+            if len > self.max_record_size || bytes.len() < 4 + len {
+                return Err(ExchangeError::Malformed {
+                    channel: 0,
+                    reason: format!(
+                        "channel state holds a record of {len} bytes that is cut off or too long"
+                    ),
+                });
+            }
+            match decode_frame::<T>(len as u32, &bytes[4..4 + len], 0)? {
+                Frame::Record(value) => self.replay.push_back(value),
+                _ => unreachable!("a length below the event tags is a record"),
+            }
+            bytes = &bytes[4 + len..];
+        }
+        Ok(())
     }
 
     /// Input channels.
@@ -188,6 +300,13 @@ impl<T: Codec> InputGate<T> {
     pub fn poll_next_at(&mut self, now_ns: u64) -> Result<Option<GateEvent<T>>, ExchangeError> {
         if self.debloat.as_ref().is_some_and(|d| d.is_due(now_ns)) {
             self.debloat_period(now_ns);
+        }
+        self.now_ns = now_ns;
+        if self.blocking {
+            if let Some(aligner) = self.aligner.as_mut() {
+                let alignment = aligner.on_time(now_ns);
+                self.on_alignment(alignment);
+            }
         }
         let next = self.poll_next()?;
         match (&next, self.idle_since_ns) {
@@ -230,6 +349,15 @@ impl<T: Codec> InputGate<T> {
 
     /// The next record or event, or `None` if no channel has anything now.
     pub fn poll_next(&mut self) -> Result<Option<GateEvent<T>>, ExchangeError> {
+        if !self.replay.is_empty() || !self.events.is_empty() {
+            if let Some(event) = self.events.pop_front() {
+                return Ok(Some(event));
+            }
+            if let Some(value) = self.replay.pop_front() {
+                self.metrics.records_in += 1;
+                return Ok(Some(GateEvent::Record { value, channel: 0 }));
+            }
+        }
         if let Some(record) = self.next_in_buffer()? {
             return Ok(Some(record));
         }
@@ -242,6 +370,11 @@ impl<T: Codec> InputGate<T> {
         let mut idle = 0;
         while idle <= count {
             let channel = self.cursor;
+            if self.blocking && self.is_blocked(channel) {
+                idle += 1;
+                self.cursor = (channel + 1) % count;
+                continue;
+            }
             let frame = self.next_frame(channel)?;
             if frame.is_some() && self.buffer_used_up(channel) {
                 // One buffer per turn: the next poll starts at the next channel.
@@ -262,6 +395,13 @@ impl<T: Codec> InputGate<T> {
                         return Ok(Some(GateEvent::Watermark(advanced)));
                     }
                 }
+                Some(Frame::Barrier(id)) => {
+                    idle = 0;
+                    self.on_barrier(channel, id);
+                    if let Some(event) = self.events.pop_front() {
+                        return Ok(Some(event));
+                    }
+                }
                 Some(Frame::TurnEnded) => {
                     // Not idle: the channel may hold more; it gets its next turn after
                     // the others have had theirs.
@@ -271,12 +411,19 @@ impl<T: Codec> InputGate<T> {
                     idle = 0;
                     self.channels[channel].ended = true;
                     self.ended_channels += 1;
+                    if let Some(aligner) = self.aligner.as_mut() {
+                        let alignment = aligner.on_end_of_channel(channel, self.now_ns);
+                        self.on_alignment(alignment);
+                        self.stop_recording(channel);
+                    }
                     if self.ended_channels == count {
                         self.end_emitted = true;
-                        return Ok(Some(GateEvent::End));
+                        self.events.push_back(GateEvent::End);
+                    } else if let Some(advanced) = self.advance_watermark() {
+                        self.events.push_back(GateEvent::Watermark(advanced));
                     }
-                    if let Some(advanced) = self.advance_watermark() {
-                        return Ok(Some(GateEvent::Watermark(advanced)));
+                    if let Some(event) = self.events.pop_front() {
+                        return Ok(Some(event));
                     }
                 }
                 None => {
@@ -296,6 +443,9 @@ impl<T: Codec> InputGate<T> {
     fn next_in_buffer(&mut self) -> Result<Option<GateEvent<T>>, ExchangeError> {
         let channel = self.cursor;
         let count = self.channels.len();
+        if self.blocking && self.is_blocked(channel) {
+            return Ok(None);
+        }
         let state = &mut self.channels[channel];
         let Some(buffer) = &state.buffer else {
             return Ok(None);
@@ -314,12 +464,20 @@ impl<T: Codec> InputGate<T> {
         {
             return Ok(None);
         }
-        let mut body = &bytes[4..4 + len as usize];
+        let frame = &bytes[4..4 + len as usize];
+        let mut body = frame;
         let value =
             T::decode(&mut body).map_err(|source| ExchangeError::Decode { channel, source })?;
         if !body.is_empty() {
             let source = crate::exchange::codec::DecodeError::Trailing(body.len());
             return Err(ExchangeError::Decode { channel, source });
+        }
+        if let Some(recording) = self.recording.as_mut() {
+            if recording.channels[channel] {
+                recording
+                    .bytes
+                    .extend_from_slice(&bytes[..4 + len as usize]);
+            }
         }
         state.offset += 4 + len as usize;
         if state.offset == buffer.len() {
@@ -329,6 +487,97 @@ impl<T: Codec> InputGate<T> {
         }
         self.metrics.records_in += 1;
         Ok(Some(GateEvent::Record { value, channel }))
+    }
+
+    fn is_blocked(&self, channel: usize) -> bool {
+        self.aligner
+            .as_ref()
+            .is_some_and(|aligner| aligner.is_blocked(channel))
+    }
+
+    /// Barrier `id` came on `channel`.
+    #[cold]
+    fn on_barrier(&mut self, channel: usize, id: u64) {
+        let channels = self.channels.len();
+        let now_ns = self.now_ns;
+        let aligner = self
+            .aligner
+            .get_or_insert_with(|| BarrierAligner::new(channels, AlignmentMode::Aligned));
+        let alignments = aligner.on_barrier(channel, id, now_ns);
+        if let Some(recording) = &self.recording {
+            if recording.id < id {
+                // A newer checkpoint overtook one whose channel state was still coming.
+                let old = recording.id;
+                self.recording = None;
+                self.events.push_back(GateEvent::CheckpointAborted {
+                    id: old,
+                    reason: format!(
+                        "barrier {id} arrived before the channel state of checkpoint {old} was whole"
+                    ),
+                });
+            }
+        }
+        for alignment in alignments {
+            self.on_alignment(alignment);
+        }
+        if self.recording.as_ref().is_some_and(|r| r.id == id) {
+            self.stop_recording(channel);
+        }
+        self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());
+    }
+
+    /// Acts on what the aligner asked for.
+    fn on_alignment(&mut self, alignment: Alignment) {
+        match alignment {
+            Alignment::Wait => {}
+            Alignment::Snapshot {
+                id,
+                alignment,
+                unaligned,
+            } => {
+                if unaligned {
+                    if let Some(state) = self.aligner.as_ref().and_then(|a| a.channel_state()) {
+                        self.recording = Some(Recording {
+                            id,
+                            channels: state.recording,
+                            bytes: Vec::new(),
+                        });
+                        self.finish_recording_if_whole();
+                    } else {
+                        self.recorded = Some((id, Vec::new()));
+                    }
+                }
+                self.events.push_back(GateEvent::Barrier {
+                    id,
+                    alignment,
+                    unaligned,
+                });
+            }
+            Alignment::Abort { id, reason } => {
+                self.events
+                    .push_back(GateEvent::CheckpointAborted { id, reason });
+            }
+        }
+        self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());
+    }
+
+    /// `channel`'s barrier (or end) came: its in-flight records are all recorded.
+    fn stop_recording(&mut self, channel: usize) {
+        if let Some(recording) = self.recording.as_mut() {
+            recording.channels[channel] = false;
+            self.finish_recording_if_whole();
+        }
+    }
+
+    fn finish_recording_if_whole(&mut self) {
+        if self
+            .recording
+            .as_ref()
+            .is_some_and(|r| r.channels.iter().all(|c| !c))
+        {
+            let recording = self.recording.take().expect("checked");
+            self.recorded = Some((recording.id, recording.bytes));
+        }
     }
 
     fn buffer_used_up(&self, channel: usize) -> bool {
@@ -416,6 +665,13 @@ impl<T: Codec> InputGate<T> {
             if bytes.len() >= 4 + body_len {
                 let body = &bytes[4..4 + body_len];
                 let frame = decode_frame(tag, body, channel)?;
+                if tag < EVENT_TAG_MIN {
+                    if let Some(recording) = self.recording.as_mut() {
+                        if recording.channels[channel] {
+                            recording.bytes.extend_from_slice(&bytes[..4 + body_len]);
+                        }
+                    }
+                }
                 state.offset += 4 + body_len;
                 if state.offset == buffer.len() {
                     // Consumed: recycle now rather than at the next poll.
@@ -448,6 +704,14 @@ impl<T: Codec> InputGate<T> {
             if partial.body.len() == partial.body_len {
                 let tag = u32::from_le_bytes(partial.header);
                 let frame = decode_frame(tag, &partial.body, channel)?;
+                if tag < EVENT_TAG_MIN {
+                    if let Some(recording) = self.recording.as_mut() {
+                        if recording.channels[channel] {
+                            recording.bytes.extend_from_slice(&partial.header);
+                            recording.bytes.extend_from_slice(&partial.body);
+                        }
+                    }
+                }
                 partial.header_len = 0;
                 partial.body_len = 0;
                 partial.body.clear();
@@ -478,7 +742,7 @@ fn frame_body_len(
 ) -> Result<usize, ExchangeError> {
     match tag {
         END_TAG => Ok(0),
-        WATERMARK_TAG => Ok(8),
+        WATERMARK_TAG | BARRIER_TAG => Ok(8),
         tag if tag >= EVENT_TAG_MIN => Err(ExchangeError::Malformed {
             channel,
             reason: format!("unknown event tag {tag:#x}"),
@@ -502,6 +766,9 @@ fn decode_frame<T: Codec>(
             let timestamp = i64::from_le_bytes(body.try_into().expect("8 watermark bytes"));
             Ok(Frame::Watermark(timestamp))
         }
+        BARRIER_TAG => Ok(Frame::Barrier(u64::from_le_bytes(
+            body.try_into().expect("8 barrier bytes"),
+        ))),
         _ => {
             let value =
                 T::decode(&mut body).map_err(|source| ExchangeError::Decode { channel, source })?;

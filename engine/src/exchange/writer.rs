@@ -5,6 +5,7 @@
 //! Framing on a channel, little-endian:
 //! - record: `len: u32` (below [`EVENT_TAG_MIN`]) then `len` bytes;
 //! - watermark: `WATERMARK_TAG: u32` then the timestamp as `i64`;
+//! - checkpoint barrier: `BARRIER_TAG: u32` then the checkpoint id as `u64`;
 //! - end of partition: `END_TAG: u32`.
 //!
 //! Records and length prefixes may span buffers; the input gate reassembles them.
@@ -35,6 +36,8 @@ use crate::limits::{BUFFER_TIMEOUT_DEFAULT_NS, EVENT_TAG_MIN, RECORD_SIZE_MAX_DE
 pub const WATERMARK_TAG: u32 = u32::MAX - 1;
 /// Length-prefix value announcing the end of the partition.
 pub const END_TAG: u32 = u32::MAX;
+/// Length-prefix value announcing a checkpoint barrier.
+pub const BARRIER_TAG: u32 = u32::MAX - 2;
 
 /// Where a record goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,6 +379,24 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&WATERMARK_TAG.to_le_bytes());
         self.scratch.extend_from_slice(&timestamp.to_le_bytes());
+        self.write(
+            Pending {
+                target: Target::All,
+                sub: 0,
+                offset: 0,
+                event: true,
+            },
+            now_ns,
+        )
+    }
+
+    /// Broadcasts checkpoint `id`'s barrier in band, behind every record written
+    /// before it (it never overtakes them), and publishes it with them.
+    pub fn emit_barrier(&mut self, id: u64, now_ns: u64) -> Result<(), ExchangeError> {
+        self.ready_to_write()?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&BARRIER_TAG.to_le_bytes());
+        self.scratch.extend_from_slice(&id.to_le_bytes());
         self.write(
             Pending {
                 target: Target::All,

@@ -11,17 +11,30 @@
 //! [`Link::finish`], which is repeated until the link and everything after it are done:
 //! the async operator first completes and emits everything in flight, the writer sends
 //! its last buffers and the end of partition.
+//!
+//! Checkpoints (see [`checkpoint`](crate::checkpoint)): a barrier enters the chain at
+//! its source (when the coordinator triggers one) or from its input gate (once
+//! aligned), and passes every link in order with the elements through
+//! [`Link::barrier`]: each link adds its state to the task's [`Snapshot`] and hands the
+//! barrier on, so everything before the barrier is in the state or downstream of it,
+//! and nothing after it. The async operator lets the results it already emitted go
+//! ahead and snapshots every element it still holds; the writer sends the barrier in
+//! band behind the records it wrote; a sink pre-commits.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::async_io::{AsyncFunction, AsyncWaitOperator};
+use crate::checkpoint::elements::encode_elements;
+use crate::checkpoint::{Acks, AlignmentMode, KeyedState};
 use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
 use crate::exchange::{GateEvent, InputGate, RecordWriter};
 use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
+use super::keys::KeyHashCode;
 use super::partition::Selector;
 use super::sink::Sink;
 use super::source::{Source, SourceEvent};
@@ -49,6 +62,79 @@ pub(crate) trait Link<T> {
     fn next_deadline(&self) -> Option<u64>;
     /// Takes a driver event if it is for one of the chain's connections.
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool;
+    /// Checkpoint `id`'s barrier reached this link, behind every element pushed before
+    /// it: the link adds its state to `snapshot` and hands the barrier on.
+    fn barrier(
+        &mut self,
+        id: u64,
+        snapshot: &mut Snapshot,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError>;
+    /// Checkpoint `id` completed (Flink's `notifyCheckpointComplete`).
+    fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError>;
+}
+
+/// The section of a task's snapshot that holds its source's position.
+pub(crate) const SOURCE_SECTION: u32 = 0;
+/// The section that holds its input gate's channel state.
+pub(crate) const CHANNEL_SECTION: u32 = u32::MAX;
+const SNAPSHOT_VERSION: u8 = 1;
+
+/// A task's state at a barrier: each stateful link's bytes under its position in the
+/// chain (the source is 0, the operators count from 1 in the order they were chained).
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    pub(crate) sections: Vec<(u32, Vec<u8>)>,
+    /// A sink pre-committed output that a completed checkpoint must commit.
+    pub(crate) commits: bool,
+}
+
+impl Snapshot {
+    pub(crate) fn push(&mut self, position: u32, bytes: Vec<u8>) {
+        self.sections.push((position, bytes));
+    }
+
+    pub(crate) fn get(&self, position: u32) -> Option<&[u8]> {
+        self.sections
+            .iter()
+            .find(|(p, _)| *p == position)
+            .map(|(_, bytes)| bytes.as_slice())
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        SNAPSHOT_VERSION.encode(&mut out);
+        (self.sections.len() as u32).encode(&mut out);
+        for (position, bytes) in &self.sections {
+            position.encode(&mut out);
+            bytes.encode(&mut out);
+        }
+        out
+    }
+
+    pub(crate) fn decode(mut bytes: &[u8]) -> Result<Self, String> {
+        let input = &mut bytes;
+        let version = u8::decode(input).map_err(|e| e.to_string())?;
+        if version != SNAPSHOT_VERSION {
+            return Err(format!(
+                "task state version {version}; this build reads version {SNAPSHOT_VERSION}"
+            ));
+        }
+        let count = u32::decode(input).map_err(|e| e.to_string())?;
+        let mut sections = Vec::new();
+        for _ in 0..count {
+            let position = u32::decode(input).map_err(|e| e.to_string())?;
+            let section = Vec::<u8>::decode(input).map_err(|e| e.to_string())?;
+            sections.push((position, section));
+        }
+        if !input.is_empty() {
+            return Err(format!("{} bytes after the last section", input.len()));
+        }
+        Ok(Snapshot {
+            sections,
+            commits: false,
+        })
+    }
 }
 
 /// Forwards everything but records to `next`.
@@ -69,6 +155,17 @@ macro_rules! forward_rest {
         }
         fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
             self.next.on_io(event)
+        }
+        fn barrier(
+            &mut self,
+            id: u64,
+            snapshot: &mut Snapshot,
+            cx: &mut TaskContext<'_>,
+        ) -> Result<(), TaskError> {
+            self.next.barrier(id, snapshot, cx)
+        }
+        fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError> {
+            self.next.checkpoint_complete(id)
         }
     };
 }
@@ -152,18 +249,24 @@ pub(crate) struct AsyncLink<F: AsyncFunction> {
     pub(crate) in_flight_reported: u64,
     pub(crate) shared: Arc<Shared>,
     pub(crate) stage: usize,
+    /// Its section in the task's snapshot.
+    pub(crate) position: u32,
 }
 
 impl<F: AsyncFunction> AsyncLink<F> {
-    /// The link running `operator` (with its I/O, if any) for `stage`, ahead of `next`.
+    /// The link running `operator` (with its I/O, if any) for `stage`, ahead of `next`;
+    /// `restored`: the elements it held at the checkpoint restored, processed first.
     pub(crate) fn new(
         operator: AsyncWaitOperator<F>,
         io: Option<Box<dyn IoHandler>>,
         next: Box<dyn Link<F::Out>>,
         shared: Arc<Shared>,
         stage: usize,
+        position: u32,
+        restored: Vec<StreamElement<F::In>>,
     ) -> Self {
         AsyncLink {
+            position,
             operator,
             io,
             input: VecDeque::new(),
@@ -174,6 +277,12 @@ impl<F: AsyncFunction> AsyncLink<F> {
             shared,
             stage,
         }
+        .with_input(restored)
+    }
+
+    fn with_input(mut self, restored: Vec<StreamElement<F::In>>) -> Self {
+        self.input.extend(restored);
+        self
     }
 
     fn feed(&mut self, element: StreamElement<F::In>, now: u64) -> Result<(), TaskError> {
@@ -211,7 +320,10 @@ impl<F: AsyncFunction> AsyncLink<F> {
     }
 }
 
-impl<F: AsyncFunction> Link<F::In> for AsyncLink<F> {
+impl<F: AsyncFunction> Link<F::In> for AsyncLink<F>
+where
+    F::In: Codec + Clone,
+{
     #[inline]
     fn accepts(&mut self) -> bool {
         self.input.is_empty() && !self.operator.is_full() && self.output.len() < POLL_BATCH_MAX
@@ -290,6 +402,29 @@ impl<F: AsyncFunction> Link<F::In> for AsyncLink<F> {
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
         self.io.as_mut().is_some_and(|io| io.on_event(event)) || self.next.on_io(event)
     }
+
+    fn barrier(
+        &mut self,
+        id: u64,
+        snapshot: &mut Snapshot,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        // What the operator emitted before the barrier goes ahead of it (the next link
+        // queues what it cannot take yet); what it still holds, in flight or waiting
+        // for its turn, and the input not yet fed to it are its state, processed again
+        // first on restore (Flink's `AsyncWaitOperator.snapshotState`).
+        while let Some(element) = self.output.pop_front() {
+            self.next.push(element, cx)?;
+        }
+        let mut held = self.operator.snapshot();
+        held.extend(self.input.iter().cloned());
+        snapshot.push(self.position, encode_elements(&held));
+        self.next.barrier(id, snapshot, cx)
+    }
+
+    fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError> {
+        self.next.checkpoint_complete(id)
+    }
 }
 
 impl<F: AsyncFunction> Drop for AsyncLink<F> {
@@ -301,10 +436,16 @@ impl<F: AsyncFunction> Drop for AsyncLink<F> {
     }
 }
 
+/// What waits in a writer link's overflow: elements, and barriers behind them.
+pub(crate) enum Out<T> {
+    Element(StreamElement<T>),
+    Barrier(u64),
+}
+
 /// The end of a stage that feeds an exchange.
 pub(crate) struct WriterLink<T: Codec> {
     pub(crate) writer: RecordWriter<Record<T>, Selector<T>>,
-    pub(crate) overflow: VecDeque<StreamElement<T>>,
+    pub(crate) overflow: VecDeque<Out<T>>,
     pub(crate) finished: bool,
     pub(crate) stage: String,
 }
@@ -346,7 +487,7 @@ impl<T: Codec> Link<T> for WriterLink<T> {
         if self.overflow.is_empty() && self.writer.is_available() {
             self.write(&element, cx.now_ns)
         } else {
-            self.overflow.push_back(element);
+            self.overflow.push_back(Out::Element(element));
             Ok(())
         }
     }
@@ -357,10 +498,11 @@ impl<T: Codec> Link<T> for WriterLink<T> {
         // `poll_ready` resumes a pending record and, when the pool is dry, arms its
         // notification so that a recycled buffer wakes this worker.
         while self.writer.poll_ready(now)? {
-            let Some(element) = self.overflow.pop_front() else {
-                break;
-            };
-            self.write(&element, now)?;
+            match self.overflow.pop_front() {
+                None => break,
+                Some(Out::Element(element)) => self.write(&element, now)?,
+                Some(Out::Barrier(id)) => self.writer.emit_barrier(id, now)?,
+            }
             moved = true;
         }
         self.writer.on_timer(now)?;
@@ -390,12 +532,38 @@ impl<T: Codec> Link<T> for WriterLink<T> {
     fn on_io(&mut self, _event: &DriverEvent<'_>) -> bool {
         false
     }
+
+    fn barrier(
+        &mut self,
+        id: u64,
+        _snapshot: &mut Snapshot,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        if self.finished {
+            // A finished task's last snapshot: its end went out, and with it every
+            // later barrier as far as the consumers are concerned.
+            return Ok(());
+        }
+        // In band, behind everything written or waiting before it.
+        if self.overflow.is_empty() && self.writer.is_available() {
+            self.writer.emit_barrier(id, cx.now_ns)?;
+        } else {
+            self.overflow.push_back(Out::Barrier(id));
+        }
+        Ok(())
+    }
+
+    fn checkpoint_complete(&mut self, _id: u64) -> Result<(), TaskError> {
+        Ok(())
+    }
 }
 
 /// The end of a stage that ends in a sink.
 pub(crate) struct SinkLink<S> {
     pub(crate) sink: S,
     pub(crate) finished: bool,
+    /// Its section in the task's snapshot.
+    pub(crate) position: u32,
 }
 
 impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
@@ -435,6 +603,97 @@ impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
     fn on_io(&mut self, _event: &DriverEvent<'_>) -> bool {
         false
     }
+
+    fn barrier(
+        &mut self,
+        id: u64,
+        snapshot: &mut Snapshot,
+        _cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        if let Some(state) = self.sink.snapshot_state(id)? {
+            snapshot.push(self.position, state);
+            snapshot.commits = true;
+        }
+        Ok(())
+    }
+
+    fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError> {
+        self.sink.notify_checkpoint_complete(id)
+    }
+}
+
+/// `map_with_state`: a function of each record and its key's value state, the state
+/// kept per key group so that a restore may redistribute it.
+pub(crate) struct KeyedMapLink<K, V, KF, F, U> {
+    pub(crate) key: KF,
+    pub(crate) f: F,
+    pub(crate) state: KeyedState<K, V>,
+    pub(crate) position: u32,
+    pub(crate) stage: String,
+    pub(crate) next: Box<dyn Link<U>>,
+}
+
+impl<T, U, K, V, KF, F> Link<T> for KeyedMapLink<K, V, KF, F, U>
+where
+    K: KeyHashCode + Codec + Eq + std::hash::Hash,
+    V: Codec,
+    KF: FnMut(&T) -> K,
+    F: FnMut(T, &mut Option<V>) -> U,
+{
+    #[inline]
+    fn push(
+        &mut self,
+        element: StreamElement<T>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        let element = match element {
+            StreamElement::Record(r) => {
+                let key = (self.key)(&r.value);
+                let stage = &self.stage;
+                let keyed = |e| -> TaskError {
+                    format!("{stage}: {e}; map_with_state must follow a key_by with the same key")
+                        .into()
+                };
+                let mut value = self.state.remove(&key).map_err(keyed)?;
+                let out = (self.f)(r.value, &mut value);
+                if let Some(value) = value {
+                    self.state.insert(key, value).map_err(keyed)?;
+                }
+                StreamElement::record(out, r.timestamp)
+            }
+            StreamElement::Watermark(w) => StreamElement::Watermark(w),
+        };
+        self.next.push(element, cx)
+    }
+
+    #[inline]
+    fn accepts(&mut self) -> bool {
+        self.next.accepts()
+    }
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
+        self.next.poll(cx)
+    }
+    fn finish(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
+        self.next.finish(cx)
+    }
+    fn next_deadline(&self) -> Option<u64> {
+        self.next.next_deadline()
+    }
+    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
+        self.next.on_io(event)
+    }
+    fn barrier(
+        &mut self,
+        id: u64,
+        snapshot: &mut Snapshot,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        snapshot.push(self.position, self.state.snapshot());
+        self.next.barrier(id, snapshot, cx)
+    }
+    fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError> {
+        self.next.checkpoint_complete(id)
+    }
 }
 
 /// Where a stage's input comes from: a source, or an input gate (whose records are
@@ -444,22 +703,117 @@ pub(crate) enum StageInput<T> {
     Gate(Box<dyn GateInput<T>>),
 }
 
+/// What a stage's input gives next.
+pub(crate) enum Step<T> {
+    Event(SourceEvent<T>),
+    /// A checkpoint's barriers are aligned: snapshot and forward.
+    Barrier {
+        id: u64,
+        alignment: Duration,
+        unaligned: bool,
+    },
+    /// A checkpoint cannot complete here.
+    Aborted {
+        id: u64,
+        reason: String,
+    },
+}
+
 /// An input gate of any record type, as a stage reads it.
 pub(crate) trait GateInput<T> {
-    fn next(&mut self, now_ns: u64) -> Result<SourceEvent<T>, TaskError>;
+    fn next(&mut self, now_ns: u64) -> Result<Step<T>, TaskError>;
+    /// The channel state of an unaligned checkpoint, once whole.
+    fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)>;
+    /// When an alignment in progress times out.
+    fn alignment_deadline(&self) -> Option<u64>;
 }
 
 impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
     #[inline]
-    fn next(&mut self, now_ns: u64) -> Result<SourceEvent<T>, TaskError> {
-        Ok(match self.poll_next_at(now_ns)? {
+    fn next(&mut self, now_ns: u64) -> Result<Step<T>, TaskError> {
+        Ok(Step::Event(match self.poll_next_at(now_ns)? {
             Some(GateEvent::Record { value, .. }) => {
                 SourceEvent::Record(value.value, value.timestamp)
             }
             Some(GateEvent::Watermark(w)) => SourceEvent::Watermark(w),
             Some(GateEvent::End) => SourceEvent::End,
+            Some(GateEvent::Barrier {
+                id,
+                alignment,
+                unaligned,
+            }) => {
+                return Ok(Step::Barrier {
+                    id,
+                    alignment,
+                    unaligned,
+                })
+            }
+            Some(GateEvent::CheckpointAborted { id, reason }) => {
+                return Ok(Step::Aborted { id, reason })
+            }
             None => SourceEvent::Idle { until_ns: None },
-        })
+        }))
+    }
+
+    fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)> {
+        InputGate::take_channel_state(self)
+    }
+
+    fn alignment_deadline(&self) -> Option<u64> {
+        InputGate::alignment_deadline(self)
+    }
+}
+
+/// What the checkpoints of a run share with every task: the newest checkpoint
+/// triggered (sources inject its barrier) and the newest completed.
+#[derive(Debug, Default)]
+pub(crate) struct CheckpointSignals {
+    pub(crate) triggered: AtomicU64,
+    pub(crate) completed: AtomicU64,
+}
+
+/// A task's part in checkpoints.
+pub(crate) struct TaskCheckpoint {
+    pub(crate) acks: Acks,
+    /// Its number among the job's tasks.
+    pub(crate) task: usize,
+    /// Its state file's name.
+    pub(crate) name: String,
+    pub(crate) signals: Arc<CheckpointSignals>,
+    pub(crate) mode: AlignmentMode,
+    /// The newest barrier this task snapshotted.
+    last_barrier: u64,
+    /// The newest completion it heard of.
+    last_completed: u64,
+    /// An unaligned snapshot waiting for its channel state.
+    waiting: Option<(u64, Snapshot, Duration)>,
+    /// At its end: the checkpoint that must complete before it is done (its sink
+    /// pre-committed its last output for it).
+    final_commit: Option<u64>,
+    finished_sent: bool,
+}
+
+impl TaskCheckpoint {
+    pub(crate) fn new(
+        acks: Acks,
+        task: usize,
+        name: String,
+        signals: Arc<CheckpointSignals>,
+        mode: AlignmentMode,
+        restored: u64,
+    ) -> Self {
+        TaskCheckpoint {
+            acks,
+            task,
+            name,
+            signals,
+            mode,
+            last_barrier: restored,
+            last_completed: restored,
+            waiting: None,
+            final_commit: None,
+            finished_sent: false,
+        }
     }
 }
 
@@ -484,6 +838,7 @@ pub(crate) struct StageTask<T> {
     stage: usize,
     /// `stage (subtask/parallelism)`, as Flink names a subtask.
     name: String,
+    checkpoint: Option<TaskCheckpoint>,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -506,11 +861,163 @@ impl<T: 'static> StageTask<T> {
             records_in: 0,
             shared,
             stage,
+            checkpoint: None,
         }
+    }
+
+    /// Takes part in checkpoints.
+    pub(crate) fn with_checkpoint(mut self, checkpoint: Option<TaskCheckpoint>) -> Self {
+        self.checkpoint = checkpoint;
+        self
+    }
+
+    /// Snapshots checkpoint `id` (the source's position first, then every link in
+    /// order) and sends the barrier on; acknowledges unless channel state is to come.
+    #[cold]
+    fn snapshot(
+        &mut self,
+        id: u64,
+        alignment: Duration,
+        unaligned: bool,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        let Some(checkpoint) = self.checkpoint.as_mut() else {
+            return Err(format!(
+                "{}: a checkpoint barrier arrived, but the job does not checkpoint",
+                self.name
+            )
+            .into());
+        };
+        checkpoint.last_barrier = checkpoint.last_barrier.max(id);
+        let mut snapshot = Snapshot::default();
+        if let StageInput::Source(source) = &mut self.input {
+            match source.snapshot_state() {
+                Some(state) => snapshot.push(SOURCE_SECTION, state),
+                None => {
+                    checkpoint.acks.decline(
+                        id,
+                        checkpoint.task,
+                        format!(
+                            "{}: its source cannot be replayed from a position (implement \
+                             Source::snapshot_state and restore_state), so no checkpoint can \
+                             hold it",
+                            self.name
+                        ),
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        self.chain.barrier(id, &mut snapshot, cx)?;
+        let checkpoint = self.checkpoint.as_mut().expect("checked");
+        if unaligned {
+            if let StageInput::Gate(gate) = &mut self.input {
+                match gate.take_channel_state() {
+                    Some((state_id, bytes)) if state_id == id => {
+                        snapshot.push(CHANNEL_SECTION, bytes);
+                    }
+                    _ => {
+                        checkpoint.waiting = Some((id, snapshot, alignment));
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        checkpoint.acks.acknowledge(
+            id,
+            checkpoint.task,
+            &checkpoint.name,
+            snapshot.encode(),
+            alignment,
+        );
+        Ok(())
+    }
+
+    /// What checkpoints ask of the task at each poll: completions to pass on, a
+    /// source's barrier to inject, channel state that came whole.
+    #[inline]
+    fn checkpoint_turn(&mut self, cx: &mut TaskContext<'_>) -> Result<(), TaskError> {
+        let Some(checkpoint) = self.checkpoint.as_mut() else {
+            return Ok(());
+        };
+        let completed = checkpoint.signals.completed.load(Ordering::Acquire);
+        if completed > checkpoint.last_completed {
+            checkpoint.last_completed = completed;
+            self.chain.checkpoint_complete(completed)?;
+        }
+        let checkpoint = self.checkpoint.as_mut().expect("checked");
+        if checkpoint.waiting.is_some() {
+            if let StageInput::Gate(gate) = &mut self.input {
+                if let Some((id, bytes)) = gate.take_channel_state() {
+                    if let Some((waiting, mut snapshot, alignment)) = checkpoint.waiting.take() {
+                        if waiting == id {
+                            snapshot.push(CHANNEL_SECTION, bytes);
+                            checkpoint.acks.acknowledge(
+                                id,
+                                checkpoint.task,
+                                &checkpoint.name,
+                                snapshot.encode(),
+                                alignment,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if matches!(self.input, StageInput::Source(_)) && self.phase == Phase::Running {
+            let triggered = checkpoint.signals.triggered.load(Ordering::Acquire);
+            if triggered > checkpoint.last_barrier {
+                self.snapshot(triggered, Duration::ZERO, false, cx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The task's input and chain are done: with checkpoints, its final state goes to
+    /// the coordinator (which acknowledges every later checkpoint with it), and a task
+    /// whose sink pre-committed its last output waits for a checkpoint to commit it.
+    /// Whether the task is done.
+    fn finish_checkpoints(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
+        let Some(checkpoint) = self.checkpoint.as_mut() else {
+            return Ok(true);
+        };
+        if !checkpoint.finished_sent {
+            checkpoint.finished_sent = true;
+            // The checkpoint this state first counts for: one triggered that this task
+            // has not snapshotted, or the next.
+            let triggered = checkpoint.signals.triggered.load(Ordering::Acquire);
+            let first = if triggered > checkpoint.last_barrier {
+                triggered
+            } else {
+                checkpoint.last_barrier + 1
+            };
+            let mut snapshot = Snapshot::default();
+            if let StageInput::Source(source) = &mut self.input {
+                if let Some(state) = source.snapshot_state() {
+                    snapshot.push(SOURCE_SECTION, state);
+                }
+            }
+            self.chain.barrier(first, &mut snapshot, cx)?;
+            let checkpoint = self.checkpoint.as_mut().expect("checked");
+            checkpoint
+                .acks
+                .finished(checkpoint.task, &checkpoint.name, snapshot.encode());
+            if snapshot.commits {
+                checkpoint.final_commit = Some(first);
+                checkpoint.acks.trigger_now();
+            }
+        }
+        let checkpoint = self.checkpoint.as_mut().expect("checked");
+        Ok(checkpoint
+            .final_commit
+            .is_none_or(|first| checkpoint.last_completed >= first))
     }
 
     fn poll_stage(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let now = cx.now_ns;
+        if self.checkpoint.is_some() {
+            self.checkpoint_turn(cx)?;
+        }
         let mut busy = self.chain.poll(cx)?;
         if self.phase == Phase::Running {
             self.wake_at = None;
@@ -521,10 +1028,36 @@ impl<T: 'static> StageTask<T> {
                     self.blocked_since.get_or_insert(now);
                     break;
                 }
-                let event = match &mut self.input {
-                    StageInput::Source(_) if self.end_requested => SourceEvent::End,
-                    StageInput::Source(source) => source.poll_next(now),
+                let step = match &mut self.input {
+                    StageInput::Source(_) if self.end_requested => Step::Event(SourceEvent::End),
+                    StageInput::Source(source) => Step::Event(source.poll_next(now)),
                     StageInput::Gate(gate) => gate.next(now)?,
+                };
+                let event = match step {
+                    Step::Event(event) => event,
+                    Step::Barrier {
+                        id,
+                        alignment,
+                        unaligned,
+                    } => {
+                        self.snapshot(id, alignment, unaligned, cx)?;
+                        taken += 1;
+                        continue;
+                    }
+                    Step::Aborted { id, reason } => {
+                        if let Some(checkpoint) = self.checkpoint.as_mut() {
+                            if checkpoint.waiting.as_ref().is_some_and(|(w, ..)| *w == id) {
+                                checkpoint.waiting = None;
+                            }
+                            checkpoint.acks.decline(
+                                id,
+                                checkpoint.task,
+                                format!("{}: {reason}", self.name),
+                            );
+                        }
+                        taken += 1;
+                        continue;
+                    }
                 };
                 match event {
                     SourceEvent::Record(value, timestamp) => {
@@ -567,7 +1100,10 @@ impl<T: 'static> StageTask<T> {
                 self.chain.poll(cx)?;
             }
         }
-        if self.phase == Phase::Finishing && self.chain.finish(cx)? {
+        if self.phase == Phase::Finishing
+            && self.chain.finish(cx)?
+            && self.finish_checkpoints(cx)?
+        {
             return Ok(Progress::Done);
         }
         Ok(if busy { Progress::Busy } else { Progress::Idle })
@@ -601,10 +1137,14 @@ impl<T: 'static> Task for StageTask<T> {
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        match (self.chain.next_deadline(), self.wake_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let alignment = match &self.input {
+            StageInput::Gate(gate) if self.checkpoint.is_some() => gate.alignment_deadline(),
+            _ => None,
+        };
+        [self.chain.next_deadline(), self.wake_at, alignment]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

@@ -47,6 +47,7 @@
 //! ```
 
 mod chain;
+mod checkpointing;
 pub mod cluster;
 pub mod keys;
 pub mod partition;
@@ -60,7 +61,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::async_io::futures::{FutureFunction, LocalExecutor};
@@ -77,14 +78,19 @@ use crate::runtime::{
     TaskError, TaskId,
 };
 
+use crate::checkpoint::elements::decode_elements;
+use crate::checkpoint::{CheckpointError, CheckpointService, CheckpointStore, KeyedState};
 use chain::{
-    AsyncLink, FilterLink, FlatMapLink, Link, MapLink, SinkLink, StageInput, StageTask, WriterLink,
+    AsyncLink, CheckpointSignals, FilterLink, FlatMapLink, KeyedMapLink, Link, MapLink, SinkLink,
+    StageInput, StageTask, TaskCheckpoint, WriterLink, CHANNEL_SECTION, SOURCE_SECTION,
 };
+use checkpointing::{task_file_name, GraphHooks, RestorePlan};
+pub use checkpointing::{CheckpointListener, CheckpointReport, Checkpointing, RestoredFrom};
 pub use cluster::{Cluster, RemoteChannels};
 pub use keys::KeyHashCode;
 pub use partition::{Partitioner, Partitioning};
 use partition::{Route, Selector};
-pub use sink::{latency_histogram, Collected, Counted, Sink};
+pub use sink::{latency_histogram, Collected, Counted, FileSink, Sink};
 pub use source::{Generator, IterSource, Source, SourceEvent};
 
 /// Hooks an async function's I/O (e.g. a lookup client's connections) into its
@@ -116,6 +122,9 @@ pub struct SubtaskInfo {
     /// Wakes this subtask's task (rings its doorbell, so its worker polls it), e.g.
     /// when another thread completes a call or feeds a source.
     pub unparker: Unparker,
+    /// Whether the job checkpoints (a sink that commits at checkpoints commits at its
+    /// end otherwise).
+    pub checkpointing: bool,
 }
 
 /// Live counters of a running graph, for a progress display.
@@ -328,6 +337,15 @@ pub enum GraphError {
     /// The exchange's allocation or the runtime refused.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The checkpoint settings are refused, or the checkpoint to restore cannot be read.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Checkpoints of a graph spread over several processes.
+    #[error(
+        "checkpoints of a job over several processes are not supported yet: run it in one \
+         process to checkpoint it"
+    )]
+    CheckpointsAcrossProcesses,
 }
 
 /// Why a running graph failed (a task's error).
@@ -382,6 +400,8 @@ pub struct JobResult {
     pub run: RunReport,
     /// Each stage's counters, in the order stages were made.
     pub stages: Vec<StageReport>,
+    /// Its checkpoints, when it took them.
+    pub checkpoints: Option<CheckpointReport>,
 }
 
 impl JobResult {
@@ -460,6 +480,37 @@ pub(crate) struct Wiring {
     /// Debloating for this subtask's input gate, if on.
     debloat: Option<DebloatConfig>,
     shared: Arc<Shared>,
+    /// The stage's max parallelism (its key groups).
+    max_parallelism: usize,
+    /// Its part in checkpoints, if the job takes them.
+    checkpoint: Option<TaskCheckpoint>,
+    /// The checkpoint restored, if any.
+    restore: Option<Arc<RestorePlan>>,
+}
+
+impl Wiring {
+    /// This subtask's restored section `position`, if any.
+    fn restored(&self, position: u32) -> Result<Option<&[u8]>, TaskError> {
+        match &self.restore {
+            Some(plan) => plan.own(self.stage, self.info.index, self.info.parallelism, position),
+            None => Ok(None),
+        }
+    }
+
+    /// A stage task over `input` and `chain`, taking part in checkpoints if the job
+    /// does.
+    fn task<T: 'static>(&mut self, input: StageInput<T>, chain: Box<dyn Link<T>>) -> Box<dyn Task> {
+        Box::new(
+            StageTask::new(
+                input,
+                chain,
+                Arc::clone(&self.shared),
+                self.stage,
+                &self.info,
+            )
+            .with_checkpoint(self.checkpoint.take()),
+        )
+    }
 }
 
 type Open<T> =
@@ -474,6 +525,8 @@ struct StageDef {
     input: Option<usize>,
     output: Option<usize>,
     build: Option<Build>,
+    /// Operators chained so far (each link's position in the task's snapshot).
+    ops: u32,
 }
 
 struct EdgeDef {
@@ -494,6 +547,7 @@ pub struct Graph {
     inner: RefCell<Inner>,
     live: Arc<LiveCounters>,
     cluster: Option<Cluster>,
+    checkpointing: Option<Checkpointing>,
 }
 
 impl Default for Graph {
@@ -512,6 +566,23 @@ pub struct Stream<'g, T> {
 
 fn missing(what: &str) -> TaskError {
     format!("internal wiring error: the subtask has no {what}").into()
+}
+
+/// The elements an async operator held at the checkpoint restored.
+fn restored_elements<T: Codec>(
+    wiring: &Wiring,
+    position: u32,
+) -> Result<Vec<crate::element::StreamElement<T>>, TaskError> {
+    match wiring.restored(position)? {
+        Some(bytes) => decode_elements(bytes).map_err(|e| {
+            format!(
+                "{}: the async operator's checkpointed elements: {e}",
+                wiring.info.stage
+            )
+            .into()
+        }),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// A random start for each rebalancing subtask (Flink starts at a random channel).
@@ -533,7 +604,17 @@ impl Graph {
             }),
             live: Arc::new(LiveCounters::default()),
             cluster: None,
+            checkpointing: None,
         }
+    }
+
+    /// Takes checkpoints as `checkpointing` says, and restores from one if it names
+    /// one (see [`checkpoint`](crate::checkpoint)): sources must be replayable, and the
+    /// job's output is exactly once where its sinks commit at checkpoints
+    /// ([`Stream::sink_to_files`]).
+    pub fn with_checkpointing(mut self, checkpointing: Checkpointing) -> Self {
+        self.checkpointing = Some(checkpointing);
+        self
     }
 
     /// Runs this process's part of a graph spread over several processes (see
@@ -578,6 +659,7 @@ impl Graph {
             input,
             output: None,
             build: None,
+            ops: 0,
         });
         inner.stages.len() - 1
     }
@@ -591,14 +673,13 @@ impl Graph {
     {
         let stage = self.open_stage("source".into(), None);
         let open: Open<T> = Arc::new(move |wiring: &mut Wiring, chain| {
-            let source: Box<dyn Source<T>> = Box::new(make(&wiring.info));
-            Ok(Box::new(StageTask::new(
-                StageInput::Source(source),
-                chain,
-                Arc::clone(&wiring.shared),
-                wiring.stage,
-                &wiring.info,
-            )) as Box<dyn Task>)
+            let mut source: Box<dyn Source<T>> = Box::new(make(&wiring.info));
+            if let Some(state) = wiring.restored(SOURCE_SECTION)? {
+                source
+                    .restore_state(state)
+                    .map_err(|e| format!("{}: {e}", wiring.info.stage))?;
+            }
+            Ok(wiring.task(StageInput::Source(source), chain))
         });
         Stream {
             graph: self,
@@ -772,7 +853,11 @@ impl Graph {
     /// assert_eq!(counted.records(), live.generated.load(Ordering::Relaxed));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn start(self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
+    pub fn start(mut self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
+        let checkpointing = self.checkpointing.take();
+        if checkpointing.is_some() && self.cluster.is_some() {
+            return Err(GraphError::CheckpointsAcrossProcesses);
+        }
         let local_workers = runtime.workers();
         let (processes, me) = match &self.cluster {
             Some(cluster) if cluster.processes == 0 || cluster.process >= cluster.processes => {
@@ -934,6 +1019,97 @@ impl Graph {
             buffer_timeout: inner.exchange.buffer_timeout,
             ..WriterConfig::default()
         };
+        // Checkpoints: the restored state, the service, each task's number and file.
+        let mut checkpoints = None;
+        let mut task_checkpoints: Vec<Vec<Option<TaskCheckpoint>>> = plans
+            .iter()
+            .map(|p| (0..p.parallelism).map(|_| None).collect())
+            .collect();
+        let mut restore_plan = None;
+        if let Some(settings) = checkpointing {
+            settings.config.validate()?;
+            // The job's identity: its stages, whatever their parallelism.
+            let job = plans
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" | ");
+            let names = plans.iter().map(|p| p.name.clone()).collect();
+            let restored = match &settings.restore {
+                Some(path) => {
+                    let (plan, from) = RestorePlan::read(path, &job, names)?;
+                    restore_plan = Some(Arc::new(plan));
+                    Some(from)
+                }
+                None => None,
+            };
+            let restored_id = restored.as_ref().map_or(0, |r| r.id);
+            let store = CheckpointStore::open(&settings.dir, settings.config.retain)?;
+            // Checkpoints newer than the one restored were left unfinished (or unread)
+            // by the run that wrote them: this run numbers its own after the restored.
+            for listing in store.list()? {
+                if listing.id > restored_id {
+                    store.discard(listing.id)?;
+                }
+            }
+            let signals = Arc::new(CheckpointSignals::default());
+            let mut unparkers = Vec::new();
+            let mut tasks = 0;
+            let mut numbers: Vec<Vec<Option<(usize, String)>>> =
+                plans.iter().map(|p| vec![None; p.parallelism]).collect();
+            for (s, plan) in plans.iter().enumerate() {
+                for (i, id) in ids[s].iter().enumerate() {
+                    if let Some(task) = id {
+                        unparkers.push(runtime.task_unparker(*task, signal::USER));
+                        numbers[s][i] = Some((tasks, task_file_name(s, i, plan.parallelism)));
+                        tasks += 1;
+                    }
+                }
+            }
+            let controller = Arc::new(OnceLock::new());
+            let failure = Arc::new(Mutex::new(None));
+            let hooks = GraphHooks {
+                signals: Arc::clone(&signals),
+                unparkers,
+                controller: Arc::clone(&controller),
+                failure: Arc::clone(&failure),
+                listener: settings.listener.clone(),
+            };
+            let service = CheckpointService::start(
+                settings.config.clone(),
+                store,
+                job,
+                tasks,
+                restored_id + 1,
+                hooks,
+            )?;
+            let acks = service.acks();
+            task_checkpoints = numbers
+                .into_iter()
+                .map(|row| {
+                    row.into_iter()
+                        .map(|slot| {
+                            slot.map(|(task, name)| {
+                                TaskCheckpoint::new(
+                                    acks.clone(),
+                                    task,
+                                    name,
+                                    Arc::clone(&signals),
+                                    settings.alignment,
+                                    restored_id,
+                                )
+                            })
+                        })
+                        .collect()
+                })
+                .collect();
+            checkpoints = Some(RunCheckpoints {
+                service,
+                controller,
+                failure,
+                restored,
+            });
+        }
         for (s, (stage, plan)) in inner.stages.iter().zip(&plans).enumerate() {
             let build = stage
                 .build
@@ -956,6 +1132,7 @@ impl Graph {
                         parallelism: plan.parallelism,
                         worker,
                         unparker: runtime.task_unparker(task, signal::COMPLETION),
+                        checkpointing: checkpoints.is_some(),
                     },
                     stage: s,
                     partition: partitions[s][i].take(),
@@ -964,6 +1141,9 @@ impl Graph {
                     writer,
                     debloat: debloat[s],
                     shared: Arc::clone(&shared),
+                    max_parallelism: plan.max_parallelism,
+                    checkpoint: task_checkpoints[s][i].take(),
+                    restore: restore_plan.clone(),
                 };
                 let build = Arc::clone(&build);
                 runtime.set_task(
@@ -975,12 +1155,19 @@ impl Graph {
         let drivers: Vec<&'static str> =
             (0..local_workers).map(|w| runtime.driver_name(w)).collect();
         let running = runtime.start()?;
+        if let Some(checkpoints) = &checkpoints {
+            let _ = checkpoints.controller.set(running.controller());
+            if checkpoints.service.has_failed() {
+                running.controller().cancel();
+            }
+        }
         Ok(JobRun {
             running,
             shared,
             plans,
             networks,
             drivers,
+            checkpoints,
         })
     }
 }
@@ -992,6 +1179,15 @@ pub struct JobRun {
     plans: Vec<StagePlan>,
     networks: Vec<NetworkBufferPool>,
     drivers: Vec<&'static str>,
+    checkpoints: Option<RunCheckpoints>,
+}
+
+/// A run's checkpoint service and what it restored from.
+struct RunCheckpoints {
+    service: CheckpointService,
+    controller: Arc<OnceLock<crate::runtime::Controller>>,
+    failure: Arc<Mutex<Option<String>>>,
+    restored: Option<RestoredFrom>,
 }
 
 impl JobRun {
@@ -1012,8 +1208,34 @@ impl JobRun {
             plans,
             networks,
             drivers,
+            checkpoints,
         } = self;
-        let (run, failure) = match running.join() {
+        let joined = running.join();
+        // The service stops once the tasks are gone: no checkpoint completes after.
+        let checkpoints = checkpoints.map(|c| {
+            let failure = lock(&c.failure).take();
+            let stats = c.service.stop();
+            let failure = match (failure, &stats) {
+                (Some(why), _) => Some(why),
+                (None, Err(error)) => Some(error.to_string()),
+                (None, Ok(_)) => None,
+            };
+            (
+                CheckpointReport {
+                    stats: stats.unwrap_or_default(),
+                    restored: c.restored,
+                },
+                failure,
+            )
+        });
+        let checkpoint_failure = checkpoints.as_ref().and_then(|(_, f)| f.clone());
+        let joined = match (joined, checkpoint_failure) {
+            (Ok(_) | Err(RuntimeError::Cancelled { .. }), Some(why)) => {
+                Err(RuntimeError::Checkpoint(why))
+            }
+            (joined, _) => joined,
+        };
+        let (run, failure) = match joined {
             Ok(run) => (run, None),
             Err(error) => {
                 let root = lock(&shared.first_failure).take();
@@ -1044,7 +1266,14 @@ impl JobRun {
                 async_metrics: stats.async_metrics,
             })
             .collect();
-        (JobResult { run, stages }, failure)
+        (
+            JobResult {
+                run,
+                stages,
+                checkpoints: checkpoints.map(|(report, _)| report),
+            },
+            failure,
+        )
     }
 }
 
@@ -1092,21 +1321,23 @@ impl<'g, T: 'static> Stream<'g, T> {
     fn chain<U: 'static>(
         self,
         what: &str,
-        link: impl Fn(&mut Wiring, Box<dyn Link<U>>) -> Result<Box<dyn Link<T>>, TaskError>
+        link: impl Fn(&mut Wiring, u32, Box<dyn Link<U>>) -> Result<Box<dyn Link<T>>, TaskError>
             + Send
             + Sync
             + 'static,
     ) -> Stream<'g, U> {
-        self.with_stage(|s| {
+        let position = self.with_stage(|s| {
             s.name.push_str(" → ");
             s.name.push_str(what);
+            s.ops += 1;
+            s.ops
         });
         let open = self.open;
         Stream {
             graph: self.graph,
             stage: self.stage,
             open: Arc::new(move |wiring: &mut Wiring, next| {
-                let link = link(wiring, next)?;
+                let link = link(wiring, position, next)?;
                 open(wiring, link)
             }),
         }
@@ -1144,7 +1375,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     where
         F: FnMut(T) -> U + Clone + Send + Sync + 'static,
     {
-        self.chain("map", move |_, next| {
+        self.chain("map", move |_, _, next| {
             Ok(Box::new(MapLink { f: f.clone(), next }))
         })
     }
@@ -1154,7 +1385,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     where
         F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
     {
-        self.chain("filter", move |_, next| {
+        self.chain("filter", move |_, _, next| {
             Ok(Box::new(FilterLink { f: f.clone(), next }))
         })
     }
@@ -1165,7 +1396,7 @@ impl<'g, T: 'static> Stream<'g, T> {
         I: IntoIterator<Item = U>,
         F: FnMut(T) -> I + Clone + Send + Sync + 'static,
     {
-        self.chain("flat_map", move |_, next| {
+        self.chain("flat_map", move |_, _, next| {
             Ok(Box::new(FlatMapLink { f: f.clone(), next }))
         })
     }
@@ -1174,6 +1405,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     /// up to `config`'s capacity in flight, results emitted as its mode says.
     pub fn async_wait<F, M>(self, make: M, config: AsyncConfig<F::Out>) -> Stream<'g, F::Out>
     where
+        T: Codec + Clone,
         F: AsyncFunction<In = T>,
         M: Fn(&SubtaskInfo) -> F + Send + Sync + 'static,
         AsyncConfig<F::Out>: Send + Sync,
@@ -1185,20 +1417,24 @@ impl<'g, T: 'static> Stream<'g, T> {
     /// worker's driver: `make` also returns the [`IoHandler`] the task drives.
     pub fn async_wait_io<F, M>(self, make: M, config: AsyncConfig<F::Out>) -> Stream<'g, F::Out>
     where
+        T: Codec + Clone,
         F: AsyncFunction<In = T>,
         M: Fn(&SubtaskInfo) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
         AsyncConfig<F::Out>: Send + Sync,
     {
-        self.chain("async_wait", move |wiring, next| {
+        self.chain("async_wait", move |wiring, position, next| {
             let (function, io) = make(&wiring.info);
             let operator =
                 AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
+            let restored = restored_elements::<T>(wiring, position)?;
             Ok(Box::new(AsyncLink::new(
                 operator,
                 io,
                 next,
                 Arc::clone(&wiring.shared),
                 wiring.stage,
+                position,
+                restored,
             )))
         })
     }
@@ -1209,6 +1445,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     /// per-subtask executor on the worker's thread.
     pub fn async_wait_futures<U, C, Fut, M>(self, make: M, config: AsyncConfig<U>) -> Stream<'g, U>
     where
+        T: Codec + Clone,
         U: Send + 'static,
         C: FnMut(&T) -> Fut + 'static,
         Fut: Future<Output = Result<Vec<U>, AsyncError>> + 'static,
@@ -1216,7 +1453,7 @@ impl<'g, T: 'static> Stream<'g, T> {
         AsyncConfig<U>: Send + Sync,
     {
         let futures = config.capacity().saturating_mul(2).saturating_add(16);
-        self.chain("async_wait", move |wiring, next| {
+        self.chain("async_wait", move |wiring, position, next| {
             let (call, io) = make(&wiring.info);
             let executor = Rc::new(RefCell::new(LocalExecutor::new(
                 futures,
@@ -1229,14 +1466,72 @@ impl<'g, T: 'static> Stream<'g, T> {
             });
             let operator =
                 AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
+            let restored = restored_elements::<T>(wiring, position)?;
             Ok(Box::new(AsyncLink::new(
                 operator,
                 Some(io),
                 next,
                 Arc::clone(&wiring.shared),
                 wiring.stage,
+                position,
+                restored,
             )))
         })
+    }
+
+    /// `f` of each record and the value state of its key (Flink's `ValueState` in a
+    /// keyed `map`): `f` reads, replaces or clears (`None`) the value, and returns the
+    /// output. The stage must follow a [`key_by`](Stream::key_by) whose key `key`
+    /// repeats. The state is kept per key group and checkpointed, so a restored job
+    /// may run this stage at another parallelism: each key's value goes where
+    /// `key_by` now sends the key.
+    pub fn map_with_state<K, V, U, KF, F>(self, key: KF, f: F) -> Stream<'g, U>
+    where
+        U: 'static,
+        K: KeyHashCode + Codec + Eq + std::hash::Hash + 'static,
+        V: Codec + 'static,
+        KF: Fn(&T) -> K + Clone + Send + Sync + 'static,
+        F: FnMut(T, &mut Option<V>) -> U + Clone + Send + Sync + 'static,
+    {
+        self.chain("map_with_state", move |wiring, position, next| {
+            let (max_parallelism, parallelism, index) = (
+                wiring.max_parallelism,
+                wiring.info.parallelism,
+                wiring.info.index,
+            );
+            let state = match &wiring.restore {
+                Some(plan) => KeyedState::restore(
+                    max_parallelism,
+                    parallelism,
+                    index,
+                    plan.all(wiring.stage, position),
+                ),
+                None => KeyedState::new(max_parallelism, parallelism, index),
+            }
+            .map_err(|e| format!("{}: keyed state: {e}", wiring.info.stage))?;
+            Ok(Box::new(KeyedMapLink {
+                key: key.clone(),
+                f: f.clone(),
+                state,
+                position,
+                stage: wiring.info.stage.clone(),
+                next,
+            }))
+        })
+    }
+
+    /// Ends the stream in part files under `dir`, each record written by `format`
+    /// (e.g. as a line), exactly once when the job checkpoints: files are
+    /// pre-committed at each barrier and committed when the checkpoint completes (see
+    /// [`FileSink`]); without checkpoints, committed at the end of a successful run.
+    pub fn sink_to_files<F>(self, dir: impl Into<std::path::PathBuf>, format: F)
+    where
+        F: FnMut(&T, &mut Vec<u8>) + Clone + Send + Sync + 'static,
+    {
+        let dir = dir.into();
+        self.sink(move |info| {
+            FileSink::new(dir.clone(), info.index, info.checkpointing, format.clone())
+        });
     }
 
     /// Ends the stream in a user sink: `make` builds subtask `i`'s.
@@ -1245,14 +1540,23 @@ impl<'g, T: 'static> Stream<'g, T> {
         S: Sink<T>,
         M: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
     {
+        let position = self.with_stage(|s| {
+            s.ops += 1;
+            s.ops
+        });
         let open = self.open;
         let build: Build = Arc::new(move |wiring: &mut Wiring| {
-            let sink = make(&wiring.info);
+            let mut sink = make(&wiring.info);
+            if let Some(state) = wiring.restored(position)? {
+                sink.restore_state(state)
+                    .map_err(|e| format!("{}: {e}", wiring.info.stage))?;
+            }
             open(
                 wiring,
                 Box::new(SinkLink {
                     sink,
                     finished: false,
+                    position,
                 }),
             )
         });
@@ -1346,13 +1650,13 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
                 if let Some(config) = wiring.debloat {
                     gate.set_debloat(config)?;
                 }
-                Ok(Box::new(StageTask::new(
-                    StageInput::Gate(Box::new(gate)),
-                    chain,
-                    Arc::clone(&wiring.shared),
-                    wiring.stage,
-                    &wiring.info,
-                )) as Box<dyn Task>)
+                if let Some(checkpoint) = &wiring.checkpoint {
+                    gate.set_alignment(checkpoint.mode);
+                }
+                if let Some(state) = wiring.restored(CHANNEL_SECTION)? {
+                    gate.restore_channel_state(state)?;
+                }
+                Ok(wiring.task(StageInput::Gate(Box::new(gate)), chain))
             }),
         }
     }

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
 
+use std::path::PathBuf;
+
+use crate::checkpoint::TransactionalFiles;
 use crate::element::StreamElement;
 use crate::runtime::TaskError;
 
@@ -25,6 +28,106 @@ pub trait Sink<T>: 'static {
     }
     /// The input ended; called once, after the last record.
     fn finish(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+    /// Checkpoint `checkpoint`'s barrier arrived (every record before it was given to
+    /// [`invoke`](Self::invoke)): an exactly-once sink pre-commits what it wrote since the
+    /// last barrier and returns the state a restore needs (Flink's
+    /// `TwoPhaseCommitSinkFunction.preCommit` and `snapshotState`). Also called once
+    /// after [`finish`](Self::finish), for the output since the last barrier; the task
+    /// then waits for a checkpoint to complete before it ends. `None` (the default): the
+    /// sink keeps nothing.
+    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
+        let _ = checkpoint;
+        Ok(None)
+    }
+    /// Checkpoint `checkpoint` completed: commit what was pre-committed for it and for
+    /// every one before it. May come twice, or after a restore: committing again must
+    /// change nothing.
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// Called before the first record of a restored job with the state
+    /// [`snapshot_state`](Self::snapshot_state) returned at the checkpoint restored:
+    /// what it pre-committed is committed (the checkpoint completed), the rest dropped.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        let _ = state;
+        Ok(())
+    }
+}
+
+/// Exactly-once part files (Flink's `FileSink` in streaming mode): each record is
+/// written by the format function into the subtask's part file in progress, which is
+/// pre-committed (flushed, fsync'd, renamed pending) at each checkpoint barrier and
+/// committed (renamed into place) when that checkpoint completes; see
+/// [`TransactionalFiles`] for the file names and what a restore does. Without
+/// checkpoints, the files are committed at the end of a successful run.
+pub struct FileSink<F> {
+    dir: PathBuf,
+    subtask: usize,
+    checkpointing: bool,
+    /// Opened at the first use, or by the restore (which must see the files first).
+    files: Option<TransactionalFiles>,
+    format: F,
+    scratch: Vec<u8>,
+}
+
+impl<F> FileSink<F> {
+    /// Subtask `subtask`'s part files under `dir`; `checkpointing`: whether the job
+    /// checkpoints ([`SubtaskInfo::checkpointing`](super::SubtaskInfo::checkpointing)).
+    pub fn new(dir: impl Into<PathBuf>, subtask: usize, checkpointing: bool, format: F) -> Self {
+        FileSink {
+            dir: dir.into(),
+            subtask,
+            checkpointing,
+            files: None,
+            format,
+            scratch: Vec::new(),
+        }
+    }
+
+    fn files(&mut self) -> Result<&mut TransactionalFiles, TaskError> {
+        if self.files.is_none() {
+            self.files = Some(TransactionalFiles::new(&self.dir, self.subtask)?);
+        }
+        Ok(self.files.as_mut().expect("opened"))
+    }
+}
+
+impl<T, F: FnMut(&T, &mut Vec<u8>) + 'static> Sink<T> for FileSink<F> {
+    fn invoke(&mut self, value: T, _timestamp: Option<i64>, _now_ns: u64) -> Result<(), TaskError> {
+        self.scratch.clear();
+        (self.format)(&value, &mut self.scratch);
+        let line = std::mem::take(&mut self.scratch);
+        let written = self.files()?.write(&line);
+        self.scratch = line;
+        Ok(written?)
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        if !self.checkpointing {
+            let files = self.files()?;
+            files.pre_commit(0)?;
+            files.commit(u64::MAX)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
+        Ok(Some(self.files()?.pre_commit(checkpoint)?))
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        Ok(self.files()?.commit(checkpoint)?)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        self.files = Some(TransactionalFiles::restore(
+            &self.dir,
+            self.subtask,
+            Some(state),
+        )?);
         Ok(())
     }
 }

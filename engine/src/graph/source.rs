@@ -5,6 +5,17 @@
 //! "nothing now" (with the time to poll again, for a rate-limited source), or its end.
 //! A bounded source ends; an unbounded one never does. As in Flink, the end of a source
 //! emits the final watermark (`i64::MAX`) downstream.
+//!
+//! Checkpoints need a source that can be replayed: at each checkpoint it gives its
+//! position ([`Source::snapshot_state`]), and a restored job rebuilds it and hands that
+//! position back ([`Source::restore_state`]) so that it emits again everything after it
+//! (Flink's replayable sources, e.g. a Kafka offset). The [`Generator`] is replayable by
+//! its sequence number, an [`IterSource`] by how many items it yielded (its iterator must
+//! yield the same items each time it is made). A source that cannot be replayed makes
+//! every checkpoint of its job fail, saying so.
+
+use crate::exchange::codec::Codec;
+use crate::runtime::TaskError;
 
 /// What a source has next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,17 +40,42 @@ pub trait Source<T>: 'static {
     /// The next event; `now_ns` is the run's clock (nanoseconds since it started,
     /// shared by all workers).
     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<T>;
+
+    /// Its position at a checkpoint barrier: everything it emitted so far is before
+    /// it. `None` (the default): it cannot be replayed, and no checkpoint can hold it.
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Continues from a position [`snapshot_state`](Self::snapshot_state) returned,
+    /// before its first poll.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        let _ = state;
+        Err("this source cannot be replayed from a checkpoint".into())
+    }
+}
+
+/// Reads a position written as one `u64`.
+fn read_position(mut state: &[u8], what: &str) -> Result<u64, TaskError> {
+    let position =
+        u64::decode(&mut state).map_err(|e| format!("{what}: a checkpointed position: {e}"))?;
+    if !state.is_empty() {
+        return Err(format!("{what}: a checkpointed position with trailing bytes").into());
+    }
+    Ok(position)
 }
 
 /// A source over an iterator: its items, without timestamps, then the end.
 pub struct IterSource<I> {
     iter: I,
+    /// Items yielded: its position.
+    yielded: u64,
 }
 
 impl<I> IterSource<I> {
     /// The items of `iter`.
     pub fn new(iter: I) -> Self {
-        IterSource { iter }
+        IterSource { iter, yielded: 0 }
     }
 }
 
@@ -47,9 +83,35 @@ impl<I: Iterator + 'static> Source<I::Item> for IterSource<I> {
     #[inline]
     fn poll_next(&mut self, _now_ns: u64) -> SourceEvent<I::Item> {
         match self.iter.next() {
-            Some(item) => SourceEvent::Record(item, None),
+            Some(item) => {
+                self.yielded += 1;
+                SourceEvent::Record(item, None)
+            }
             None => SourceEvent::End,
         }
+    }
+
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(8);
+        self.yielded.encode(&mut out);
+        Some(out)
+    }
+
+    /// Skips the items yielded before the checkpoint: the iterator, made again, must
+    /// yield the same items in the same order.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        let position = read_position(state, "iterator source")?;
+        for _ in 0..position {
+            if self.iter.next().is_none() {
+                return Err(format!(
+                    "iterator source: the checkpoint is at item {position}, but the \
+                     iterator now ends before it; a restored iterator must yield the same items"
+                )
+                .into());
+            }
+        }
+        self.yielded = position;
+        Ok(())
     }
 }
 
@@ -102,6 +164,26 @@ impl<T, F: FnMut(u64) -> T + 'static> Source<T> for Generator<F> {
         self.next += self.step;
         self.made += 1;
         SourceEvent::Record((self.make)(n), None)
+    }
+
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(8);
+        self.next.encode(&mut out);
+        Some(out)
+    }
+
+    /// Continues at the sequence number checkpointed; a rate starts its pacing anew.
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        let next = read_position(state, "generator")?;
+        if next % self.step != self.next % self.step {
+            return Err(format!(
+                "generator: the checkpointed position {next} belongs to another subtask \
+                 (restore at the parallelism the checkpoint was taken at)"
+            )
+            .into());
+        }
+        self.next = next;
+        Ok(())
     }
 }
 

@@ -281,6 +281,10 @@ pub enum RuntimeError {
         /// The task's error.
         error: TaskError,
     },
+    /// The job's checkpoints failed (more failures in a row than it tolerates, a
+    /// disk error): the run was stopped.
+    #[error("checkpointing failed, so the job was stopped: {0}")]
+    Checkpoint(String),
     /// The run was cancelled ([`Controller::cancel`]) before every task finished.
     #[error("the run was cancelled; {tasks} task(s) stopped before they finished")]
     Cancelled {

@@ -56,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
     for _ in 0..=bytes.len() {
         match gate.poll_next() {
             Ok(Some(GateEvent::End)) | Ok(None) | Err(_) => break,
-            Ok(Some(GateEvent::Record { .. })) | Ok(Some(GateEvent::Watermark(_))) => {}
+            Ok(Some(GateEvent::Record { .. } | GateEvent::Watermark(_) | GateEvent::Barrier { .. } | GateEvent::CheckpointAborted { .. })) => {}
         }
     }
 });

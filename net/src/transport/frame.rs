@@ -17,8 +17,10 @@ pub const HEADER_SIZE: usize = 20;
 /// "WEIR" in ASCII, little-endian: the handshake's first field.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
 /// The protocol version this build speaks (3: handshakes carry a nonce and the job's
-/// id, authentication and heartbeat frames).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// id, authentication and heartbeat frames; 4: data buffers may carry checkpoint
+/// barriers, an event a version 3 gate refuses as an unknown tag, so the handshake
+/// refuses the mix instead).
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
 pub const ERROR_MESSAGE_MAX: usize = 4096;
 /// The channel value of an error frame about the whole connection.

@@ -1,0 +1,313 @@
+//! Checkpoints end to end: barriers through chains, exchanges and sinks; restore after
+//! a run is stopped mid-way (as a crash would stop it); exactly-once files; keyed state
+//! restored at another parallelism.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_engine::async_io::{AsyncConfig, AsyncFunction, OutputMode, ResultFuture};
+use weir_engine::checkpoint::transactional::TransactionalFiles;
+use weir_engine::checkpoint::AlignmentMode;
+use weir_engine::graph::{Checkpointing, Graph, JobResult};
+use weir_engine::runtime::{Cores, Runtime, RuntimeError};
+
+/// Completes each call on a thread of its own, so that calls are in flight at barriers.
+struct Hop(std::sync::mpsc::Sender<(u64, ResultFuture<u64>)>);
+
+impl Hop {
+    fn new() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, ResultFuture<u64>)>();
+        std::thread::spawn(move || {
+            for (value, result) in rx {
+                result.complete(vec![value / 3]);
+            }
+        });
+        Hop(tx)
+    }
+}
+
+impl AsyncFunction for Hop {
+    type In = u64;
+    type Out = u64;
+    fn invoke(&mut self, input: &u64, result: ResultFuture<u64>) {
+        let _ = self.0.send((*input, result));
+    }
+}
+
+/// A fresh directory under the system's temporary directory.
+fn scratch() -> Scratch {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "weir-checkpoints-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).unwrap();
+    Scratch(path)
+}
+
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn runtime() -> Runtime {
+    Runtime::builder()
+        .cores(Cores::Count(2))
+        .pin(false)
+        .build()
+        .expect("runtime")
+}
+
+/// Every committed line of the part files under `dir`, as numbers.
+fn committed(dir: &Path, subtasks: usize) -> Vec<u64> {
+    let mut all = Vec::new();
+    for subtask in 0..subtasks {
+        for file in TransactionalFiles::committed(dir, subtask).expect("list") {
+            let text = std::fs::read_to_string(&file).expect("read");
+            all.extend(text.lines().map(|l| l.parse::<u64>().expect("a number")));
+        }
+    }
+    all.sort_unstable();
+    all
+}
+
+fn checkpointing(dir: &Path, alignment: AlignmentMode) -> (Checkpointing, Arc<AtomicU64>) {
+    let completed = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&completed);
+    let settings = Checkpointing::new(dir.join("chk"), Duration::from_millis(20))
+        .with_alignment(alignment)
+        .with_listener(move |metadata, _| {
+            seen.fetch_max(metadata.id, Ordering::Relaxed);
+        });
+    (settings, completed)
+}
+
+/// `records` numbers at `rate` per second through a rebalance and a key_by (two gates
+/// of two channels each), a map, and an async operator, into part files.
+fn numbers_job(settings: Checkpointing, out: &Path, records: u64, rate: Option<f64>) -> Graph {
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_checkpointing(settings);
+    graph
+        .from_generator(records, rate, |n| n)
+        .rebalance()
+        .map(|n| n * 3)
+        .async_wait(|_| Hop::new(), AsyncConfig::new(OutputMode::Ordered, 8))
+        .key_by(|n: &u64| *n)
+        .sink_to_files(out.to_path_buf(), |n: &u64, line: &mut Vec<u8>| {
+            line.extend_from_slice(format!("{n}\n").as_bytes());
+        });
+    graph
+}
+
+fn wait_for(what: &AtomicU64, at_least: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while what.load(Ordering::Relaxed) < at_least {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint completed in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_bounded_job_commits_every_record_once() {
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = numbers_job(settings, &out, 20_000, None);
+    let result: JobResult = graph.execute(runtime()).expect("runs");
+    let report = result.checkpoints.expect("checkpointed");
+    assert!(report.stats.completed >= 1, "{:?}", report.stats);
+    assert_eq!(committed(&out, 2), (0..20_000).collect::<Vec<_>>());
+}
+
+fn stop_and_restore(alignment: AlignmentMode) {
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let records = 6_000;
+    // First run: stopped at once after its second checkpoint, as a crash stops it.
+    let (settings, completed) = checkpointing(dir.path(), alignment);
+    let graph = numbers_job(settings, &out, records, Some(20_000.0));
+    let job = graph.start(runtime()).expect("starts");
+    wait_for(&completed, 2);
+    job.controller().cancel();
+    let (first, failure) = job.join();
+    assert!(
+        matches!(failure, Some(RuntimeError::Cancelled { .. })),
+        "{failure:?}"
+    );
+    let before = committed(&out, 2).len();
+    assert!(
+        before < records as usize,
+        "the first run was meant to stop mid-way"
+    );
+    assert!(first.checkpoints.unwrap().stats.completed >= 2);
+    // Second run: from the newest checkpoint, to the end.
+    let (settings, _) = checkpointing(dir.path(), alignment);
+    let settings = settings.restore_from(dir.path().join("chk"));
+    let graph = numbers_job(settings, &out, records, None);
+    let second = graph.execute(runtime()).expect("runs");
+    let restored = second
+        .checkpoints
+        .and_then(|c| c.restored)
+        .expect("restored");
+    assert!(restored.id >= 2, "{restored:?}");
+    assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_stopped_aligned_job_restores_and_commits_every_record_once() {
+    stop_and_restore(AlignmentMode::Aligned);
+}
+
+#[test]
+fn a_stopped_unaligned_job_restores_and_commits_every_record_once() {
+    stop_and_restore(AlignmentMode::Unaligned);
+}
+
+#[test]
+fn a_stopped_job_with_an_alignment_timeout_restores_exactly_once() {
+    stop_and_restore(AlignmentMode::AlignedWithTimeout(Duration::ZERO));
+}
+
+/// Counts per key (keys `n % 50`) in keyed state; returns the last count seen per key.
+fn keyed_counts(
+    settings: Checkpointing,
+    records: u64,
+    rate: Option<f64>,
+    parallelism: usize,
+) -> (Graph, weir_engine::graph::Collected<(u64, u64)>) {
+    let graph = Graph::new().with_checkpointing(settings);
+    let out = graph
+        .from_generator(records, rate, |n| n % 50)
+        .parallelism(1)
+        .key_by(|k: &u64| *k)
+        .map_with_state(
+            |k: &u64| *k,
+            |k, count: &mut Option<u64>| {
+                let c = count.unwrap_or(0) + 1;
+                *count = Some(c);
+                (k, c)
+            },
+        )
+        .parallelism(parallelism)
+        .collect();
+    (graph, out)
+}
+
+fn rescale(from: usize, to: usize) {
+    let dir = scratch();
+    let records = 5_000;
+    let (settings, completed) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let (graph, _) = keyed_counts(settings, records, Some(10_000.0), from);
+    let job = graph.start(runtime()).expect("starts");
+    wait_for(&completed, 2);
+    job.controller().cancel();
+    let _ = job.join();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let settings = settings.restore_from(dir.path().join("chk"));
+    let (graph, out) = keyed_counts(settings, records, None, to);
+    graph.execute(runtime()).expect("runs");
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    for (key, count) in out.records() {
+        let entry = last.entry(key).or_default();
+        *entry = (*entry).max(count);
+    }
+    // Every key's count carried over from the checkpoint, wherever the key went.
+    assert_eq!(last.len(), 50);
+    for (key, count) in last {
+        assert_eq!(count, records / 50, "key {key}");
+    }
+}
+
+#[test]
+fn keyed_state_restores_from_parallelism_2_to_3() {
+    rescale(2, 3);
+}
+
+#[test]
+fn keyed_state_restores_from_parallelism_3_to_2() {
+    rescale(3, 2);
+}
+
+#[test]
+fn restoring_other_state_at_another_parallelism_is_refused() {
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let (settings, completed) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let job = numbers_job(settings, &out, 1_000_000, Some(20_000.0))
+        .start(runtime())
+        .expect("starts");
+    wait_for(&completed, 1);
+    job.controller().cancel();
+    let _ = job.join();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = Graph::new()
+        .with_parallelism(3)
+        .with_checkpointing(settings.restore_from(dir.path().join("chk")));
+    graph
+        .from_generator(1_000_000, None, |n| n)
+        .rebalance()
+        .map(|n| n * 3)
+        .async_wait(|_| Hop::new(), AsyncConfig::new(OutputMode::Ordered, 8))
+        .key_by(|n: &u64| *n)
+        .sink_to_files(out, |n: &u64, line: &mut Vec<u8>| {
+            line.extend_from_slice(format!("{n}\n").as_bytes());
+        });
+    let error = graph.execute(runtime()).expect_err("refused");
+    let message = error.to_string();
+    assert!(message.contains("parallelism 2"), "{message}");
+}
+
+#[test]
+fn a_checkpoint_of_another_job_is_refused() {
+    let dir = scratch();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let (graph, _) = keyed_counts(settings, 5_000, Some(50_000.0), 2);
+    graph.execute(runtime()).expect("runs");
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = numbers_job(
+        settings.restore_from(dir.path().join("chk")),
+        &dir.path().join("out"),
+        10,
+        None,
+    );
+    let error = graph.execute(runtime()).expect_err("refused");
+    assert!(error.to_string().contains("another job"), "{error}");
+}
+
+#[test]
+fn a_source_that_cannot_be_replayed_fails_its_checkpoints_and_says_why() {
+    use weir_engine::graph::{Source, SourceEvent};
+    struct Forever;
+    impl Source<u64> for Forever {
+        fn poll_next(&mut self, now_ns: u64) -> SourceEvent<u64> {
+            SourceEvent::Idle {
+                until_ns: Some(now_ns + 1_000_000),
+            }
+        }
+    }
+    let dir = scratch();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = Graph::new().with_checkpointing(settings);
+    graph.from_source(|_| Forever).rebalance().count();
+    let (_, failure) = graph.execute_to_end(runtime()).expect("starts");
+    let message = failure.expect("fails").to_string();
+    assert!(message.contains("cannot be replayed"), "{message}");
+}
