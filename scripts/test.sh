@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: unit, integration and property tests of every crate, each
-# benchmark run once (so benches never rot), then the loom models.
+# The test command: unit, integration and property tests of every crate, a short kill -9
+# chaos run against the checkpoints, each benchmark run once (so benches never rot), then
+# the loom models.
 #
 # The Redis integration tests need a server: one is started here with scripts/redis.sh
 # (installing redis-server from the Debian packages if it is missing and this machine
@@ -26,5 +27,7 @@ if [ -z "${WEIR_REDIS_URL:-}" ]; then
   fi
 fi
 cargo test --workspace
+# Kill -9 chaos, a few kills (scripts/chaos.sh alone runs 20).
+scripts/chaos.sh --kills 4 --records 100000
 WEIR_BENCH_QUICK=1 cargo test -p weir-bench --benches
 scripts/loom.sh

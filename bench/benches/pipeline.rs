@@ -54,6 +54,8 @@ fn pipeline(c: &mut Criterion) {
                         key_iter: None,
                         collect: None,
                         cluster: None,
+                        checkpoints: None,
+                        output: None,
                     };
                     let (report, elapsed) =
                         job::run(&settings, Arc::new(JobProgress::default())).expect("job runs");

@@ -13,6 +13,7 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,10 +23,11 @@ use serde_json::{json, Value};
 use smallvec::SmallVec;
 use weir_engine::async_io::AsyncMetrics;
 use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
+use weir_engine::checkpoint::AlignmentMode;
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::graph::{
-    latency_histogram, ExchangeSpec, Graph, GraphError, IoHandler, LiveCounters, Sink, Source,
-    SourceEvent, SubtaskInfo,
+    latency_histogram, CheckpointReport, Checkpointing, ExchangeSpec, FileSink, Graph, GraphError,
+    IoHandler, LiveCounters, Sink, Source, SourceEvent, SubtaskInfo,
 };
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::cluster::TransportChannels;
@@ -548,6 +550,24 @@ pub struct JobSettings {
     pub collect: Option<Collected<Enriched>>,
     /// This process's place when the job spans processes (`None`: all of it here).
     pub cluster: Option<ClusterSettings>,
+    /// Checkpoints, and the one to restore from.
+    pub checkpoints: Option<JobCheckpoints>,
+    /// Also write each record's id, key and value as exactly-once part files here
+    /// (committed at checkpoints; at the end without them).
+    pub output: Option<PathBuf>,
+}
+
+/// How the main job checkpoints.
+#[derive(Debug, Clone)]
+pub struct JobCheckpoints {
+    /// Between checkpoints.
+    pub interval: Duration,
+    /// Where they go.
+    pub dir: PathBuf,
+    /// Barrier alignment.
+    pub alignment: AlignmentMode,
+    /// A checkpoint (or a directory of them: the newest valid) to start from.
+    pub restore: Option<PathBuf>,
 }
 
 /// One process of a job over several: its index and every process's transport address
@@ -692,6 +712,8 @@ struct MainSource {
     rng: u64,
     /// Over several processes: creation times in the wall clock.
     wall: Option<WallClock>,
+    /// The record a restored source started at: its pacing counts from there.
+    paced_from: u64,
 }
 
 impl MainSource {
@@ -716,6 +738,7 @@ impl MainSource {
             keys: settings.keys,
             rng: (SEED ^ subtask.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1,
             wall: settings.cluster.as_ref().map(|_| WallClock::default()),
+            paced_from: 0,
         }
     }
 
@@ -755,7 +778,7 @@ impl Source<Lookup> for MainSource {
         let start = *self.start_ns.get_or_insert(now_ns);
         let intended = match self.interval_ns {
             Some(interval) => {
-                let at = start + self.next * interval;
+                let at = start + (self.next - self.paced_from) * interval;
                 if at > now_ns {
                     return SourceEvent::Idle {
                         until_ns: Some(at.max(now_ns + PACE_STEP_NS)),
@@ -786,6 +809,84 @@ impl Source<Lookup> for MainSource {
         };
         self.next += 1;
         SourceEvent::Record(Lookup(record), None)
+    }
+
+    /// Its position: records made and the key generator's state (an iterator of keys
+    /// is made again and skipped to it on restore).
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(16);
+        (self.next, self.rng).encode(&mut out);
+        Some(out)
+    }
+
+    fn restore_state(&mut self, mut state: &[u8]) -> Result<(), TaskError> {
+        let (next, rng) = <(u64, u64)>::decode(&mut state)
+            .map_err(|e| format!("the source's checkpointed position: {e}"))?;
+        if let Some(keys) = self.key_iter.as_mut() {
+            for _ in 0..next {
+                if keys.next().is_none() {
+                    return Err("the source's keys end before its checkpointed position".into());
+                }
+            }
+        }
+        if next > self.count {
+            return Err(format!(
+                "the source's checkpointed position {next} is past its {} records: restore \
+                 with the --records of the run that wrote the checkpoint",
+                self.count
+            )
+            .into());
+        }
+        self.next = next;
+        self.paced_from = next;
+        self.rng = rng;
+        Ok(())
+    }
+}
+
+/// The main job's sink with `--output`: the checking sink, and each record's line in
+/// exactly-once part files.
+struct OutputSink {
+    check: CheckSink,
+    files: FileSink<fn(&Enriched, &mut Vec<u8>)>,
+}
+
+/// `<id> <key> <value as hex>\n`.
+pub fn output_line(record: &Enriched, line: &mut Vec<u8>) {
+    use std::io::Write;
+    let _ = write!(line, "{} {} ", record.id, record.key);
+    for byte in record.value.iter() {
+        let _ = write!(line, "{byte:02x}");
+    }
+    line.push(b'\n');
+}
+
+impl Sink<Enriched> for OutputSink {
+    fn invoke(
+        &mut self,
+        value: Enriched,
+        timestamp: Option<i64>,
+        now_ns: u64,
+    ) -> Result<(), TaskError> {
+        Sink::<Enriched>::invoke(&mut self.files, value.clone(), timestamp, now_ns)?;
+        self.check.invoke(value, timestamp, now_ns)
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        Sink::<Enriched>::finish(&mut self.files)?;
+        self.check.finish()
+    }
+
+    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
+        Sink::<Enriched>::snapshot_state(&mut self.files, checkpoint)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        Sink::<Enriched>::notify_checkpoint_complete(&mut self.files, checkpoint)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        Sink::<Enriched>::restore_state(&mut self.files, state)
     }
 }
 
@@ -905,6 +1006,46 @@ impl Sink<Enriched> for CheckSink {
     }
 }
 
+/// A run's checkpoints in figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointSummary {
+    /// Completed.
+    pub completed: u64,
+    /// Failed.
+    pub failed: u64,
+    /// Trigger to completion, median.
+    pub duration_p50: Duration,
+    /// Trigger to completion, longest.
+    pub duration_max: Duration,
+    /// Longest alignment of each checkpoint, median.
+    pub alignment_p50: Duration,
+    /// Longest alignment, longest.
+    pub alignment_max: Duration,
+    /// The last checkpoint's size.
+    pub last_size: u64,
+}
+
+impl CheckpointSummary {
+    /// The figures of `report`.
+    pub fn of(report: &CheckpointReport) -> Self {
+        let median = |values: &[Duration]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_unstable();
+            sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+        };
+        let stats = &report.stats;
+        CheckpointSummary {
+            completed: stats.completed,
+            failed: stats.failed,
+            duration_p50: median(&stats.durations),
+            duration_max: stats.durations.iter().max().copied().unwrap_or_default(),
+            alignment_p50: median(&stats.alignments),
+            alignment_max: stats.alignments.iter().max().copied().unwrap_or_default(),
+            last_size: stats.sizes.last().copied().unwrap_or_default(),
+        }
+    }
+}
+
 /// What the job did.
 #[derive(Debug, Clone)]
 pub struct JobReport {
@@ -933,6 +1074,8 @@ pub struct JobReport {
     pub run: RunReport,
     /// Over several processes: why connections to other processes broke, if any did.
     pub lost_connections: Vec<String>,
+    /// Its checkpoints, when it took them.
+    pub checkpoints: Option<CheckpointReport>,
 }
 
 /// Builds and runs the job; returns its report and wall time, or why it failed.
@@ -1082,6 +1225,23 @@ fn execute(
     if let Some(channels) = &transport {
         graph = graph.with_cluster(channels.cluster());
     }
+    if let Some(checkpoints) = &settings.checkpoints {
+        let mut checkpointing = Checkpointing::new(&checkpoints.dir, checkpoints.interval)
+            .with_alignment(checkpoints.alignment)
+            .with_listener(|metadata, alignment| {
+                eprintln!(
+                    "weir: checkpoint {} complete: {}, {} (alignment {})",
+                    metadata.id,
+                    bytes_text(metadata.state_bytes()),
+                    format_duration(metadata.duration),
+                    format_duration(alignment),
+                );
+            });
+        if let Some(path) = &checkpoints.restore {
+            checkpointing = checkpointing.restore_from(path);
+        }
+        graph = graph.with_checkpointing(checkpointing);
+    }
     let source_settings = settings.clone();
     let source = graph
         .from_source(move |info| MainSource::new(&source_settings, info))
@@ -1137,23 +1297,35 @@ fn execute(
         let results = Arc::clone(&results);
         let collect = settings.collect.clone();
         let live = graph.live();
-        enriched
-            .key_by(|record: &Enriched| record.key)
-            .sink(move |_| CheckSink {
-                sources: subtasks as u64,
-                last_id: vec![None; subtasks],
-                seen: touched_bitmap((records as usize).div_ceil(64)),
-                received: 0,
-                duplicates: 0,
-                reordered: 0,
-                latency: latency_histogram(),
-                results: Arc::clone(&results),
-                live: Arc::clone(&live),
-                reported: 0,
-                collect: collect.clone().map(|shared| (Vec::new(), shared)),
-                published: false,
-                wall: wall_clock.then(WallClock::default),
-            });
+        let output = settings.output.clone();
+        let check = move || CheckSink {
+            sources: subtasks as u64,
+            last_id: vec![None; subtasks],
+            seen: touched_bitmap((records as usize).div_ceil(64)),
+            received: 0,
+            duplicates: 0,
+            reordered: 0,
+            latency: latency_histogram(),
+            results: Arc::clone(&results),
+            live: Arc::clone(&live),
+            reported: 0,
+            collect: collect.clone().map(|shared| (Vec::new(), shared)),
+            published: false,
+            wall: wall_clock.then(WallClock::default),
+        };
+        let keyed = enriched.key_by(|record: &Enriched| record.key);
+        match output {
+            None => keyed.sink(move |_| check()),
+            Some(dir) => keyed.sink(move |info: &SubtaskInfo| OutputSink {
+                check: check(),
+                files: FileSink::new(
+                    dir.clone(),
+                    info.index,
+                    info.checkpointing,
+                    output_line as fn(&Enriched, &mut Vec<u8>),
+                ),
+            }),
+        }
     }
     let live = graph.live();
     let started = Instant::now();
@@ -1184,6 +1356,7 @@ fn execute(
             .as_ref()
             .map(|t| t.lost_connections())
             .unwrap_or_default(),
+        checkpoints: result.checkpoints.clone(),
     };
     for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
         report.received += sink.received;
@@ -1200,9 +1373,17 @@ fn execute(
     report.unique = unique;
     // Each id's key names one sink subtask, so duplicates are caught where they land;
     // what is missing is known only over every process.
-    report.missing = match settings.cluster {
-        Some(_) => 0,
-        None => records - unique,
+    report.missing = match (&settings.cluster, &report.checkpoints) {
+        (Some(_), _) => 0,
+        // A restored run's sinks see only what came after the checkpoint: the output
+        // files (--output) hold the exactly-once check across runs.
+        (
+            None,
+            Some(CheckpointReport {
+                restored: Some(_), ..
+            }),
+        ) => 0,
+        (None, _) => records - unique,
     };
     Ok(Finished {
         report,
@@ -1363,6 +1544,47 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
             report.async_metrics.timers_peak, settings.capacity
         ),
     );
+    if let Some(checkpoints) = &report.checkpoints {
+        let summary = CheckpointSummary::of(checkpoints);
+        if let Some(restored) = &checkpoints.restored {
+            row(
+                "restored from",
+                format!(
+                    "checkpoint {} ({}), read in {}{}",
+                    restored.id,
+                    restored.path.display(),
+                    format_duration(restored.read_time),
+                    match restored.skipped.len() {
+                        0 => String::new(),
+                        n => format!("; {n} newer one(s) passed over as incomplete or corrupt"),
+                    }
+                ),
+            );
+        }
+        row(
+            "checkpoints done / failed",
+            format!("{} / {}", summary.completed, summary.failed),
+        );
+        if summary.completed > 0 {
+            row(
+                "checkpoint time p50 / max",
+                format!(
+                    "{} / {}",
+                    format_duration(summary.duration_p50),
+                    format_duration(summary.duration_max)
+                ),
+            );
+            row(
+                "alignment p50 / max",
+                format!(
+                    "{} / {}",
+                    format_duration(summary.alignment_p50),
+                    format_duration(summary.alignment_max)
+                ),
+            );
+            row("checkpoint size (last)", bytes_text(summary.last_size));
+        }
+    }
     out
 }
 
@@ -1420,6 +1642,21 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
         })).collect::<Vec<_>>(),
         "parks": report.run.parks,
+        "checkpoints": report.checkpoints.as_ref().map(|c| {
+            let summary = CheckpointSummary::of(c);
+            json!({
+                "completed": summary.completed,
+                "failed": summary.failed,
+                "duration_ms": { "p50": summary.duration_p50.as_secs_f64() * 1e3, "max": summary.duration_max.as_secs_f64() * 1e3 },
+                "alignment_ms": { "p50": summary.alignment_p50.as_secs_f64() * 1e3, "max": summary.alignment_max.as_secs_f64() * 1e3 },
+                "last_size_bytes": summary.last_size,
+                "restored_from": c.restored.as_ref().map(|r| json!({
+                    "id": r.id,
+                    "path": r.path.display().to_string(),
+                    "read_ms": r.read_time.as_secs_f64() * 1e3,
+                })),
+            })
+        }),
     })
 }
 

@@ -13,6 +13,7 @@ use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
+use weir_engine::checkpoint::AlignmentMode;
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
@@ -242,6 +243,31 @@ struct RunArgs {
     /// nothing (see the README's security section).
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Take a checkpoint this often (e.g. 1s, 200ms) into --checkpoint-dir: a crashed
+    /// run restarted with --restore continues from the last one (see the README's
+    /// "Fault tolerance").
+    #[arg(long, value_parser = parse_positive_duration, requires = "checkpoint_dir")]
+    checkpoint_interval: Option<Duration>,
+    /// Where checkpoints are written (`chk-<id>/` directories, the newest kept).
+    #[arg(long, requires = "checkpoint_interval")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Unaligned checkpoints: barriers do not wait for each other at the key-by
+    /// exchange; what is in flight there is stored with the checkpoint.
+    #[arg(long, requires = "checkpoint_interval")]
+    unaligned: bool,
+    /// Aligned checkpoints that switch to unaligned when an alignment takes longer than
+    /// this (Flink's aligned-checkpoint-timeout).
+    #[arg(long, value_parser = parse_duration, requires = "checkpoint_interval", conflicts_with = "unaligned")]
+    aligned_timeout: Option<Duration>,
+    /// Restore from a checkpoint: a `chk-<id>` directory, or a checkpoint directory
+    /// (its newest complete, valid checkpoint); the job must have the same settings.
+    #[arg(long, requires = "checkpoint_interval")]
+    restore: Option<PathBuf>,
+    /// Also write every record (`<id> <key> <value hex>` lines) as part files here,
+    /// exactly once: committed when a checkpoint completes (at the end without
+    /// checkpoints); a reader takes the files without a suffix.
+    #[arg(long)]
+    output: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -685,6 +711,22 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         key_iter: None,
         collect: None,
         cluster,
+        checkpoints: args
+            .checkpoint_interval
+            .map(|interval| job::JobCheckpoints {
+                interval,
+                dir: args
+                    .checkpoint_dir
+                    .clone()
+                    .expect("clap requires --checkpoint-dir"),
+                alignment: match (args.unaligned, args.aligned_timeout) {
+                    (true, _) => AlignmentMode::Unaligned,
+                    (false, Some(timeout)) => AlignmentMode::AlignedWithTimeout(timeout),
+                    (false, None) => AlignmentMode::Aligned,
+                },
+                restore: args.restore.clone(),
+            }),
+        output: args.output.clone(),
     };
     let service_core = server.as_ref().and_then(|s| s.core());
     let service_place = match &server {

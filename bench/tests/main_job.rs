@@ -42,6 +42,8 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         key_iter: None,
         collect: None,
         cluster: None,
+        checkpoints: None,
+        output: None,
     }
 }
 

@@ -54,6 +54,8 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
         key_iter: None,
         collect: Some(Arc::new(Mutex::new(Vec::new()))),
         cluster: None,
+        checkpoints: None,
+        output: None,
     }
 }
 

@@ -120,7 +120,11 @@ fn unaligned_snapshots_at_the_first_barrier_and_records_what_was_in_flight() {
     let mut seen = records(&events);
     seen.sort_unstable();
     assert_eq!(seen, [11, 12, 13, 21]);
-    assert_eq!(gate.take_channel_state(), None, "channel 2's barrier is missing");
+    assert_eq!(
+        gate.take_channel_state(),
+        None,
+        "channel 2's barrier is missing"
+    );
     writers[2].emit(&22, 0).unwrap();
     writers[2].emit_barrier(3, 0).unwrap();
     writers[2].emit(&23, 0).unwrap();
@@ -149,7 +153,11 @@ fn an_alignment_that_times_out_switches_to_unaligned() {
     writers[0].emit(&100, 0).unwrap();
     writers[1].emit(&10, 0).unwrap();
     let events = drain(&mut gate, 0);
-    assert_eq!(records(&events), [10], "channel 0 is blocked while aligning");
+    assert_eq!(
+        records(&events),
+        [10],
+        "channel 0 is blocked while aligning"
+    );
     assert_eq!(gate.alignment_deadline(), Some(5_000_000));
     // Past the timeout: the checkpoint is taken unaligned and channel 0 is read again.
     let events = drain(&mut gate, 5_000_000);
@@ -199,7 +207,10 @@ fn an_ended_channel_counts_as_delivering_every_barrier() {
     writers[0].emit_barrier(4, 0).unwrap();
     writers[1].emit_barrier(4, 0).unwrap();
     let events = drain(&mut gate, 0);
-    assert!(matches!(events[0], GateEvent::Barrier { id: 4, .. }), "{events:?}");
+    assert!(
+        matches!(events[0], GateEvent::Barrier { id: 4, .. }),
+        "{events:?}"
+    );
 }
 
 #[test]
