@@ -46,6 +46,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collection;
 import java.util.Collections;
 import java.util.List;
 import java.util.Locale;
@@ -64,6 +65,8 @@ import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
 import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.api.connector.sink2.Sink;
 import org.apache.flink.api.connector.sink2.SinkWriter;
+import org.apache.flink.api.connector.sink2.StatefulSinkWriter;
+import org.apache.flink.api.connector.sink2.SupportsWriterState;
 import org.apache.flink.api.connector.sink2.WriterInitContext;
 import org.apache.flink.api.connector.source.SourceReaderContext;
 import org.apache.flink.api.java.functions.KeySelector;
@@ -73,6 +76,7 @@ import org.apache.flink.configuration.MemorySize;
 import org.apache.flink.configuration.TaskManagerOptions;
 import org.apache.flink.connector.datagen.source.DataGeneratorSource;
 import org.apache.flink.connector.datagen.source.GeneratorFunction;
+import org.apache.flink.core.io.SimpleVersionedSerializer;
 import org.apache.flink.runtime.executiongraph.AccessExecutionGraph;
 import org.apache.flink.runtime.executiongraph.AccessExecutionVertex;
 import org.apache.flink.runtime.jobgraph.JobGraph;
@@ -216,6 +220,90 @@ public final class WeirFlinkPeer {
                     }
                 }
             };
+        }
+    }
+
+    /**
+     * The checkpoints suite's sink: counts records and sums their sequence numbers, and
+     * keeps both as its writer state (`{count, sum}`, 16 bytes per subtask), snapshotted
+     * at every checkpoint and summed on restore. `spinNs` > 0: busy-waits that long per
+     * record (a System.nanoTime spin, no sleep), a sink slower than its sources.
+     */
+    static final class CountingSink implements Sink<byte[]>, SupportsWriterState<byte[], long[]> {
+        private final long spinNs;
+
+        CountingSink(long spinNs) {
+            this.spinNs = spinNs;
+        }
+
+        @Override
+        public Writer createWriter(WriterInitContext context) {
+            return new Writer(spinNs, 0, 0);
+        }
+
+        @Override
+        public Writer restoreWriter(WriterInitContext context, Collection<long[]> states) {
+            long count = 0;
+            long sum = 0;
+            for (long[] state : states) {
+                count += state[0];
+                sum += state[1];
+            }
+            return new Writer(spinNs, count, sum);
+        }
+
+        @Override
+        public SimpleVersionedSerializer<long[]> getWriterStateSerializer() {
+            return new SimpleVersionedSerializer<>() {
+                @Override
+                public int getVersion() {
+                    return 1;
+                }
+
+                @Override
+                public byte[] serialize(long[] state) {
+                    byte[] bytes = new byte[16];
+                    LONG_LE.set(bytes, 0, state[0]);
+                    LONG_LE.set(bytes, 8, state[1]);
+                    return bytes;
+                }
+
+                @Override
+                public long[] deserialize(int version, byte[] bytes) {
+                    return new long[] {(long) LONG_LE.get(bytes, 0), (long) LONG_LE.get(bytes, 8)};
+                }
+            };
+        }
+
+        static final class Writer extends ProbeWriter<byte[]> implements StatefulSinkWriter<byte[], long[]> {
+            private final long spinNs;
+
+            Writer(long spinNs, long count, long sum) {
+                this.spinNs = spinNs;
+                probe.count = count;
+                probe.sum = sum;
+            }
+
+            @Override
+            public void write(byte[] record, Context context) {
+                Probe p = probe;
+                long now = System.nanoTime();
+                if (p.count++ == 0) {
+                    p.first = now;
+                }
+                p.sum += (long) LONG_LE.get(record, 0);
+                if (spinNs > 0) {
+                    long until = now + spinNs;
+                    while (System.nanoTime() < until) {
+                        Thread.onSpinWait();
+                    }
+                }
+            }
+
+            @Override
+            public List<long[]> snapshotState(long checkpointId) {
+                return List.of(new long[] {probe.count, probe.sum});
+            }
         }
     }
 
@@ -409,14 +497,21 @@ public final class WeirFlinkPeer {
     static final class Records implements GeneratorFunction<Long, byte[]> {
         private final int size;
         private final long intervalNs;
+        private final boolean stamps;
         private transient byte[] record;
         private transient long epoch;
         private transient long origin;
 
         /** `intervalNs` > 0: open loop, every record stamped with its intended send time. */
         Records(int size, long intervalNs) {
+            this(size, intervalNs, true);
+        }
+
+        /** `stamps` false: the sequence number only, no time stamps (bytes 8.. stay 7s). */
+        Records(int size, long intervalNs, boolean stamps) {
             this.size = size;
             this.intervalNs = intervalNs;
+            this.stamps = stamps;
         }
 
         @Override
@@ -435,7 +530,7 @@ public final class WeirFlinkPeer {
             long seq = index;
             byte[] r = record;
             LONG_LE.set(r, 0, seq);
-            if (size >= 16) {
+            if (stamps && size >= 16) {
                 long stamp;
                 if (intervalNs > 0) {
                     // Paced here, as Weir's open loop paces its producer: Flink's

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use smallvec::SmallVec;
 use weir_engine::async_io::AsyncMetrics;
 use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
-use weir_engine::checkpoint::AlignmentMode;
+use weir_engine::checkpoint::{AlignmentMode, RestartStrategy, Restarts};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::graph::{
     latency_histogram, CheckpointReport, Checkpointing, ExchangeSpec, FileSink, Graph, GraphError,
@@ -568,6 +568,8 @@ pub struct JobCheckpoints {
     pub alignment: AlignmentMode,
     /// A checkpoint (or a directory of them: the newest valid) to start from.
     pub restore: Option<PathBuf>,
+    /// What a failure does.
+    pub restart: RestartStrategy,
 }
 
 /// One process of a job over several: its index and every process's transport address
@@ -1074,8 +1076,10 @@ pub struct JobReport {
     pub run: RunReport,
     /// Over several processes: why connections to other processes broke, if any did.
     pub lost_connections: Vec<String>,
-    /// Its checkpoints, when it took them.
+    /// Its checkpoints, when it took them (of its last run after restarts).
     pub checkpoints: Option<CheckpointReport>,
+    /// Restarts after failures.
+    pub restarts: u32,
 }
 
 /// Builds and runs the job; returns its report and wall time, or why it failed.
@@ -1119,7 +1123,7 @@ pub fn run_to_end(
     };
     // Checked here, once, so that making each subtask's client cannot fail.
     LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;
-    execute(settings, progress, Store::Service(client_config))
+    execute_restarting(settings, progress, Store::Service(client_config))
 }
 
 /// [`run_to_end`] with the lookups going to Redis.
@@ -1133,10 +1137,58 @@ pub fn run_redis_to_end(
     // client cannot fail.
     let addr = config.check().map_err(RunError::Store)?;
     let stats = Arc::clone(&store.stats);
-    execute(settings, progress, Store::Redis(config, addr, stats))
+    execute_restarting(settings, progress, Store::Redis(config, addr, stats))
+}
+
+/// Runs the job, and when it fails (a task's error or panic, failed checkpoints)
+/// restarts it from its latest completed checkpoint as its restart strategy allows.
+fn execute_restarting(
+    settings: &JobSettings,
+    progress: Arc<JobProgress>,
+    store: Store,
+) -> Result<Finished, RunError> {
+    let Some(checkpoints) = &settings.checkpoints else {
+        return execute(settings, progress, store);
+    };
+    checkpoints
+        .restart
+        .validate()
+        .map_err(|e| RunError::Setting(e.to_string()))?;
+    let mut restarts = Restarts::new(checkpoints.restart.clone(), Instant::now());
+    let mut settings = settings.clone();
+    loop {
+        let mut finished = execute(&settings, Arc::clone(&progress), store.clone())?;
+        let restartable = matches!(
+            finished.failure,
+            Some(
+                RuntimeError::Task { .. }
+                    | RuntimeError::Panic { .. }
+                    | RuntimeError::Checkpoint(_)
+            )
+        );
+        if let (true, Some(error)) = (restartable, &finished.failure) {
+            if let Some(delay) = restarts.on_failure(Instant::now()) {
+                eprintln!(
+                    "weir: the job failed ({error}); restart {} in {} from the latest \
+                     completed checkpoint",
+                    restarts.total(),
+                    format_duration(delay)
+                );
+                std::thread::sleep(delay);
+                let checkpoints = settings.checkpoints.as_mut().expect("checked");
+                checkpoints.restore = weir_engine::checkpoint::storage::latest_in(&checkpoints.dir)
+                    .is_ok()
+                    .then(|| checkpoints.dir.clone());
+                continue;
+            }
+        }
+        finished.report.restarts = restarts.total();
+        return Ok(finished);
+    }
 }
 
 /// Where the job's lookups go, with its checked client settings.
+#[derive(Clone)]
 enum Store {
     /// The lookup service.
     Service(ClientConfig),
@@ -1357,6 +1409,7 @@ fn execute(
             .map(|t| t.lost_connections())
             .unwrap_or_default(),
         checkpoints: result.checkpoints.clone(),
+        restarts: 0,
     };
     for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
         report.received += sink.received;
@@ -1565,6 +1618,7 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
             "checkpoints done / failed",
             format!("{} / {}", summary.completed, summary.failed),
         );
+        row("restarts", report.restarts.to_string());
         if summary.completed > 0 {
             row(
                 "checkpoint time p50 / max",
@@ -1650,6 +1704,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
                 "duration_ms": { "p50": summary.duration_p50.as_secs_f64() * 1e3, "max": summary.duration_max.as_secs_f64() * 1e3 },
                 "alignment_ms": { "p50": summary.alignment_p50.as_secs_f64() * 1e3, "max": summary.alignment_max.as_secs_f64() * 1e3 },
                 "last_size_bytes": summary.last_size,
+                "restarts": report.restarts,
                 "restored_from": c.restored.as_ref().map(|r| json!({
                     "id": r.id,
                     "path": r.path.display().to_string(),

@@ -13,7 +13,7 @@ use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_bench::job::{RunError, WorkerPlan};
 use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
-use weir_engine::checkpoint::AlignmentMode;
+use weir_engine::checkpoint::{AlignmentMode, RestartStrategy};
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
 use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
@@ -263,6 +263,16 @@ struct RunArgs {
     /// (its newest complete, valid checkpoint); the job must have the same settings.
     #[arg(long, requires = "checkpoint_interval")]
     restore: Option<PathBuf>,
+    /// With checkpoints, what a failure (a task's error or panic, failed checkpoints)
+    /// does: none, fixed-delay:<attempts>:<delay>, or exponential-delay (Flink's default:
+    /// 1 s growing by 1.5 to 1 min, jitter 0.1); a restart starts from the latest
+    /// completed checkpoint.
+    #[arg(
+        long,
+        default_value = "exponential-delay",
+        requires = "checkpoint_interval"
+    )]
+    restart_strategy: RestartStrategy,
     /// Also write every record (`<id> <key> <value hex>` lines) as part files here,
     /// exactly once: committed when a checkpoint completes (at the end without
     /// checkpoints); a reader takes the files without a suffix.
@@ -725,6 +735,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                     (false, None) => AlignmentMode::Aligned,
                 },
                 restore: args.restore.clone(),
+                restart: args.restart_strategy.clone(),
             }),
         output: args.output.clone(),
     };

@@ -311,3 +311,52 @@ fn a_source_that_cannot_be_replayed_fails_its_checkpoints_and_says_why() {
     let message = failure.expect("fails").to_string();
     assert!(message.contains("cannot be replayed"), "{message}");
 }
+
+#[test]
+fn a_failed_task_restarts_the_job_from_its_latest_checkpoint() {
+    use weir_engine::checkpoint::RestartStrategy;
+    use weir_engine::graph::execute_with_restarts;
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let records = 6_000u64;
+    // The map fails once, at record 4000, after checkpoints have completed.
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut restarts_seen = Vec::new();
+    let (result, failure, restarts) = execute_with_restarts(
+        "fixed-delay:3:10ms".parse::<RestartStrategy>().unwrap(),
+        || {
+            let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+            let graph = Graph::new()
+                .with_parallelism(2)
+                .with_checkpointing(settings);
+            let failed = Arc::clone(&failed);
+            graph
+                .from_generator(records, Some(40_000.0), |n| n)
+                .key_by(|n: &u64| *n)
+                .map(move |n| {
+                    if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
+                        panic!("injected failure at record 4000");
+                    }
+                    n
+                })
+                .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
+                    line.extend_from_slice(format!("{n}\n").as_bytes());
+                });
+            Ok((graph, runtime()))
+        },
+        |n, _, error| restarts_seen.push((n, error.to_string())),
+    )
+    .expect("starts");
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(restarts, 1);
+    assert!(
+        restarts_seen[0].1.contains("injected failure"),
+        "{restarts_seen:?}"
+    );
+    let restored = result
+        .checkpoints
+        .and_then(|c| c.restored)
+        .expect("restored");
+    assert!(restored.id >= 1);
+    assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
+}

@@ -13,6 +13,8 @@
 //!   barrier, processed again on restore);
 //! - [`keyed`]: keyed state per key group, snapshotted and restored at another
 //!   parallelism (Flink's `KeyGroupRangeAssignment`);
+//! - [`restart`]: restart strategies (fixed delay, exponential delay) for a job that
+//!   failed, restarted from its latest completed checkpoint;
 //! - [`service`]: the coordinator on a thread of its own with the checkpoint directory:
 //!   tasks hand it their snapshots and it writes them, off the workers;
 //! - [`storage`]: the checkpoint directory (`chk-<id>/` with a state file per task and a
@@ -30,6 +32,7 @@ pub mod alignment;
 pub mod coordinator;
 pub mod elements;
 pub mod keyed;
+pub mod restart;
 pub mod service;
 pub mod storage;
 pub mod transactional;
@@ -40,6 +43,7 @@ use std::time::Duration;
 pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
 pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
+pub use restart::{RestartStrategy, Restarts};
 pub use service::{Acks, CheckpointHooks, CheckpointService};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
 pub use transactional::TransactionalFiles;

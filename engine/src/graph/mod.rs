@@ -1172,6 +1172,52 @@ impl Graph {
     }
 }
 
+/// Runs the job `build` makes, and when it fails (a task's error or panic, failed
+/// checkpoints) makes it again and restarts it from its latest completed checkpoint, as
+/// `strategy` allows (Flink's restart strategies; a job without checkpoints restarts
+/// from its start). `on_restart` hears of each restart: its number, the delay before
+/// it and the failure. Returns the last run's result, its failure if the strategy gave
+/// up, and the restarts made.
+pub fn execute_with_restarts(
+    strategy: crate::checkpoint::RestartStrategy,
+    mut build: impl FnMut() -> Result<(Graph, Runtime), GraphError>,
+    mut on_restart: impl FnMut(u32, Duration, &RuntimeError),
+) -> Result<(JobResult, Option<RuntimeError>, u32), GraphError> {
+    strategy.validate()?;
+    let mut restarts = crate::checkpoint::Restarts::new(strategy, std::time::Instant::now());
+    let mut restore_latest = false;
+    loop {
+        let (mut graph, runtime) = build()?;
+        if restore_latest {
+            if let Some(checkpointing) = graph.checkpointing.as_mut() {
+                let dir = checkpointing.dir.clone();
+                // From the newest checkpoint that completed; from the start if none did.
+                checkpointing.restore = crate::checkpoint::storage::latest_in(&dir)
+                    .is_ok()
+                    .then_some(dir);
+            }
+        }
+        let (result, failure) = graph.execute_to_end(runtime)?;
+        let restartable = matches!(
+            failure,
+            Some(
+                RuntimeError::Task { .. }
+                    | RuntimeError::Panic { .. }
+                    | RuntimeError::Checkpoint(_)
+            )
+        );
+        if let (true, Some(error)) = (restartable, &failure) {
+            if let Some(delay) = restarts.on_failure(std::time::Instant::now()) {
+                on_restart(restarts.total(), delay, error);
+                std::thread::sleep(delay);
+                restore_latest = true;
+                continue;
+            }
+        }
+        return Ok((result, failure, restarts.total()));
+    }
+}
+
 /// A job started with [`Graph::start`]: stop it, cancel it, or wait for its end.
 pub struct JobRun {
     running: Running,
