@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
-# `weir compare remote`: installs what is missing (Java 17 from the Debian packages,
-# Flink's jars from the PyPI package apache-flink-libraries into target/flink-venv),
-# compiles bench/flink/WeirFlinkPeer.java and runs the same configurations as Flink jobs
-# on an in-process MiniCluster (for remote: 2 task managers, the producers on one and the
-# consumers on the other), start-up excluded and reported apart. Writes the same JSON as
-# `weir compare --json`:
+# `weir compare remote`, and of Weir's checkpoints: installs what is missing (Java 17
+# from the Debian packages, Flink's jars from the PyPI package apache-flink-libraries
+# into target/flink-venv), compiles bench/flink/WeirFlinkPeer.java and runs the same
+# configurations as Flink jobs on an in-process MiniCluster (for remote: 2 task managers,
+# the producers on one and the consumers on the other), start-up excluded and reported
+# apart. Writes the same JSON as `weir compare --json`:
 #
-#   results/report/flink-async.json, flink-exchange.json, flink-remote.json
+#   results/report/flink-async.json, flink-exchange.json, flink-remote.json,
+#   flink-checkpoints.json
 #
-#   scripts/flink-peer.sh                  all three at full size, 7 rounds
+# checkpoints: the job DataGeneratorSource (64-byte records, parallelism 2) → keyBy →
+# counting sink (parallelism 2) without checkpoints and with aligned or unaligned
+# checkpoints every 1 s (throughput, "checkpoint overhead"), and with a sink that
+# busy-waits 20 µs per record, aligned, unaligned and aligned with buffer debloating
+# ("checkpoints under back-pressure"); HashMapStateBackend, file:// storage in a fresh
+# temp directory per run, EXACTLY_ONCE, 1 concurrent checkpoint. Each row has the
+# completed and failed checkpoints and their durations, start delays, alignment times,
+# persisted in-flight data and state size, from the finished job's checkpoint
+# statistics. --quick checkpoints every 100 ms instead, and says so in the JSON.
+#
+#   scripts/flink-peer.sh                  all four at full size, 7 rounds
 #   scripts/flink-peer.sh --quick          3 rounds at 0.15 of the size
-#   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange, remote)
+#   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange,
+#                                          remote, checkpoints)
 #
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the
@@ -31,18 +43,18 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-  suites=(async exchange remote)
+  suites=(async exchange remote checkpoints)
 fi
 for suite in "${suites[@]}"; do
   case "$suite" in
-    async | exchange | remote) ;;
+    async | exchange | remote | checkpoints) ;;
     *)
-      echo "flink-peer: unknown suite $suite (async, exchange, remote)" >&2
+      echo "flink-peer: unknown suite $suite (async, exchange, remote, checkpoints)" >&2
       exit 2
       ;;
   esac
 done
-if [ ${#suites[@]} -lt 3 ]; then
+if [ ${#suites[@]} -lt 4 ]; then
   quick="$quick ${suites[*]}"
 fi
 data=${FLINK_PEER_DATA:-results/report}

@@ -31,6 +31,8 @@ for suite in ring pool async exchange lookup remote; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done
+echo "== checkpoints" >&2
+"$weir" checkpoint-bench $([ -n "$quick" ] && echo "--rounds 2 --scale 0.3") --json "$data/checkpoints.json" > "$data/checkpoints.md"
 echo "== debloat" >&2
 "$weir" debloat --json "$data/debloat.json" > "$data/debloat.md" 2>/dev/null
 echo "== redis" >&2

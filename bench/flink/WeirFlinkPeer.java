@@ -1,5 +1,5 @@
 // Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
-// `weir compare remote`.
+// `weir compare remote`, and of Weir's checkpoints.
 //
 // Runs the same configurations as those suites as Flink DataStream jobs on an
 // in-process MiniCluster (started once, reused by every job), and writes the same JSON
@@ -25,14 +25,36 @@
 //   placement is read back from the job's archived execution graph (the task manager of
 //   every subtask's execution attempt); a run whose producers and consumers share a
 //   task manager is discarded and run again, and the JSON records the placement.
+// - checkpoints: DataGeneratorSource of N 64-byte records carrying their sequence
+//   number (parallelism 2) → keyBy(sequence number) → a sink (parallelism 2) that counts
+//   records and sums sequence numbers and keeps {count, sum} as its writer state.
+//   "checkpoint overhead": without checkpoints, with aligned and with unaligned
+//   checkpoints every 1 s, N such that a run lasts some 3 s; "checkpoints under
+//   back-pressure": the sink busy-waits 20 µs per record (a System.nanoTime spin), the
+//   source runs unthrottled so that the network buffers fill, N = 2 sinks × 50,000
+//   records/s × 6 s, checkpoints every 1 s, aligned, unaligned, and aligned with buffer
+//   debloating (taskmanager.network.memory.buffer-debloat.enabled, a task manager
+//   setting: a second MiniCluster of the same shape, up beside the first so that all
+//   cases still run in turn each round). Checkpointing: HashMapStateBackend,
+//   checkpoint storage on the local filesystem (file://, a fresh temp directory per run,
+//   deleted once Flink has discarded the run's checkpoints), EXACTLY_ONCE, at most 1
+//   concurrent checkpoint, no aligned-checkpoint timeout. Below full size (--quick) the
+//   interval is 100 ms so that the shorter runs still checkpoint; the JSON says which. After each run the checkpoint statistics are read
+//   from the finished job's archived execution graph (CheckpointStatsSnapshot, history
+//   of 1000): completed and failed counts (and the failures' messages), and per
+//   completed checkpoint its end-to-end duration (trigger to last acknowledgement), the
+//   largest checkpoint start delay (trigger to a subtask's first barrier) and alignment
+//   duration (first to last barrier) of any subtask, the in-flight data persisted
+//   (unaligned) and the state size; the JSON gives p50 and max over all checkpoints of
+//   the measured runs. Flink reports these in whole milliseconds.
 //
 // Every job is configured for throughput as Flink's documentation describes: object
-// reuse on, no checkpointing, streaming mode, 128 MiB of network memory, 32 KiB
-// segments (the default, as Weir's). Each measured run excludes start-up: its time is
-// from the first record entering the job (first asyncInvoke, first record generated;
-// or the last sink subtask's start if that is later) to the end of input at the sink,
-// as Weir's turns run from their first record to their last; the start-up (job
-// submission to that first record) is reported apart. All configurations run in turn,
+// reuse on, no checkpointing (outside the checkpoints suite), streaming mode, 128 MiB of
+// network memory, 32 KiB segments (the default, as Weir's). Each measured run excludes
+// start-up: its time is from the first record entering the job (first asyncInvoke,
+// first record generated; or the last sink subtask's start if that is later) to the end
+// of input at the sink, as Weir's turns run from their first record to their last; the
+// start-up (job submission to that first record) is reported apart. All configurations run in turn,
 // `warmup` rounds (2) to warm the JIT, then `rounds` rounds; the JSON holds the
 // medians of those. Each run checks that every record arrived once (count and sum of
 // sequence numbers) before it reports a time.
@@ -44,6 +66,7 @@ import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collection;
@@ -70,13 +93,23 @@ import org.apache.flink.api.connector.sink2.SupportsWriterState;
 import org.apache.flink.api.connector.sink2.WriterInitContext;
 import org.apache.flink.api.connector.source.SourceReaderContext;
 import org.apache.flink.api.java.functions.KeySelector;
+import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.ExecutionOptions;
 import org.apache.flink.configuration.MemorySize;
+import org.apache.flink.configuration.StateBackendOptions;
 import org.apache.flink.configuration.TaskManagerOptions;
+import org.apache.flink.configuration.WebOptions;
 import org.apache.flink.connector.datagen.source.DataGeneratorSource;
 import org.apache.flink.connector.datagen.source.GeneratorFunction;
+import org.apache.flink.core.execution.CheckpointingMode;
 import org.apache.flink.core.io.SimpleVersionedSerializer;
+import org.apache.flink.runtime.checkpoint.AbstractCheckpointStats;
+import org.apache.flink.runtime.checkpoint.CheckpointStatsSnapshot;
+import org.apache.flink.runtime.checkpoint.CompletedCheckpointStats;
+import org.apache.flink.runtime.checkpoint.FailedCheckpointStats;
+import org.apache.flink.runtime.checkpoint.SubtaskStateStats;
+import org.apache.flink.runtime.checkpoint.TaskStateStats;
 import org.apache.flink.runtime.executiongraph.AccessExecutionGraph;
 import org.apache.flink.runtime.executiongraph.AccessExecutionVertex;
 import org.apache.flink.runtime.jobgraph.JobGraph;
@@ -567,7 +600,14 @@ public final class WeirFlinkPeer {
         void build(StreamExecutionEnvironment env, long n);
     }
 
-    /** `slots` > 0: a remote case, run on 2 task managers of `slots` slots each. */
+    /** A job's checkpointing: every `intervalMs`, aligned or unaligned. */
+    record Checkpoints(long intervalMs, boolean unaligned) {}
+
+    /**
+     * `slots` > 0: a remote case, run on 2 task managers of `slots` slots each.
+     * `checkpoints` null: no checkpointing. `debloat`: run on a MiniCluster with buffer
+     * debloating on (a task manager setting, so a cluster of its own).
+     */
     record Case(
             String experiment,
             String implementation,
@@ -575,11 +615,24 @@ public final class WeirFlinkPeer {
             Double limit,
             String job,
             Build build,
-            int slots) {
+            int slots,
+            Checkpoints checkpoints,
+            boolean debloat) {
         Case(String experiment, String implementation, long ops, Double limit, String job, Build build) {
             this(experiment, implementation, ops, limit, job, build, 0);
         }
+
+        Case(String experiment, String implementation, long ops, Double limit, String job, Build build, int slots) {
+            this(experiment, implementation, ops, limit, job, build, slots, null, false);
+        }
+
+        Shape shape() {
+            return new Shape(slots, debloat);
+        }
     }
+
+    /** The MiniCluster a case runs on. */
+    record Shape(int slots, boolean debloat) {}
 
     static long ops(double ops) {
         return Math.max((long) ops, 1);
@@ -769,6 +822,103 @@ public final class WeirFlinkPeer {
         return cases;
     }
 
+    /** Records per run of the checkpoint overhead cases at full size (some 3 s). */
+    static final double OVERHEAD_RECORDS = 12_000_000.0;
+
+    /** The back-pressured sink's busy wait per record. */
+    static final long SPIN_NS = 20_000;
+
+    /** Records per back-pressured run at full size: 2 sinks × 50,000 records/s × 6 s. */
+    static final double BACK_PRESSURE_RECORDS = 2 * 50_000 * 6.0;
+
+    static void checkpointJob(StreamExecutionEnvironment env, long n, long spinNs) {
+        env.setBufferTimeout(100);
+        DataGeneratorSource<byte[]> generator =
+                new DataGeneratorSource<>(
+                        new Records(64, 0, false),
+                        n,
+                        PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO);
+        env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records")
+                .setParallelism(2)
+                .keyBy(new SeqKey(), Types.LONG)
+                .sinkTo(new CountingSink(spinNs))
+                .setParallelism(2)
+                .name("sink");
+    }
+
+    static String every(long intervalMs) {
+        return intervalMs % 1000 == 0 ? intervalMs / 1000 + " s" : intervalMs + " ms";
+    }
+
+    /**
+     * The checkpoints suite: the keyed 2→2 job without checkpoints and with aligned or
+     * unaligned checkpoints (overhead), and with a sink that busy-waits per record
+     * (back-pressure): aligned, unaligned, aligned with buffer debloating. Every 1 s at
+     * full size, every 100 ms below it (--quick), so that short runs still checkpoint.
+     */
+    static List<Case> checkpointCases(double scale) {
+        long intervalMs = scale < 1 ? 100 : 1000;
+        String job =
+                "DataGeneratorSource(64-byte records carrying their sequence number, parallelism 2) → "
+                        + "keyBy(sequence number) → sink(parallelism 2: counts records and sums sequence "
+                        + "numbers, {count, sum} as its writer state%s), buffer timeout 100 ms%s";
+        String with =
+                "; checkpoints every " + every(intervalMs)
+                        + " (%s, EXACTLY_ONCE, HashMapStateBackend, file:// storage in a fresh temp directory, max 1 concurrent)";
+        List<Case> cases = new ArrayList<>();
+        long n = ops(OVERHEAD_RECORDS * scale);
+        cases.add(
+                new Case(
+                        "checkpoint overhead",
+                        "flink, no checkpoints",
+                        n,
+                        null,
+                        String.format(job, "", "; no checkpointing"),
+                        (env, records) -> checkpointJob(env, records, 0),
+                        0,
+                        null,
+                        false));
+        for (boolean unaligned : new boolean[] {false, true}) {
+            String mode = unaligned ? "unaligned" : "aligned";
+            cases.add(
+                    new Case(
+                            "checkpoint overhead",
+                            "flink, " + mode + " checkpoints every " + every(intervalMs),
+                            n,
+                            null,
+                            String.format(job, "", String.format(with, mode)),
+                            (env, records) -> checkpointJob(env, records, 0),
+                            0,
+                            new Checkpoints(intervalMs, unaligned),
+                            false));
+        }
+        long m = ops(BACK_PRESSURE_RECORDS * scale);
+        String spin = ", busy-waiting " + SPIN_NS / 1000 + " µs per record (System.nanoTime spin)";
+        String[][] backPressured = {
+            {"flink, aligned", "aligned", ""},
+            {"flink, unaligned", "unaligned", ""},
+            {"flink, aligned with buffer debloating", "aligned",
+                "; buffer debloating on (taskmanager.network.memory.buffer-debloat.enabled: true, "
+                        + "default target 1 s and period 200 ms) on a MiniCluster of its own"},
+        };
+        for (String[] b : backPressured) {
+            boolean unaligned = b[1].equals("unaligned");
+            boolean debloat = !b[2].isEmpty();
+            cases.add(
+                    new Case(
+                            "checkpoints under back-pressure",
+                            b[0],
+                            m,
+                            null,
+                            String.format(job, spin, String.format(with, b[1]) + b[2]),
+                            (env, records) -> checkpointJob(env, records, SPIN_NS),
+                            0,
+                            new Checkpoints(intervalMs, unaligned),
+                            debloat));
+        }
+        return cases;
+    }
+
     // ---------------------------------------------------------------- the harness
 
     record Turn(
@@ -777,7 +927,108 @@ public final class WeirFlinkPeer {
             double finishNs,
             long[] latency,
             int latencies,
-            Placement placement) {}
+            Placement placement,
+            CheckpointRun checkpoints) {}
+
+    /**
+     * One run's checkpoints, from the finished job's CheckpointStatsSnapshot: the counts,
+     * and per completed checkpoint (from its history) the end-to-end duration (trigger to
+     * last acknowledgement), the largest checkpoint start delay and alignment duration of
+     * any subtask (ms, as Flink reports them), the in-flight data persisted (unaligned)
+     * and the state size; the state backend and checkpoint storage the job ran with.
+     */
+    record CheckpointRun(
+            long completed,
+            long failed,
+            List<Double> durationsMs,
+            List<Double> startDelaysMs,
+            List<Double> alignmentsMs,
+            List<Double> persistedBytes,
+            List<Double> sizesBytes,
+            long lastSizeBytes,
+            String stateBackend,
+            String storage,
+            String lastPath,
+            List<String> failures) {
+        String describe() {
+            return String.format(
+                    Locale.ROOT,
+                    "%d completed, %d failed; duration p50 %s max %s ms; start delay max %s ms; alignment max %s ms; persisted max %s B; last size %d B",
+                    completed,
+                    failed,
+                    num(median(durationsMs)),
+                    num(max(durationsMs)),
+                    num(max(startDelaysMs)),
+                    num(max(alignmentsMs)),
+                    num(max(persistedBytes)),
+                    lastSizeBytes);
+        }
+    }
+
+    static double max(List<Double> xs) {
+        return xs.stream().mapToDouble(x -> x).max().orElse(Double.NaN);
+    }
+
+    static CheckpointRun checkpointRun(AccessExecutionGraph graph) {
+        CheckpointStatsSnapshot snapshot = graph.getCheckpointStatsSnapshot();
+        List<Double> durations = new ArrayList<>();
+        List<Double> delays = new ArrayList<>();
+        List<Double> alignments = new ArrayList<>();
+        List<Double> persisted = new ArrayList<>();
+        List<Double> sizes = new ArrayList<>();
+        List<String> failures = new ArrayList<>();
+        CompletedCheckpointStats last = null;
+        List<AbstractCheckpointStats> history = new ArrayList<>(snapshot.getHistory().getCheckpoints());
+        history.sort(java.util.Comparator.comparingLong(AbstractCheckpointStats::getCheckpointId));
+        for (AbstractCheckpointStats checkpoint : history) {
+            if (checkpoint instanceof FailedCheckpointStats failed) {
+                failures.add(checkpoint.getCheckpointId() + ": " + failed.getFailureMessage());
+            }
+            if (!(checkpoint instanceof CompletedCheckpointStats completed)) {
+                continue;
+            }
+            last = completed;
+            durations.add((double) completed.getEndToEndDuration());
+            persisted.add((double) completed.getPersistedData());
+            sizes.add((double) completed.getStateSize());
+            long delay = 0;
+            long alignment = 0;
+            for (TaskStateStats task : completed.getAllTaskStateStats()) {
+                for (SubtaskStateStats subtask : task.getSubtaskStats()) {
+                    if (subtask != null) {
+                        delay = Math.max(delay, subtask.getCheckpointStartDelay());
+                        alignment = Math.max(alignment, subtask.getAlignmentDuration());
+                    }
+                }
+            }
+            delays.add((double) delay);
+            alignments.add((double) alignment);
+        }
+        return new CheckpointRun(
+                snapshot.getCounts().getNumberOfCompletedCheckpoints(),
+                snapshot.getCounts().getNumberOfFailedCheckpoints(),
+                durations,
+                delays,
+                alignments,
+                persisted,
+                sizes,
+                last == null ? 0 : last.getStateSize(),
+                graph.getStateBackendName().orElse("unknown"),
+                graph.getCheckpointStorageName().orElse("unknown"),
+                last == null ? null : last.getExternalPath(),
+                failures);
+    }
+
+    static void deleteTree(Path dir) throws IOException {
+        if (dir == null || !Files.exists(dir)) {
+            return;
+        }
+        try (var paths = Files.walk(dir)) {
+            for (Path path : paths.sorted(Collections.reverseOrder()).toList()) {
+                Files.deleteIfExists(path);
+            }
+        }
+    }
 
     /**
      * Where a run's subtasks ran: each subtask's task manager (resource id and Netty data
@@ -865,9 +1116,55 @@ public final class WeirFlinkPeer {
         }
     }
 
+    /**
+     * Runs a case once. With checkpoints: HashMapStateBackend, checkpoint storage on the
+     * local filesystem in a fresh temp directory (deleted after the run), EXACTLY_ONCE,
+     * at most 1 concurrent checkpoint, aligned or unaligned.
+     */
     static Turn runOnce(MiniCluster cluster, Case c) throws Exception {
+        Path dir = c.checkpoints == null ? null : Files.createTempDirectory("weir-flink-checkpoints-");
+        try {
+            return runOnce(cluster, c, dir);
+        } finally {
+            awaitDiscarded(dir);
+            deleteTree(dir);
+        }
+    }
+
+    /**
+     * Waits (up to 10 s) until Flink has discarded the finished job's checkpoints (no
+     * chk-N directory left): the job master discards them while it shuts down, after the
+     * job's result is out, and fails if they vanish under it.
+     */
+    static void awaitDiscarded(Path dir) throws InterruptedException {
+        if (dir == null) {
+            return;
+        }
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (System.nanoTime() < deadline) {
+            try (var paths = Files.walk(dir)) {
+                if (paths.noneMatch(p -> p.getFileName().toString().startsWith("chk-"))) {
+                    return;
+                }
+            } catch (IOException | java.io.UncheckedIOException racing) {
+                // A directory went away while we looked: look again.
+            }
+            Thread.sleep(5);
+        }
+    }
+
+    static Turn runOnce(MiniCluster cluster, Case c, Path checkpointDir) throws Exception {
         Configuration jobConf = new Configuration();
         jobConf.set(ExecutionOptions.RUNTIME_MODE, RuntimeExecutionMode.STREAMING);
+        if (c.checkpoints != null) {
+            jobConf.set(StateBackendOptions.STATE_BACKEND, "hashmap");
+            jobConf.set(CheckpointingOptions.CHECKPOINT_STORAGE, "filesystem");
+            jobConf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY, checkpointDir.toUri().toString());
+            jobConf.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(c.checkpoints.intervalMs));
+            jobConf.set(CheckpointingOptions.CHECKPOINTING_CONSISTENCY_MODE, CheckpointingMode.EXACTLY_ONCE);
+            jobConf.set(CheckpointingOptions.MAX_CONCURRENT_CHECKPOINTS, 1);
+            jobConf.set(CheckpointingOptions.ENABLE_UNALIGNED, c.checkpoints.unaligned);
+        }
         StreamExecutionEnvironment env = new StreamExecutionEnvironment(jobConf);
         env.getConfig().enableObjectReuse();
         c.build.build(env, c.ops);
@@ -882,7 +1179,7 @@ public final class WeirFlinkPeer {
             if (early != null && !early.remote) {
                 cluster.cancelJob(id).get();
                 cluster.requestJobResult(id).get();
-                return new Turn(Double.NaN, 0, 0, new long[0], 0, early);
+                return new Turn(Double.NaN, 0, 0, new long[0], 0, early, null);
             }
         }
         JobResult result = cluster.requestJobResult(id).get();
@@ -928,7 +1225,9 @@ public final class WeirFlinkPeer {
         double nsPerOp = (double) (last - start) / count;
         // The evidence: where each subtask's execution attempt ran, from the finished job.
         Placement where = c.slots > 0 ? placement(cluster.getArchivedExecutionGraph(id).get()) : null;
-        return new Turn(nsPerOp, start - submitted, done - last, latency, latencies, where);
+        CheckpointRun checkpoints =
+                c.checkpoints != null ? checkpointRun(cluster.getArchivedExecutionGraph(id).get()) : null;
+        return new Turn(nsPerOp, start - submitted, done - last, latency, latencies, where, checkpoints);
     }
 
     static double median(List<Double> samples) {
@@ -983,6 +1282,65 @@ public final class WeirFlinkPeer {
         return out.append(']').toString();
     }
 
+    static String quantiles(List<Double> xs) {
+        return "{\"p50\": " + num(median(xs)) + ", \"max\": " + num(max(xs)) + "}";
+    }
+
+    /** A row's checkpoint figures over its measured runs (null: no checkpointing). */
+    static String checkpointJson(Case c, List<CheckpointRun> runs) {
+        if (c.checkpoints == null) {
+            return "null";
+        }
+        long completed = 0;
+        long failed = 0;
+        List<Double> durations = new ArrayList<>();
+        List<Double> delays = new ArrayList<>();
+        List<Double> alignments = new ArrayList<>();
+        List<Double> persisted = new ArrayList<>();
+        List<String> perRun = new ArrayList<>();
+        List<Double> sizes = new ArrayList<>();
+        java.util.Map<String, Integer> failures = new java.util.TreeMap<>();
+        for (CheckpointRun run : runs) {
+            sizes.addAll(run.sizesBytes());
+            for (String failure : run.failures()) {
+                // One entry per kind of failure, not per task: task ids left out.
+                String reason = failure.substring(failure.indexOf(": ") + 2).replaceAll("[0-9a-f]{32}[0-9a-f_]*", "<task>");
+                failures.merge(reason, 1, Integer::sum);
+            }
+            int unlisted = (int) run.failed() - run.failures().size();
+            if (unlisted > 0) {
+                failures.merge("(not in the history: failed before it was registered as pending)", unlisted, Integer::sum);
+            }
+            completed += run.completed();
+            failed += run.failed();
+            durations.addAll(run.durationsMs());
+            delays.addAll(run.startDelaysMs());
+            alignments.addAll(run.alignmentsMs());
+            persisted.addAll(run.persistedBytes());
+            perRun.add(Long.toString(run.completed()));
+        }
+        CheckpointRun last = runs.isEmpty() ? null : runs.get(runs.size() - 1);
+        return "{\"interval_ms\": " + c.checkpoints.intervalMs()
+                + ", \"mode\": " + str(c.checkpoints.unaligned() ? "unaligned" : "aligned")
+                + ", \"buffer_debloating\": " + c.debloat()
+                + ", \"state_backend\": " + str(last == null ? "unknown" : last.stateBackend())
+                + ", \"checkpoint_storage\": " + str(last == null ? "unknown" : last.storage())
+                + ", \"runs\": " + runs.size()
+                + ", \"completed\": " + completed
+                + ", \"failed\": " + failed
+                + ", \"failure_reasons\": {" + failures.entrySet().stream()
+                        .map(e -> str(e.getKey()) + ": " + e.getValue())
+                        .collect(java.util.stream.Collectors.joining(", ")) + "}"
+                + ", \"completed_per_run\": [" + String.join(", ", perRun) + "]"
+                + ", \"duration_ms\": " + quantiles(durations)
+                + ", \"start_delay_ms\": " + quantiles(delays)
+                + ", \"alignment_ms\": " + quantiles(alignments)
+                + ", \"persisted_bytes\": " + quantiles(persisted)
+                + ", \"size_bytes\": " + quantiles(sizes)
+                + ", \"size_bytes_last\": " + (last == null ? "null" : last.lastSizeBytes())
+                + "}";
+    }
+
     static String firstLine(Path path, String prefix) {
         try {
             for (String line : Files.readAllLines(path)) {
@@ -1022,15 +1380,18 @@ public final class WeirFlinkPeer {
                     case "async" -> asyncCases(scale);
                     case "exchange" -> exchangeCases(scale);
                     case "remote" -> remoteCases(scale);
+                    case "checkpoints" -> checkpointCases(scale);
                     default -> throw new IllegalArgumentException("unknown suite " + suite);
                 };
 
         boolean remote = suite.equals("remote");
+        boolean checkpointing = suite.equals("checkpoints");
         List<List<Double>> samples = new ArrayList<>();
         List<List<Double>> startups = new ArrayList<>();
         List<List<Double>> finishes = new ArrayList<>();
         List<long[]> latencies = new ArrayList<>();
         List<Placement> placements = new ArrayList<>();
+        List<List<CheckpointRun>> checkpointRuns = new ArrayList<>();
         int[] verified = new int[cases.size()];
         int[][] retried = new int[cases.size()][1];
         for (Case c : cases) {
@@ -1039,51 +1400,75 @@ public final class WeirFlinkPeer {
             finishes.add(new ArrayList<>());
             latencies.add(new long[0]);
             placements.add(null);
+            checkpointRuns.add(new ArrayList<>());
         }
         // One MiniCluster per shape: 1 task manager of SLOTS slots, or (remote) 2 task
-        // managers of P slots each for the cases of parallelism P.
-        List<Integer> shapes = new ArrayList<>();
+        // managers of P slots each for the cases of parallelism P; buffer debloating on or
+        // off. The shapes run one after the other, except in the checkpoints suite, whose
+        // clusters are all up at once so that every case runs in turn in every round.
+        List<Shape> shapes = new ArrayList<>();
         for (Case c : cases) {
-            if (!shapes.contains(c.slots)) {
-                shapes.add(c.slots);
+            if (!shapes.contains(c.shape())) {
+                shapes.add(c.shape());
+            }
+        }
+        List<List<Shape>> groups = new ArrayList<>();
+        if (checkpointing) {
+            groups.add(shapes);
+        } else {
+            for (Shape shape : shapes) {
+                groups.add(List.of(shape));
             }
         }
         List<String> clusterStarts = new ArrayList<>();
         double clusterStartMs = 0;
-        for (int shape : shapes) {
-            int taskManagers = shape > 0 ? 2 : 1;
-            int slots = shape > 0 ? shape : SLOTS;
-            long clusterStart = System.nanoTime();
-            Configuration conf = new Configuration();
-            conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
-            conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
-            conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
-            MiniClusterConfiguration config =
-                    new MiniClusterConfiguration.Builder()
-                            .setConfiguration(conf)
-                            .setNumTaskManagers(taskManagers)
-                            .setNumSlotsPerTaskManager(slots)
-                            .withRandomPorts()
-                            .build();
-            try (MiniCluster cluster = new MiniCluster(config)) {
-                cluster.start();
-                double ms = (System.nanoTime() - clusterStart) / 1e6;
-                clusterStartMs += ms;
-                clusterStarts.add(String.format(Locale.ROOT, "%d × %d slots: %.0f ms", taskManagers, slots, ms));
-                System.err.printf(
-                        Locale.ROOT,
-                        "flink %s: MiniCluster of %d task manager%s with %d slot%s each up in %.0f ms%n",
-                        EnvironmentInformation.getVersion(),
-                        taskManagers,
-                        taskManagers > 1 ? "s" : "",
-                        slots,
-                        slots > 1 ? "s" : "",
-                        ms);
+        for (List<Shape> group : groups) {
+            java.util.Map<Shape, MiniCluster> clusters = new java.util.HashMap<>();
+            try {
+                for (Shape shape : group) {
+                    int taskManagers = shape.slots() > 0 ? 2 : 1;
+                    int slots = shape.slots() > 0 ? shape.slots() : SLOTS;
+                    long clusterStart = System.nanoTime();
+                    Configuration conf = new Configuration();
+                    conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
+                    conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
+                    conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
+                    if (shape.debloat()) {
+                        conf.set(TaskManagerOptions.BUFFER_DEBLOAT_ENABLED, true);
+                    }
+                    // Every checkpoint of a run in its history (the default keeps 10).
+                    conf.set(WebOptions.CHECKPOINTS_HISTORY_SIZE, 1000);
+                    MiniClusterConfiguration config =
+                            new MiniClusterConfiguration.Builder()
+                                    .setConfiguration(conf)
+                                    .setNumTaskManagers(taskManagers)
+                                    .setNumSlotsPerTaskManager(slots)
+                                    .withRandomPorts()
+                                    .build();
+                    MiniCluster cluster = new MiniCluster(config);
+                    clusters.put(shape, cluster);
+                    cluster.start();
+                    double ms = (System.nanoTime() - clusterStart) / 1e6;
+                    clusterStartMs += ms;
+                    String debloat = shape.debloat() ? ", buffer debloating on" : "";
+                    clusterStarts.add(String.format(Locale.ROOT, "%d × %d slots%s: %.0f ms", taskManagers, slots, debloat, ms));
+                    System.err.printf(
+                            Locale.ROOT,
+                            "flink %s: MiniCluster of %d task manager%s with %d slot%s each%s up in %.0f ms%n",
+                            EnvironmentInformation.getVersion(),
+                            taskManagers,
+                            taskManagers > 1 ? "s" : "",
+                            slots,
+                            slots > 1 ? "s" : "",
+                            debloat,
+                            ms);
+                }
                 // The first `warmup` rounds warm the JIT and are discarded.
                 for (int round = 1 - warmup; round <= rounds; round++) {
                     for (int k = 0; k < cases.size(); k++) {
                         Case c = cases.get(k);
-                        if (c.slots != shape) {
+                        MiniCluster cluster = clusters.get(c.shape());
+                        if (cluster == null) {
                             continue;
                         }
                         Turn turn = run(cluster, c, retried[k]);
@@ -1102,6 +1487,12 @@ public final class WeirFlinkPeer {
                             placements.set(k, turn.placement);
                             verified[k]++;
                         }
+                        if (turn.checkpoints != null) {
+                            System.err.println("  checkpoints: " + turn.checkpoints.describe());
+                            for (String failure : turn.checkpoints.failures()) {
+                                System.err.println("  failed checkpoint " + failure);
+                            }
+                        }
                         if (round <= 0) {
                             continue;
                         }
@@ -1112,7 +1503,14 @@ public final class WeirFlinkPeer {
                         long[] merged = Arrays.copyOf(all, all.length + turn.latencies);
                         System.arraycopy(turn.latency, 0, merged, all.length, turn.latencies);
                         latencies.set(k, merged);
+                        if (turn.checkpoints != null) {
+                            checkpointRuns.get(k).add(turn.checkpoints);
+                        }
                     }
+                }
+            } finally {
+                for (MiniCluster cluster : clusters.values()) {
+                    cluster.close();
                 }
             }
         }
@@ -1129,8 +1527,38 @@ public final class WeirFlinkPeer {
         if (clusterStarts.size() > 1) {
             out.append("  \"cluster_starts\": ").append(str(String.join(", ", clusterStarts))).append(",\n");
         }
+        long intervalMs =
+                cases.stream().filter(c -> c.checkpoints != null).mapToLong(c -> c.checkpoints.intervalMs).max().orElse(0);
+        if (checkpointing) {
+            out.append("  \"checkpoint_interval_ms\": ").append(intervalMs).append(",\n");
+        }
         out.append("  \"setup\": ")
-                .append(str((remote
+                .append(str(checkpointing
+                        ? "two in-process MiniClusters, both up for the whole run so that every case runs in turn "
+                                + "in every round: 1 task manager, " + SLOTS + " slots, "
+                                + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments each, "
+                                + "the second with buffer debloating on (taskmanager.network.memory.buffer-debloat.enabled: "
+                                + "true, default target and period) for the debloating case only; object reuse on, "
+                                + "streaming mode; where a case checkpoints: every " + every(intervalMs)
+                                + (intervalMs < 1000 ? " (100 ms because of --quick: runs below full size are too short for 1 s)" : "")
+                                + ", EXACTLY_ONCE, HashMapStateBackend, checkpoint storage on the local filesystem "
+                                + "(a fresh temp directory per run, file://, deleted after), at most 1 concurrent "
+                                + "checkpoint, aligned (no timeout) or unaligned; " + warmup + " warm-up runs per "
+                                + "configuration, then " + rounds + " rounds; each run's time is from the first "
+                                + "record entering the job to the end of input at the sink, start-up "
+                                + "(submission to first record) reported apart; the checkpoint figures come from each "
+                                + "finished job's CheckpointStatsSnapshot (archived execution graph), over the measured "
+                                + "rounds: counts summed, per completed checkpoint its end-to-end duration (trigger "
+                                + "to last acknowledgement) and the largest checkpoint start delay (trigger to the "
+                                + "subtask's first barrier) and alignment duration (first to last barrier) of any "
+                                + "subtask, its in-flight data persisted (unaligned) and its state size, p50 and max "
+                                + "over all of them; size_bytes_last is the state size of the last run's last "
+                                + "completed checkpoint (typically the final one, taken after the sources "
+                                + "finished; for unaligned checkpoints the state size includes the persisted in-flight "
+                                + "data); failure_reasons counts the failed checkpoints by Flink's message (task ids "
+                                + "left out), those missing from the history (failed before they were registered) "
+                                + "apart"
+                        : (remote
                                 ? "in-process MiniClusters of 2 task managers (P slots each for the cases of parallelism P; "
                                         + NETWORK_MEMORY.getMebiBytes() + " MiB network memory each, 32 KiB segments, "
                                         + "default buffers per channel and floating buffers), the producers in one slot "
@@ -1174,6 +1602,13 @@ public final class WeirFlinkPeer {
             out.append("      \"startup_ms\": {\"median\": ").append(num(median(startups.get(k))))
                     .append(", \"samples\": ").append(list(startups.get(k))).append("},\n");
             out.append("      \"finish_ms\": {\"median\": ").append(num(median(finishes.get(k)))).append("},\n");
+            if (checkpointing) {
+                out.append("      \"ops_per_s\": ").append(num(1e9 / median)).append(",\n");
+                out.append("      \"samples_ops_per_s\": ")
+                        .append(list(s.stream().map(x -> 1e9 / x).toList()))
+                        .append(",\n");
+                out.append("      \"checkpoints\": ").append(checkpointJson(c, checkpointRuns.get(k))).append(",\n");
+            }
             Placement where = placements.get(k);
             if (where != null) {
                 out.append("      \"placement\": {\"producers_and_consumers_on_different_task_managers\": ")

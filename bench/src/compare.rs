@@ -1408,6 +1408,18 @@ pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
     json!({ "command": command, "rounds": rounds, "machine": machine(), "results": rows })
 }
 
+/// User + system CPU time of the whole process so far (every thread, ended ones too).
+pub fn process_cpu() -> Duration {
+    // SAFETY: an all-zero `rusage` is a valid value for the call to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; the result is checked.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
 /// CPU model, cores and kernel of this machine.
 pub fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

@@ -14,6 +14,7 @@
 
 pub mod affinity;
 pub mod async_peers;
+pub mod checkpoint_bench;
 pub mod cluster;
 pub mod compare;
 pub mod debloat;

@@ -59,6 +59,20 @@ enum Command {
         #[arg(long)]
         implementation: Option<String>,
     },
+    /// What checkpoints cost (the main job and a keyed job with and without them,
+    /// aligned and unaligned, under back-pressure) and how fast a stopped job is
+    /// processing again after a restore; interleaved rounds, medians.
+    CheckpointBench {
+        /// Rounds (each case runs once per round).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
+        /// Work per run relative to the default (0.1 for a quick look).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
         /// Where the JSON is.
@@ -484,6 +498,33 @@ fn main() {
         },
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
+        Command::CheckpointBench {
+            rounds,
+            scale,
+            json,
+        } => {
+            use weir_bench::checkpoint_bench;
+            if !(scale.is_finite() && scale > 0.0 && scale <= 100.0) {
+                eprintln!("error: --scale must be in (0, 100], got {scale}");
+                std::process::exit(2);
+            }
+            let value =
+                match checkpoint_bench::run(scale, rounds as usize, |line| eprintln!("{line}")) {
+                    Ok(value) => value,
+                    Err(error) => {
+                        eprintln!("error: {error}");
+                        std::process::exit(1);
+                    }
+                };
+            print!("{}", checkpoint_bench::render(&value));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&value).expect("JSON of plain values");
+                if let Err(error) = std::fs::write(&path, text) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    std::process::exit(1);
+                }
+            }
+        }
         Command::Compare {
             suite,
             rounds,
@@ -789,7 +830,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
     );
     let progress = Arc::new(JobProgress::default());
-    let cpu_start = process_cpu();
+    let cpu_start = weir_bench::compare::process_cpu();
     let handle = {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
@@ -827,7 +868,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let stats = server.map(|s| s.stop());
     // Every thread of the process, the ended ones included: workers, the embedded
     // service, the progress bar.
-    let cpu = process_cpu().saturating_sub(cpu_start);
+    let cpu = weir_bench::compare::process_cpu().saturating_sub(cpu_start);
     let finished = match result {
         Ok(Ok(finished)) => finished,
         Ok(Err(error)) => {
@@ -1114,18 +1155,6 @@ fn profile(target: ProfileTarget, out: &std::path::Path) -> i32 {
             1
         }
     }
-}
-
-/// User + system CPU time of the whole process so far (every thread, ended ones too).
-fn process_cpu() -> Duration {
-    // SAFETY: an all-zero `rusage` is a valid value for the call to overwrite.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid, writable rusage; the result is checked.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return Duration::ZERO;
-    }
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
 
 /// Records per second of `weir debloat`'s steady run: below what one consumer reads.

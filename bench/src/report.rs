@@ -425,6 +425,13 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         }
     }
     // Redis, when scripts/report.sh could start a server for it.
+    if let Some(value) = read(data, "checkpoints.json") {
+        fault_tolerance_section(
+            &mut md,
+            &value,
+            read(data, "flink-checkpoints.json").as_ref(),
+        );
+    }
     match read(data, "redis.json") {
         Some(value) => redis_section(&mut md, &plots, &value)?,
         None => {
@@ -820,6 +827,37 @@ fn timeout_ratio_line(rows: &[Row]) -> Option<String> {
 }
 
 /// The "Buffer debloating" section, from `weir debloat --json`.
+/// Checkpoints: overhead, under back-pressure, recovery; Flink's figures beside.
+fn fault_tolerance_section(md: &mut String, value: &Value, flink: Option<&Value>) {
+    let _ = writeln!(
+        md,
+        "\n## Fault tolerance\n\nCommand: `{}` ({} rounds, interleaved; medians). {}\n",
+        value["command"].as_str().unwrap_or("?"),
+        value["rounds"].as_u64().unwrap_or(0),
+        match flink {
+            Some(flink) if flink["unavailable"].is_null() => format!(
+                "Flink's side: `{}`.",
+                flink["command"]
+                    .as_str()
+                    .unwrap_or("scripts/flink-peer.sh checkpoints")
+            ),
+            Some(flink) => format!(
+                "Flink's side could not run: {}.",
+                flink["unavailable"].as_str().unwrap_or("?")
+            ),
+            None => "Flink's side was not measured (scripts/flink-peer.sh checkpoints).".into(),
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Weir's unaligned checkpoints do not overtake the buffers queued in a channel (the first barrier is taken when it is read; what the other channels bring before their barriers is stored as channel state), so under back-pressure they wait behind the queued data as aligned ones do; Flink's overtake it.\n"
+    );
+    for line in crate::checkpoint_bench::targets(value) {
+        let _ = writeln!(md, "- {line}");
+    }
+    md.push_str(&crate::checkpoint_bench::render_with(value, flink));
+}
+
 fn debloat_section(md: &mut String, value: &Value) {
     let _ = writeln!(
         md,

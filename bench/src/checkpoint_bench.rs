@@ -1,0 +1,601 @@
+//! `weir checkpoint-bench`: what checkpoints cost and how fast a job recovers, in
+//! interleaved turns (every case of an experiment once per round, the order rotated),
+//! medians over the rounds. Flink's side of the same jobs comes from
+//! `scripts/flink-peer.sh checkpoints`; the report puts them beside each other.
+//!
+//! - **Overhead of the main job**: `weir run`'s job (embedded lookup service, 1 ms
+//!   lookups, capacity 1000, key-by exchange) with no checkpoints and with aligned
+//!   checkpoints every second; records per second and CPU per record (the whole process).
+//! - **Overhead** on the job Flink's side runs too: a generator of 64-byte records at
+//!   parallelism 2 → key-by → counting sink at parallelism 2; no checkpoints, aligned and
+//!   unaligned every second.
+//! - **Under back-pressure**: that job with a sink that spins 20 µs per record, the
+//!   source unthrottled (the exchange's buffers full; the sinks on a worker of their
+//!   own), for about 6 s with checkpoints every second: aligned, unaligned, aligned with
+//!   buffer debloating. Checkpoint
+//!   durations (trigger to the last acknowledgement) and alignments.
+//! - **Recovery**: a job with keyed state and exactly-once files stopped at once after
+//!   its second checkpoint (every task dropped, as a crash drops them), then restarted
+//!   from that checkpoint: the time from the stop to the first record reaching the sink
+//!   again (stopping, reading the checkpoint, starting the tasks, replaying), and the
+//!   records replayed. The job's sources emit 1 M records/s, its checkpoints come every
+//!   200 ms, and the stop comes at a pseudo-random moment of the interval. In one process: a process restart (`weir run --restore`) adds
+//!   the process's own start.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use weir_engine::async_io::OutputMode;
+use weir_engine::checkpoint::AlignmentMode;
+use weir_engine::exchange::codec::FixedBytes;
+use weir_engine::exchange::DebloatConfig;
+use weir_engine::graph::{Checkpointing, ExchangeSpec, Graph, Sink, SubtaskInfo};
+use weir_engine::runtime::{Cores, Runtime, TaskError};
+use weir_net::lookup::{Latency, LookupServer, ServerConfig};
+use weir_net::DriverKind;
+
+use crate::job::{self, CheckpointSummary, JobCheckpoints, JobSettings, KeyDistribution};
+
+/// Checkpoint interval of the overhead and back-pressure runs.
+const INTERVAL: Duration = Duration::from_secs(1);
+/// The back-pressured sink's work per record.
+const SINK_SPIN: Duration = Duration::from_micros(20);
+
+/// One measured run.
+#[derive(Debug, Clone, Default)]
+struct Turn {
+    ops_per_s: f64,
+    cpu_ns_per_op: Option<f64>,
+    checkpoints: Option<CheckpointSummary>,
+}
+
+/// A case: its experiment, its name, and how to run it once.
+struct Case {
+    experiment: &'static str,
+    implementation: &'static str,
+    run: Box<dyn Fn() -> Result<Turn, String>>,
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "weir-checkpoint-bench-{}-{name}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+fn runtime() -> Result<Runtime, String> {
+    Runtime::builder()
+        .cores(Cores::Count(2))
+        .pin(false)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The main job with `checkpoints` (none, or aligned every [`INTERVAL`]).
+fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Turn, String> {
+    let dir = scratch("main");
+    let settings = JobSettings {
+        records,
+        rate: None,
+        mode: OutputMode::Unordered,
+        capacity: 1000,
+        timeout: Duration::from_secs(1),
+        retries: 0,
+        retry_delay: Duration::from_millis(5),
+        cores: Cores::Count(2),
+        pin: false,
+        driver: DriverKind::Uring,
+        service: server.addr(),
+        connections: 1,
+        keys: KeyDistribution::Uniform { keys: 1_000_000 },
+        buffer_timeout: Some(Duration::from_millis(1)),
+        futures: false,
+        key_iter: None,
+        collect: None,
+        cluster: None,
+        checkpoints: checkpoints.then(|| JobCheckpoints {
+            interval: INTERVAL,
+            dir: dir.clone(),
+            alignment: AlignmentMode::Aligned,
+            restore: None,
+            restart: weir_engine::checkpoint::RestartStrategy::None,
+        }),
+        output: None,
+    };
+    let cpu = crate::compare::process_cpu();
+    let result = job::run(&settings, Arc::default());
+    let cpu = crate::compare::process_cpu().saturating_sub(cpu);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (report, elapsed) = result.map_err(|e| e.to_string())?;
+    if report.received != records || report.duplicates != 0 {
+        return Err(format!(
+            "the main job delivered {} of {records} records ({} duplicates)",
+            report.received, report.duplicates
+        ));
+    }
+    Ok(Turn {
+        ops_per_s: records as f64 / elapsed.as_secs_f64(),
+        cpu_ns_per_op: Some(cpu.as_nanos() as f64 / records as f64),
+        checkpoints: report.checkpoints.as_ref().map(CheckpointSummary::of),
+    })
+}
+
+/// A sink that spins `spin` per record and counts.
+struct SlowSink {
+    spin: Duration,
+    count: Arc<AtomicU64>,
+}
+
+impl Sink<FixedBytes<64>> for SlowSink {
+    fn invoke(&mut self, _: FixedBytes<64>, _: Option<i64>, _: u64) -> Result<(), TaskError> {
+        let start = Instant::now();
+        while start.elapsed() < self.spin {
+            std::hint::spin_loop();
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// How the generator → key-by → sink job checkpoints.
+#[derive(Clone, Copy)]
+enum Mode {
+    None,
+    Aligned,
+    Unaligned,
+    AlignedDebloat,
+}
+
+/// The generator → key-by → sink job: `records` 64-byte records, the sink spinning
+/// `spin` per record.
+fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
+    let dir = scratch("keyed");
+    let mut exchange = ExchangeSpec::default();
+    if matches!(mode, Mode::AlignedDebloat) {
+        exchange.debloat = Some(DebloatConfig::new(1));
+    }
+    let mut graph = Graph::new().with_parallelism(2).with_exchange(exchange);
+    let alignment = match mode {
+        Mode::None => None,
+        Mode::Aligned | Mode::AlignedDebloat => Some(AlignmentMode::Aligned),
+        Mode::Unaligned => Some(AlignmentMode::Unaligned),
+    };
+    if let Some(alignment) = alignment {
+        graph =
+            graph.with_checkpointing(Checkpointing::new(&dir, INTERVAL).with_alignment(alignment));
+    }
+    let count = Arc::new(AtomicU64::new(0));
+    {
+        let count = Arc::clone(&count);
+        let source = graph.from_generator(records, None, |n| {
+            let mut bytes = [0u8; 64];
+            bytes[..8].copy_from_slice(&n.to_le_bytes());
+            FixedBytes(bytes)
+        });
+        // A slow sink gets a worker of its own, away from the sources (as Flink runs
+        // each task on a thread of its own), so that the sources fill the exchange.
+        let source = if spin > Duration::ZERO {
+            source.place(vec![0, 0])
+        } else {
+            source
+        };
+        let keyed =
+            source.key_by(|r: &FixedBytes<64>| u64::from_le_bytes(r.0[..8].try_into().expect("8")));
+        let keyed = if spin > Duration::ZERO {
+            keyed.place(vec![1, 1])
+        } else {
+            keyed
+        };
+        keyed.sink(move |_: &SubtaskInfo| SlowSink {
+            spin,
+            count: Arc::clone(&count),
+        });
+    }
+    let started = Instant::now();
+    let result = graph.execute(runtime()?);
+    let elapsed = started.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = result.map_err(|e| e.to_string())?;
+    let received = count.load(Ordering::Relaxed);
+    if received != records {
+        return Err(format!("the job delivered {received} of {records} records"));
+    }
+    Ok(Turn {
+        ops_per_s: records as f64 / elapsed.as_secs_f64(),
+        cpu_ns_per_op: None,
+        checkpoints: result.checkpoints.as_ref().map(CheckpointSummary::of),
+    })
+}
+
+/// One recovery: figures of a stop and restore.
+#[derive(Debug, Clone, Copy)]
+struct Recovery {
+    /// From the stop to the first record at the sink of the restored run.
+    to_processing: Duration,
+    /// Reading the checkpoint.
+    read: Duration,
+    /// Records the sources emitted again.
+    replayed: u64,
+}
+
+/// Records per second of the recovery job's sources.
+const RECOVERY_RATE: f64 = 1_000_000.0;
+
+/// Keyed counts into exactly-once files, 200 ms checkpoints, `records` at
+/// [`RECOVERY_RATE`].
+fn recovery_graph(
+    dir: &std::path::Path,
+    records: u64,
+    restore: bool,
+    first: Arc<AtomicU64>,
+    epoch: Instant,
+) -> Graph {
+    let mut checkpointing = Checkpointing::new(dir.join("chk"), Duration::from_millis(200));
+    if restore {
+        checkpointing = checkpointing.restore_from(dir.join("chk"));
+    }
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_checkpointing(checkpointing);
+    let out = dir.join("out");
+    graph
+        .from_generator(records, Some(RECOVERY_RATE), |n| n)
+        .key_by(|n: &u64| *n % 10_000)
+        .map_with_state(
+            |n: &u64| *n % 10_000,
+            |n, count: &mut Option<u64>| {
+                let c = count.unwrap_or(0) + 1;
+                *count = Some(c);
+                (n, c)
+            },
+        )
+        .map(move |record| {
+            if first.load(Ordering::Relaxed) == u64::MAX {
+                first.fetch_min(epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            record
+        })
+        .sink_to_files(out, |(n, c): &(u64, u64), line: &mut Vec<u8>| {
+            line.extend_from_slice(format!("{n} {c}\n").as_bytes());
+        });
+    graph
+}
+
+fn recovery(records: u64) -> Result<Recovery, String> {
+    let dir = scratch("recovery");
+    let completed = Arc::new(AtomicU64::new(0));
+    let epoch = Instant::now();
+    let first = Arc::new(AtomicU64::new(u64::MAX));
+    let mut graph = recovery_graph(&dir, records, false, Arc::clone(&first), epoch);
+    {
+        let completed = Arc::clone(&completed);
+        graph = graph.with_checkpointing(
+            Checkpointing::new(dir.join("chk"), Duration::from_millis(200)).with_listener(
+                move |metadata, _| {
+                    completed.fetch_max(metadata.id, Ordering::Relaxed);
+                },
+            ),
+        );
+    }
+    let live = graph.live();
+    let job = graph.start(runtime()?).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completed.load(Ordering::Relaxed) < 2 {
+        if Instant::now() > deadline {
+            return Err("no second checkpoint in 60 s".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // A crash comes at any moment of the interval: wait a pseudo-random part of it.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    std::thread::sleep(Duration::from_millis(u64::from(nanos % 200)));
+    let generated = live.generated.load(Ordering::Relaxed);
+    let stopped = Instant::now();
+    job.controller().cancel();
+    let _ = job.join();
+    let first = Arc::new(AtomicU64::new(u64::MAX));
+    let graph = recovery_graph(&dir, records, true, Arc::clone(&first), stopped);
+    let live = graph.live();
+    let result = graph.execute(runtime()?).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let restored = result
+        .checkpoints
+        .and_then(|c| c.restored)
+        .ok_or("the second run did not restore")?;
+    // The restored sources emit from the checkpoint's position to the end.
+    let position = records - live.generated.load(Ordering::Relaxed);
+    Ok(Recovery {
+        to_processing: Duration::from_nanos(first.load(Ordering::Relaxed)),
+        read: restored.read_time,
+        replayed: generated.saturating_sub(position),
+    })
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// Runs every experiment `rounds` times at `scale` and returns the figures as JSON.
+pub fn run(scale: f64, rounds: usize, mut progress: impl FnMut(&str)) -> Result<Value, String> {
+    let server = Arc::new(
+        LookupServer::start(ServerConfig {
+            latency: Latency::Fixed(Duration::from_millis(1)),
+            ..ServerConfig::default()
+        })
+        .map_err(|e| e.to_string())?,
+    );
+    let main_records = (6_000_000.0 * scale).max(10_000.0) as u64;
+    let keyed_records = (40_000_000.0 * scale).max(10_000.0) as u64;
+    // What the spinning sinks sustain in about 6 s: 50,000 records/s on their worker.
+    let pressured_records = (300_000.0 * scale).max(5_000.0) as u64;
+    let mut cases: Vec<Case> = Vec::new();
+    for (implementation, checkpoints) in [
+        ("weir main job, no checkpoints", false),
+        ("weir main job, aligned checkpoints every 1 s", true),
+    ] {
+        let server = Arc::clone(&server);
+        cases.push(Case {
+            experiment: "checkpoint overhead (main job)",
+            implementation,
+            run: Box::new(move || main_job(&server, main_records, checkpoints)),
+        });
+    }
+    for (implementation, mode) in [
+        ("weir, no checkpoints", Mode::None),
+        ("weir, aligned checkpoints every 1 s", Mode::Aligned),
+        ("weir, unaligned checkpoints every 1 s", Mode::Unaligned),
+    ] {
+        cases.push(Case {
+            experiment: "checkpoint overhead",
+            implementation,
+            run: Box::new(move || keyed_job(keyed_records, Duration::ZERO, mode)),
+        });
+    }
+    for (implementation, mode) in [
+        ("weir, aligned", Mode::Aligned),
+        ("weir, unaligned", Mode::Unaligned),
+        ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
+    ] {
+        cases.push(Case {
+            experiment: "checkpoints under back-pressure",
+            implementation,
+            run: Box::new(move || keyed_job(pressured_records, SINK_SPIN, mode)),
+        });
+    }
+    let mut turns: Vec<Vec<Turn>> = cases.iter().map(|_| Vec::new()).collect();
+    let mut recoveries = Vec::new();
+    let mut experiments: Vec<&'static str> = cases.iter().map(|c| c.experiment).collect();
+    experiments.dedup();
+    for round in 0..rounds {
+        for experiment in &experiments {
+            let members: Vec<usize> = (0..cases.len())
+                .filter(|&i| cases[i].experiment == *experiment)
+                .collect();
+            for k in 0..members.len() {
+                let index = members[(k + round) % members.len()];
+                let case = &cases[index];
+                let turn = (case.run)()?;
+                progress(&format!(
+                    "round {}: {} / {}: {:.0} records/s",
+                    round + 1,
+                    case.experiment,
+                    case.implementation,
+                    turn.ops_per_s
+                ));
+                turns[index].push(turn);
+            }
+        }
+        let recovery = recovery((3_000_000.0 * scale).max(1_500_000.0) as u64)?;
+        progress(&format!(
+            "round {}: recovery {:.1} ms, {} records replayed",
+            round + 1,
+            ms(recovery.to_processing),
+            recovery.replayed
+        ));
+        recoveries.push(recovery);
+    }
+    let rows: Vec<Value> = cases
+        .iter()
+        .zip(&turns)
+        .map(|(case, turns)| {
+            let mut rates: Vec<f64> = turns.iter().map(|t| t.ops_per_s).collect();
+            let samples = rates.clone();
+            let mut cpu: Vec<f64> = turns.iter().filter_map(|t| t.cpu_ns_per_op).collect();
+            let summaries: Vec<&CheckpointSummary> = turns
+                .iter()
+                .filter_map(|t| t.checkpoints.as_ref())
+                .collect();
+            let checkpoints = (!summaries.is_empty()).then(|| {
+                let mut p50: Vec<f64> = summaries.iter().map(|s| ms(s.duration_p50)).collect();
+                let max = summaries
+                    .iter()
+                    .map(|s| ms(s.duration_max))
+                    .fold(0.0, f64::max);
+                let mut align: Vec<f64> = summaries.iter().map(|s| ms(s.alignment_p50)).collect();
+                let align_max = summaries
+                    .iter()
+                    .map(|s| ms(s.alignment_max))
+                    .fold(0.0, f64::max);
+                json!({
+                    "completed": summaries.iter().map(|s| s.completed).sum::<u64>(),
+                    "failed": summaries.iter().map(|s| s.failed).sum::<u64>(),
+                    "duration_ms": { "p50": median(&mut p50), "max": max },
+                    "alignment_ms": { "p50": median(&mut align), "max": align_max },
+                    "size_bytes_last": summaries.last().map(|s| s.last_size),
+                })
+            });
+            json!({
+                "experiment": case.experiment,
+                "implementation": case.implementation,
+                "ops_per_s": median(&mut rates),
+                "samples_ops_per_s": samples,
+                "cpu_ns_per_op": (!cpu.is_empty()).then(|| median(&mut cpu)),
+                "checkpoints": checkpoints,
+            })
+        })
+        .collect();
+    let mut to_processing: Vec<f64> = recoveries.iter().map(|r| ms(r.to_processing)).collect();
+    let mut read: Vec<f64> = recoveries.iter().map(|r| ms(r.read)).collect();
+    let mut replayed: Vec<f64> = recoveries.iter().map(|r| r.replayed as f64).collect();
+    Ok(json!({
+        "suite": "checkpoints",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": crate::compare::machine(),
+        "rounds": rounds,
+        "scale": scale,
+        "interval_ms": ms(INTERVAL),
+        "sink_spin_us": SINK_SPIN.as_secs_f64() * 1e6,
+        "rows": rows,
+        "recovery": {
+            "to_processing_ms": { "p50": median(&mut to_processing), "max": to_processing.iter().copied().fold(0.0, f64::max), "samples": to_processing },
+            "read_ms": { "p50": median(&mut read) },
+            "replayed_records": { "p50": median(&mut replayed), "samples": replayed },
+        },
+    }))
+}
+
+/// The side a row belongs to: the implementation's first word ("weir", "flink").
+fn side(row: &Value) -> &str {
+    row["implementation"]
+        .as_str()
+        .and_then(|i| i.split([' ', ',']).next())
+        .unwrap_or("?")
+}
+
+/// The figures as Markdown tables: Weir's rows (`value`) and, if given, Flink's rows of
+/// the same experiments beside them; each side's throughput against its own run without
+/// checkpoints.
+pub fn render(value: &Value) -> String {
+    render_with(value, None)
+}
+
+/// [`render`] with Flink's figures (`scripts/flink-peer.sh checkpoints`) beside Weir's.
+pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
+    let mut out = String::new();
+    let mut rows = value["rows"].as_array().cloned().unwrap_or_default();
+    if let Some(flink) = flink {
+        rows.extend(flink["rows"].as_array().cloned().unwrap_or_default());
+    }
+    let mut experiments: Vec<String> = Vec::new();
+    for row in &rows {
+        if let Some(e) = row["experiment"].as_str() {
+            if !experiments.iter().any(|x| x == e) {
+                experiments.push(e.to_string());
+            }
+        }
+    }
+    let f = |v: &Value| v.as_f64().map_or("–".to_string(), |x| format!("{x:.1}"));
+    for experiment in experiments {
+        out.push_str(&format!("\n### {experiment}\n\n"));
+        out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / max (ms) | alignment p50 / max (ms) |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        let of_experiment: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["experiment"] == experiment.as_str())
+            .collect();
+        for row in &of_experiment {
+            let base = of_experiment
+                .iter()
+                .find(|r| {
+                    side(r) == side(row)
+                        && r["implementation"]
+                            .as_str()
+                            .is_some_and(|i| i.contains("no checkpoints"))
+                })
+                .and_then(|r| r["ops_per_s"].as_f64());
+            let rate = row["ops_per_s"].as_f64().unwrap_or(f64::NAN);
+            let c = &row["checkpoints"];
+            let alignment = if c["alignment_ms"].is_object() {
+                format!(
+                    "{} / {}",
+                    f(&c["alignment_ms"]["p50"]),
+                    f(&c["alignment_ms"]["max"])
+                )
+            } else {
+                "–".to_string()
+            };
+            out.push_str(&format!(
+                "| {} | {:.0} | {} | {} | {} | {} / {} | {alignment} |\n",
+                row["implementation"].as_str().unwrap_or("?"),
+                rate,
+                base.map_or("–".to_string(), |b| format!("{:.3}", rate / b)),
+                f(&row["cpu_ns_per_op"]),
+                c["completed"]
+                    .as_u64()
+                    .map_or("–".to_string(), |n| n.to_string()),
+                f(&c["duration_ms"]["p50"]),
+                f(&c["duration_ms"]["max"]),
+            ));
+        }
+    }
+    let r = &value["recovery"];
+    out.push_str(&format!(
+        "\n### recovery (one process)\n\nfrom the stop to the first record at the sink again: p50 {} ms, max {} ms \
+         (reading the checkpoint: p50 {} ms); records replayed: p50 {}\n",
+        f(&r["to_processing_ms"]["p50"]),
+        f(&r["to_processing_ms"]["max"]),
+        f(&r["read_ms"]["p50"]),
+        f(&r["replayed_records"]["p50"]),
+    ));
+    out
+}
+
+/// The issue's targets against the figures: the main job's overhead (≤ 3%), unaligned
+/// checkpoints under back-pressure (≤ 100 ms), recovery (≤ 1 s).
+pub fn targets(value: &Value) -> Vec<String> {
+    let rows = value["rows"].as_array().cloned().unwrap_or_default();
+    let find = |experiment: &str, implementation: &str| {
+        rows.iter()
+            .find(|r| r["experiment"] == experiment && r["implementation"] == implementation)
+            .cloned()
+    };
+    let mut lines = Vec::new();
+    if let (Some(none), Some(with)) = (
+        find(
+            "checkpoint overhead (main job)",
+            "weir main job, no checkpoints",
+        ),
+        find(
+            "checkpoint overhead (main job)",
+            "weir main job, aligned checkpoints every 1 s",
+        ),
+    ) {
+        let rate = |r: &Value| r["ops_per_s"].as_f64().unwrap_or(f64::NAN);
+        let cpu = |r: &Value| r["cpu_ns_per_op"].as_f64().unwrap_or(f64::NAN);
+        lines.push(format!(
+            "main job with 1 s checkpoints: throughput {:+.1}%, CPU per record {:+.1}% against no checkpoints (target: within 3%)",
+            (rate(&with) / rate(&none) - 1.0) * 100.0,
+            (cpu(&with) / cpu(&none) - 1.0) * 100.0,
+        ));
+    }
+    if let Some(unaligned) = find("checkpoints under back-pressure", "weir, unaligned") {
+        let d = &unaligned["checkpoints"]["duration_ms"];
+        lines.push(format!(
+            "unaligned checkpoints under back-pressure: p50 {:.1} ms, max {:.1} ms (target: ≤ 100 ms)",
+            d["p50"].as_f64().unwrap_or(f64::NAN),
+            d["max"].as_f64().unwrap_or(f64::NAN),
+        ));
+    }
+    let r = &value["recovery"]["to_processing_ms"];
+    if let Some(p50) = r["p50"].as_f64() {
+        lines.push(format!(
+            "recovery in one process, stop to processing again: p50 {p50:.1} ms, max {:.1} ms (target: ≤ 1 s)",
+            r["max"].as_f64().unwrap_or(f64::NAN)
+        ));
+    }
+    lines
+}
