@@ -1,6 +1,9 @@
 //! A keyed running count over two stages: words from two source subtasks, keyed by
-//! word through key groups (Flink's `keyBy`), counted by three subtasks that each keep
-//! the counts of the key groups they own.
+//! word through key groups (Flink's `keyBy`), counted by three subtasks in keyed state
+//! (`map_with_state`, Flink's `ValueState`): each subtask holds the counts of the key
+//! groups it owns, and a checkpoint of the job (`Graph::with_checkpointing`) stores
+//! them per key group, so that a restore may run the counting stage at another
+//! parallelism.
 //!
 //! `cargo run --release -p weir-engine --example keyed_count`
 
@@ -31,16 +34,15 @@ fn run(repeat: usize) -> Result<Vec<Count>, Box<dyn std::error::Error>> {
         .key_by(|word: &String| word.clone())
         .parallelism(3)
         .max_parallelism(128)
-        .flat_map({
-            // Each counting subtask gets its own copy of this state.
-            let mut counts: HashMap<String, u64> = HashMap::new();
-            move |word: String| {
-                let count = counts.entry(word.clone()).or_insert(0);
-                *count += 1;
+        .map_with_state(
+            |word: &String| word.clone(),
+            |word: String, count: &mut Option<u64>| {
+                let counted = count.unwrap_or(0) + 1;
+                *count = Some(counted);
                 let subtask = subtask_for_key(&word, 128, 3) as u64;
-                Some((word, *count, subtask))
-            }
-        })
+                (word, counted, subtask)
+            },
+        )
         .collect();
     let runtime = Runtime::builder()
         .cores(Cores::Count(2))
