@@ -31,7 +31,7 @@ use weir_engine::async_io::OutputMode;
 use weir_engine::checkpoint::AlignmentMode;
 use weir_engine::exchange::codec::FixedBytes;
 use weir_engine::exchange::DebloatConfig;
-use weir_engine::graph::{Checkpointing, ExchangeSpec, Graph, Sink, SubtaskInfo};
+use weir_engine::graph::{CheckpointReport, Checkpointing, ExchangeSpec, Graph, Sink, SubtaskInfo};
 use weir_engine::runtime::{Cores, Runtime, TaskError};
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
@@ -49,6 +49,25 @@ struct Turn {
     ops_per_s: f64,
     cpu_ns_per_op: Option<f64>,
     checkpoints: Option<CheckpointSummary>,
+    /// Every completed checkpoint's duration and longest alignment, ms.
+    durations_ms: Vec<f64>,
+    alignments_ms: Vec<f64>,
+}
+
+impl Turn {
+    fn new(ops_per_s: f64, cpu_ns_per_op: Option<f64>, report: Option<&CheckpointReport>) -> Self {
+        Turn {
+            ops_per_s,
+            cpu_ns_per_op,
+            checkpoints: report.map(CheckpointSummary::of),
+            durations_ms: report.map_or_else(Vec::new, |r| {
+                r.stats.durations.iter().map(|d| ms(*d)).collect()
+            }),
+            alignments_ms: report.map_or_else(Vec::new, |r| {
+                r.stats.alignments.iter().map(|d| ms(*d)).collect()
+            }),
+        }
+    }
 }
 
 /// A case: its experiment, its name, and how to run it once.
@@ -117,11 +136,11 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
             report.received, report.duplicates
         ));
     }
-    Ok(Turn {
-        ops_per_s: records as f64 / elapsed.as_secs_f64(),
-        cpu_ns_per_op: Some(cpu.as_nanos() as f64 / records as f64),
-        checkpoints: report.checkpoints.as_ref().map(CheckpointSummary::of),
-    })
+    Ok(Turn::new(
+        records as f64 / elapsed.as_secs_f64(),
+        Some(cpu.as_nanos() as f64 / records as f64),
+        report.checkpoints.as_ref(),
+    ))
 }
 
 /// A sink that spins `spin` per record and counts.
@@ -204,11 +223,11 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
     if received != records {
         return Err(format!("the job delivered {received} of {records} records"));
     }
-    Ok(Turn {
-        ops_per_s: records as f64 / elapsed.as_secs_f64(),
-        cpu_ns_per_op: None,
-        checkpoints: result.checkpoints.as_ref().map(CheckpointSummary::of),
-    })
+    Ok(Turn::new(
+        records as f64 / elapsed.as_secs_f64(),
+        None,
+        result.checkpoints.as_ref(),
+    ))
 }
 
 /// One recovery: figures of a stop and restore.
@@ -420,22 +439,19 @@ pub fn run(scale: f64, rounds: usize, mut progress: impl FnMut(&str)) -> Result<
                 .iter()
                 .filter_map(|t| t.checkpoints.as_ref())
                 .collect();
+            // Every completed checkpoint of every round, pooled.
             let checkpoints = (!summaries.is_empty()).then(|| {
-                let mut p50: Vec<f64> = summaries.iter().map(|s| ms(s.duration_p50)).collect();
-                let max = summaries
-                    .iter()
-                    .map(|s| ms(s.duration_max))
-                    .fold(0.0, f64::max);
-                let mut align: Vec<f64> = summaries.iter().map(|s| ms(s.alignment_p50)).collect();
-                let align_max = summaries
-                    .iter()
-                    .map(|s| ms(s.alignment_max))
-                    .fold(0.0, f64::max);
+                let mut durations: Vec<f64> =
+                    turns.iter().flat_map(|t| t.durations_ms.clone()).collect();
+                let max = durations.iter().copied().fold(0.0, f64::max);
+                let mut alignments: Vec<f64> =
+                    turns.iter().flat_map(|t| t.alignments_ms.clone()).collect();
+                let align_max = alignments.iter().copied().fold(0.0, f64::max);
                 json!({
                     "completed": summaries.iter().map(|s| s.completed).sum::<u64>(),
                     "failed": summaries.iter().map(|s| s.failed).sum::<u64>(),
-                    "duration_ms": { "p50": median(&mut p50), "max": max },
-                    "alignment_ms": { "p50": median(&mut align), "max": align_max },
+                    "duration_ms": { "p50": median(&mut durations), "max": max },
+                    "alignment_ms": { "p50": median(&mut alignments), "max": align_max },
                     "size_bytes_last": summaries.last().map(|s| s.last_size),
                 })
             });
@@ -489,7 +505,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
     let mut out = String::new();
     let mut rows = value["rows"].as_array().cloned().unwrap_or_default();
     if let Some(flink) = flink {
-        rows.extend(flink["rows"].as_array().cloned().unwrap_or_default());
+        rows.extend(flink["results"].as_array().cloned().unwrap_or_default());
     }
     let mut experiments: Vec<String> = Vec::new();
     for row in &rows {
