@@ -850,7 +850,7 @@ fn fault_tolerance_section(md: &mut String, value: &Value, flink: Option<&Value>
     );
     let _ = writeln!(
         md,
-        "Weir's unaligned checkpoints do not overtake the buffers queued in a channel (the first barrier is taken when it is read; what the other channels bring before their barriers is stored as channel state), so under back-pressure they wait behind the queued data as aligned ones do; Flink's overtake it.\n"
+        "Unaligned barriers overtake the data queued in front of them on both sides (Weir: announced ahead of the data on every local channel, the queued data read ahead and stored as channel state; Flink: priority events). A checkpoint triggered after the sources ended waits for the end of their input to come through the queued data on both sides (a finished task's end counts as its barrier), which is where long maxima under back-pressure come from.\n"
     );
     for line in crate::checkpoint_bench::targets(value) {
         let _ = writeln!(md, "- {line}");

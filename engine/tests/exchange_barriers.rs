@@ -219,3 +219,50 @@ fn a_torn_channel_state_is_refused() {
     let error = gate.restore_channel_state(&[8, 0, 0, 0, 1, 2]).unwrap_err();
     assert!(error.to_string().contains("cut off"), "{error}");
 }
+
+#[test]
+fn an_announced_barrier_overtakes_the_queued_data_which_becomes_channel_state() {
+    let (mut writers, mut gate, _network) = three_channels(AlignmentMode::Unaligned);
+    // Channel 0 has a backlog in front of its barrier; the barrier is announced ahead.
+    for n in 0..200 {
+        writers[0].emit(&n, 0).unwrap();
+    }
+    writers[0].announce_barrier(9);
+    writers[0].emit_barrier(9, 0).unwrap();
+    writers[0].emit(&1000, 0).unwrap();
+    writers[1].emit(&2000, 0).unwrap();
+    // The checkpoint is taken before a single record of the backlog is yielded.
+    let first = gate.poll_next_at(0).unwrap();
+    assert!(
+        matches!(
+            first,
+            Some(GateEvent::Barrier {
+                id: 9,
+                unaligned: true,
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    let events = drain(&mut gate, 0);
+    let seen = records(&events);
+    // The backlog, in order, ahead of what came after the barrier.
+    assert_eq!(&seen[..200], (0..200).collect::<Vec<u64>>().as_slice());
+    assert!(seen.contains(&1000) && seen.contains(&2000));
+    // Channels 1 and 2 are recorded until their barriers come in band.
+    assert_eq!(gate.take_channel_state(), None);
+    writers[1].emit_barrier(9, 0).unwrap();
+    writers[2].emit(&3000, 0).unwrap();
+    writers[2].announce_barrier(9);
+    writers[2].emit_barrier(9, 0).unwrap();
+    assert_eq!(records(&drain(&mut gate, 0)), [3000]);
+    let (id, state) = gate.take_channel_state().expect("whole");
+    assert_eq!(id, 9);
+    let (_writers, mut restored, _network) = three_channels(AlignmentMode::Unaligned);
+    restored.restore_channel_state(&state).unwrap();
+    let mut replayed = records(&drain(&mut restored, 0));
+    replayed.sort_unstable();
+    let mut expected: Vec<u64> = (0..200).collect();
+    expected.extend([2000, 3000]);
+    assert_eq!(replayed, expected);
+}

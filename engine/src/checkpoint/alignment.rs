@@ -180,6 +180,45 @@ impl BarrierAligner {
         out
     }
 
+    /// Unaligned barrier `id` was announced ahead of the data (it overtakes the
+    /// buffers queued in front of it): the task snapshots now, and every channel whose
+    /// barrier has not come in band is recorded until it does. Nothing if `id` is done,
+    /// abandoned or already snapshotted here.
+    pub fn on_announcement(&mut self, id: u64, now_ns: u64) -> Vec<Alignment> {
+        let mut out = Vec::new();
+        if self
+            .current
+            .map_or(id <= self.newest, |(current, _)| id < current)
+        {
+            return out;
+        }
+        if let Some((current, _)) = self.current {
+            if id > current {
+                if !self.snapshotted {
+                    out.push(Alignment::Abort {
+                        id: current,
+                        reason: format!(
+                            "barrier {id} was announced before checkpoint {current} was aligned"
+                        ),
+                    });
+                }
+                self.reset();
+            } else if self.snapshotted {
+                return out;
+            }
+        }
+        self.newest = self.newest.max(id);
+        let started = *self.current.get_or_insert((id, now_ns));
+        self.snapshotted = true;
+        out.push(Alignment::Snapshot {
+            id,
+            alignment: Duration::from_nanos(now_ns.saturating_sub(started.1)),
+            unaligned: true,
+        });
+        self.finish_if_complete();
+        out
+    }
+
     /// `channel` ended: it delivers no more barriers, so it counts as having delivered
     /// every one.
     pub fn on_end_of_channel(&mut self, channel: usize, now_ns: u64) -> Alignment {

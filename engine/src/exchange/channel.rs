@@ -21,6 +21,13 @@
 //! frame to the sending process, whose sender reads the subpartition through a local
 //! channel and passes the size on with that channel's `announce_buffer_size`.
 //!
+//! Unaligned checkpoint barriers are announced ahead of the data (Flink's priority
+//! events): the producer's [`ChannelSender::announce_barrier`] raises a word the consumer
+//! reads with [`InputChannel::announced_barrier`] and rings its doorbell, so that the gate
+//! takes the checkpoint before it reads the buffers queued in front of the barrier, and
+//! stores them as channel state (Release/Acquire: the gate that sees the id may act on
+//! it; the buffers themselves still come through the ring in order).
+//!
 //! Invariant: the ring holds every consumer the producer can have in flight (its pool's
 //! size plus overdraft), so a push never finds it full (`ResultPartition::new` checks).
 
@@ -30,7 +37,7 @@ use crate::exchange::buffer::{BufferConsumer, Read};
 use crate::exchange::pool::SharedBuffer;
 use crate::park::Notify;
 use crate::ring::{self, Consumer, Producer};
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The consumer side of a channel, as an input gate sees it.
 pub trait InputChannel: Send {
@@ -50,6 +57,12 @@ pub trait InputChannel: Send {
     fn announce_buffer_size(&mut self, size: usize) {
         let _ = size;
     }
+    /// The newest unaligned checkpoint barrier its producer announced ahead of the data
+    /// (0: none); a channel that cannot carry announcements returns 0 and its barriers
+    /// come in band only.
+    fn announced_barrier(&self) -> u64 {
+        0
+    }
 }
 
 /// The producer side of a local channel.
@@ -57,6 +70,7 @@ pub struct ChannelSender {
     ring: Producer<BufferConsumer>,
     notify: Option<Arc<dyn Notify>>,
     buffer_size: Arc<AtomicU32>,
+    barrier: Arc<AtomicU64>,
 }
 
 /// The consumer side of a local channel.
@@ -65,6 +79,7 @@ pub struct LocalInputChannel {
     /// The buffer being read.
     current: Option<BufferConsumer>,
     buffer_size: Arc<AtomicU32>,
+    barrier: Arc<AtomicU64>,
 }
 
 /// A local channel holding up to `capacity` buffers (rounded up to a power of two).
@@ -79,16 +94,19 @@ pub fn local_channel(
 ) -> (ChannelSender, LocalInputChannel) {
     let (producer, consumer) = ring::channel(capacity);
     let buffer_size = Arc::new(AtomicU32::new(0));
+    let barrier = Arc::new(AtomicU64::new(0));
     (
         ChannelSender {
             ring: producer,
             notify,
             buffer_size: Arc::clone(&buffer_size),
+            barrier: Arc::clone(&barrier),
         },
         LocalInputChannel {
             ring: consumer,
             current: None,
             buffer_size,
+            barrier,
         },
     )
 }
@@ -102,6 +120,14 @@ impl ChannelSender {
     }
 
     /// Wakes the reader's task (bytes were published).
+    /// Announces unaligned checkpoint barrier `id` to the consumer ahead of the data,
+    /// and wakes it.
+    pub fn announce_barrier(&self, id: u64) {
+        // Release: pairs with the gate's Acquire load (module docs).
+        self.barrier.fetch_max(id, Ordering::Release);
+        self.notify();
+    }
+
     #[inline]
     pub(crate) fn notify(&self) {
         if let Some(notify) = &self.notify {
@@ -157,6 +183,10 @@ impl InputChannel for LocalInputChannel {
         // Relaxed: advice only (module docs).
         self.buffer_size
             .store(size.min(u32::MAX as usize) as u32, Ordering::Relaxed);
+    }
+
+    fn announced_barrier(&self) -> u64 {
+        self.barrier.load(Ordering::Acquire)
     }
 }
 

@@ -45,6 +45,9 @@ use crate::exchange::pool::SharedBuffer;
 use crate::exchange::writer::{BARRIER_TAG, END_TAG, WATERMARK_TAG};
 use crate::limits::{EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
 
+/// Polls between two looks at the channels' barrier announcements.
+const ANNOUNCEMENT_POLLS: u32 = 32;
+
 /// What the gate yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GateEvent<T> {
@@ -148,8 +151,18 @@ pub struct InputGate<T: Codec> {
     recorded: Option<(u64, Vec<u8>)>,
     /// What the aligner asked for that is still to be yielded.
     events: VecDeque<GateEvent<T>>,
-    /// Restored channel state, yielded before anything else.
-    replay: VecDeque<T>,
+    /// Frames taken out of their channels ahead of their turn (restored channel state,
+    /// and what an announced unaligned barrier overtook), yielded before anything the
+    /// channels still hold.
+    drained: VecDeque<(usize, Frame<T>)>,
+    /// Channels being read ahead to their barrier, which was announced ahead of them.
+    draining: Vec<bool>,
+    /// Some channel may be read ahead (recomputed at each look at announcements).
+    any_draining: bool,
+    /// The newest barrier announcement acted on.
+    announced: u64,
+    /// Polls since announcements were last looked at.
+    polls: u32,
     /// The clock of the last [`poll_next_at`](Self::poll_next_at).
     now_ns: u64,
     _records: PhantomData<fn() -> T>,
@@ -205,7 +218,11 @@ impl<T: Codec> InputGate<T> {
             recording: None,
             recorded: None,
             events: VecDeque::new(),
-            replay: VecDeque::new(),
+            drained: VecDeque::new(),
+            draining: Vec::new(),
+            any_draining: false,
+            announced: 0,
+            polls: 0,
             now_ns: 0,
             _records: PhantomData,
         })
@@ -214,6 +231,7 @@ impl<T: Codec> InputGate<T> {
     /// How this gate aligns checkpoint barriers (aligned unless set).
     pub fn set_alignment(&mut self, mode: AlignmentMode) {
         self.aligner = Some(BarrierAligner::new(self.channels.len(), mode));
+        self.draining = vec![false; self.channels.len()];
     }
 
     /// When the alignment in progress switches to unaligned (aligned with a timeout),
@@ -254,7 +272,7 @@ impl<T: Codec> InputGate<T> {
                 });
             }
             match decode_frame::<T>(len as u32, &bytes[4..4 + len], 0)? {
-                Frame::Record(value) => self.replay.push_back(value),
+                Frame::Record(value) => self.drained.push_back((0, Frame::Record(value))),
                 _ => unreachable!("a length below the event tags is a record"),
             }
             bytes = &bytes[4 + len..];
@@ -308,7 +326,18 @@ impl<T: Codec> InputGate<T> {
                 self.on_alignment(alignment);
             }
         }
-        let next = self.poll_next()?;
+        if !self.draining.is_empty() {
+            // Announcements are looked at every few polls, at every poll while a
+            // channel is read ahead to its barrier, and whenever the gate is idle.
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls % ANNOUNCEMENT_POLLS == 1 || self.any_draining {
+                self.take_announcements()?;
+            }
+        }
+        let mut next = self.poll_next()?;
+        if next.is_none() && !self.draining.is_empty() && self.take_announcements()? {
+            next = self.poll_next()?;
+        }
         match (&next, self.idle_since_ns) {
             (None, None) => self.idle_since_ns = Some(now_ns),
             (Some(_), Some(since)) => {
@@ -349,13 +378,14 @@ impl<T: Codec> InputGate<T> {
 
     /// The next record or event, or `None` if no channel has anything now.
     pub fn poll_next(&mut self) -> Result<Option<GateEvent<T>>, ExchangeError> {
-        if !self.replay.is_empty() || !self.events.is_empty() {
+        if !self.drained.is_empty() || !self.events.is_empty() {
             if let Some(event) = self.events.pop_front() {
                 return Ok(Some(event));
             }
-            if let Some(value) = self.replay.pop_front() {
-                self.metrics.records_in += 1;
-                return Ok(Some(GateEvent::Record { value, channel: 0 }));
+            while let Some((channel, frame)) = self.drained.pop_front() {
+                if let Some(event) = self.on_frame(channel, frame) {
+                    return Ok(Some(event));
+                }
             }
         }
         if let Some(record) = self.next_in_buffer()? {
@@ -385,44 +415,14 @@ impl<T: Codec> InputGate<T> {
                     self.metrics.records_in += 1;
                     return Ok(Some(GateEvent::Record { value, channel }));
                 }
-                Some(Frame::Watermark(timestamp)) => {
-                    idle = 0;
-                    let state = &mut self.channels[channel];
-                    if timestamp > state.watermark {
-                        state.watermark = timestamp;
-                    }
-                    if let Some(advanced) = self.advance_watermark() {
-                        return Ok(Some(GateEvent::Watermark(advanced)));
-                    }
-                }
-                Some(Frame::Barrier(id)) => {
-                    idle = 0;
-                    self.on_barrier(channel, id);
-                    if let Some(event) = self.events.pop_front() {
-                        return Ok(Some(event));
-                    }
-                }
                 Some(Frame::TurnEnded) => {
                     // Not idle: the channel may hold more; it gets its next turn after
                     // the others have had theirs.
                     idle = 0;
                 }
-                Some(Frame::End) => {
+                Some(frame) => {
                     idle = 0;
-                    self.channels[channel].ended = true;
-                    self.ended_channels += 1;
-                    if let Some(aligner) = self.aligner.as_mut() {
-                        let alignment = aligner.on_end_of_channel(channel, self.now_ns);
-                        self.on_alignment(alignment);
-                        self.stop_recording(channel);
-                    }
-                    if self.ended_channels == count {
-                        self.end_emitted = true;
-                        self.events.push_back(GateEvent::End);
-                    } else if let Some(advanced) = self.advance_watermark() {
-                        self.events.push_back(GateEvent::Watermark(advanced));
-                    }
-                    if let Some(event) = self.events.pop_front() {
+                    if let Some(event) = self.on_frame(channel, frame) {
                         return Ok(Some(event));
                     }
                 }
@@ -487,6 +487,112 @@ impl<T: Codec> InputGate<T> {
         }
         self.metrics.records_in += 1;
         Ok(Some(GateEvent::Record { value, channel }))
+    }
+
+    /// A frame of `channel` other than a partial one: what it yields, if anything.
+    fn on_frame(&mut self, channel: usize, frame: Frame<T>) -> Option<GateEvent<T>> {
+        match frame {
+            Frame::Record(value) => {
+                self.metrics.records_in += 1;
+                Some(GateEvent::Record { value, channel })
+            }
+            Frame::Watermark(timestamp) => {
+                let state = &mut self.channels[channel];
+                if timestamp > state.watermark {
+                    state.watermark = timestamp;
+                }
+                self.advance_watermark().map(GateEvent::Watermark)
+            }
+            Frame::Barrier(id) => {
+                self.on_barrier(channel, id);
+                self.events.pop_front()
+            }
+            Frame::End => {
+                let count = self.channels.len();
+                self.channels[channel].ended = true;
+                self.ended_channels += 1;
+                if let Some(draining) = self.draining.get_mut(channel) {
+                    *draining = false;
+                }
+                if let Some(aligner) = self.aligner.as_mut() {
+                    let alignment = aligner.on_end_of_channel(channel, self.now_ns);
+                    self.on_alignment(alignment);
+                    self.stop_recording(channel);
+                }
+                if self.ended_channels == count {
+                    self.end_emitted = true;
+                    self.events.push_back(GateEvent::End);
+                } else if let Some(advanced) = self.advance_watermark() {
+                    self.events.push_back(GateEvent::Watermark(advanced));
+                }
+                self.events.pop_front()
+            }
+            Frame::TurnEnded => None,
+        }
+    }
+
+    /// Acts on unaligned barriers announced ahead of the data: the checkpoint is taken
+    /// now, and every channel that announced it is read ahead to its barrier, what lay
+    /// in front of the barrier recorded as channel state and kept to be yielded in
+    /// order. Whether anything was read or is to be yielded.
+    #[cold]
+    fn take_announcements(&mut self) -> Result<bool, ExchangeError> {
+        let mut acted = false;
+        for channel in 0..self.channels.len() {
+            if self.channels[channel].ended {
+                continue;
+            }
+            let id = self.channels[channel].input.announced_barrier();
+            if id > self.announced {
+                self.announced = id;
+                let now_ns = self.now_ns;
+                if let Some(aligner) = self.aligner.as_mut() {
+                    for alignment in aligner.on_announcement(id, now_ns) {
+                        self.on_alignment(alignment);
+                    }
+                }
+                acted = true;
+            }
+            if id > 0
+                && !self.draining[channel]
+                && self
+                    .recording
+                    .as_ref()
+                    .is_some_and(|r| r.id == id && r.channels[channel])
+            {
+                self.draining[channel] = true;
+            }
+        }
+        for channel in 0..self.channels.len() {
+            if self.draining[channel] {
+                acted |= self.read_ahead(channel)?;
+            }
+        }
+        self.any_draining = self.draining.contains(&true);
+        Ok(acted || !self.events.is_empty() || !self.drained.is_empty())
+    }
+
+    /// Reads `channel` ahead to the barrier it announced, as far as its buffers go now.
+    fn read_ahead(&mut self, channel: usize) -> Result<bool, ExchangeError> {
+        let mut read = false;
+        while let Some(frame) = self.next_frame(channel)? {
+            read = true;
+            match frame {
+                Frame::TurnEnded => {}
+                Frame::Barrier(id) => {
+                    self.draining[channel] = false;
+                    self.on_barrier(channel, id);
+                    break;
+                }
+                Frame::End => {
+                    self.draining[channel] = false;
+                    self.drained.push_back((channel, Frame::End));
+                    break;
+                }
+                frame => self.drained.push_back((channel, frame)),
+            }
+        }
+        Ok(read)
     }
 
     fn is_blocked(&self, channel: usize) -> bool {

@@ -181,6 +181,14 @@ impl ResultPartition {
             .announced_buffer_size()
     }
 
+    /// Announces unaligned checkpoint barrier `id` to every consumer ahead of the data
+    /// (see [`ChannelSender::announce_barrier`]).
+    pub fn announce_barrier(&self, id: u64) {
+        for subpartition in &self.subpartitions {
+            subpartition.channel.announce_barrier(id);
+        }
+    }
+
     /// When the oldest unpublished byte was written.
     pub fn unflushed_since_ns(&self) -> Option<u64> {
         self.unflushed_since_ns

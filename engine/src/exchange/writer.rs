@@ -408,6 +408,13 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         )
     }
 
+    /// Announces unaligned checkpoint barrier `id` to every consumer ahead of the data
+    /// written before it (which they then store as channel state); the barrier itself
+    /// still follows in band ([`emit_barrier`](Self::emit_barrier)).
+    pub fn announce_barrier(&self, id: u64) {
+        self.partition.announce_barrier(id);
+    }
+
     /// Broadcasts end-of-partition, publishes everything and ends every buffer. Nothing
     /// may be written after.
     /// If it ends pending, [`resume`](Self::resume) completes it.

@@ -87,6 +87,8 @@ pub(crate) struct Snapshot {
     pub(crate) sections: Vec<(u32, Vec<u8>)>,
     /// A sink pre-committed output that a completed checkpoint must commit.
     pub(crate) commits: bool,
+    /// The checkpoint is unaligned: writers announce its barrier ahead of the data.
+    pub(crate) unaligned: bool,
 }
 
 impl Snapshot {
@@ -133,6 +135,7 @@ impl Snapshot {
         Ok(Snapshot {
             sections,
             commits: false,
+            unaligned: false,
         })
     }
 }
@@ -536,13 +539,18 @@ impl<T: Codec> Link<T> for WriterLink<T> {
     fn barrier(
         &mut self,
         id: u64,
-        _snapshot: &mut Snapshot,
+        snapshot: &mut Snapshot,
         cx: &mut TaskContext<'_>,
     ) -> Result<(), TaskError> {
         if self.finished {
             // A finished task's last snapshot: its end went out, and with it every
             // later barrier as far as the consumers are concerned.
             return Ok(());
+        }
+        if snapshot.unaligned {
+            // Ahead of the data: the consumers take the checkpoint now and store what is
+            // queued in front of the barrier as channel state.
+            self.writer.announce_barrier(id);
         }
         // In band, behind everything written or waiting before it.
         if self.overflow.is_empty() && self.writer.is_available() {
@@ -889,7 +897,10 @@ impl<T: 'static> StageTask<T> {
             .into());
         };
         checkpoint.last_barrier = checkpoint.last_barrier.max(id);
-        let mut snapshot = Snapshot::default();
+        let mut snapshot = Snapshot {
+            unaligned,
+            ..Snapshot::default()
+        };
         if let StageInput::Source(source) = &mut self.input {
             match source.snapshot_state() {
                 Some(state) => snapshot.push(SOURCE_SECTION, state),
@@ -967,7 +978,9 @@ impl<T: 'static> StageTask<T> {
         if matches!(self.input, StageInput::Source(_)) && self.phase == Phase::Running {
             let triggered = checkpoint.signals.triggered.load(Ordering::Acquire);
             if triggered > checkpoint.last_barrier {
-                self.snapshot(triggered, Duration::ZERO, false, cx)?;
+                // A source's barrier is unaligned from the start in unaligned mode.
+                let unaligned = checkpoint.mode == AlignmentMode::Unaligned;
+                self.snapshot(triggered, Duration::ZERO, unaligned, cx)?;
             }
         }
         Ok(())
