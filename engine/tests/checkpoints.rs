@@ -99,6 +99,17 @@ fn checkpointing(dir: &Path, alignment: AlignmentMode) -> (Checkpointing, Arc<At
 /// `records` numbers at `rate` per second through a rebalance and a key_by (two gates
 /// of two channels each), a map, and an async operator, into part files.
 fn numbers_job(settings: Checkpointing, out: &Path, records: u64, rate: Option<f64>) -> Graph {
+    numbers_job_in(settings, out, records, rate, OutputMode::Ordered)
+}
+
+/// [`numbers_job`] with the async operator in `mode`.
+fn numbers_job_in(
+    settings: Checkpointing,
+    out: &Path,
+    records: u64,
+    rate: Option<f64>,
+    mode: OutputMode,
+) -> Graph {
     let graph = Graph::new()
         .with_parallelism(2)
         .with_checkpointing(settings);
@@ -106,7 +117,7 @@ fn numbers_job(settings: Checkpointing, out: &Path, records: u64, rate: Option<f
         .from_generator(records, rate, |n| n)
         .rebalance()
         .map(|n| n * 3)
-        .async_wait(|_| Hop::new(), AsyncConfig::new(OutputMode::Ordered, 8))
+        .async_wait(|_| Hop::new(), AsyncConfig::new(mode, 8))
         .key_by(|n: &u64| *n)
         .sink_to_files(out.to_path_buf(), |n: &u64, line: &mut Vec<u8>| {
             line.extend_from_slice(format!("{n}\n").as_bytes());
@@ -138,12 +149,16 @@ fn a_bounded_job_commits_every_record_once() {
 }
 
 fn stop_and_restore(alignment: AlignmentMode) {
+    stop_and_restore_in(alignment, OutputMode::Ordered);
+}
+
+fn stop_and_restore_in(alignment: AlignmentMode, mode: OutputMode) {
     let dir = scratch();
     let out = dir.path().join("out");
     let records = 6_000;
     // First run: stopped at once after its second checkpoint, as a crash stops it.
     let (settings, completed) = checkpointing(dir.path(), alignment);
-    let graph = numbers_job(settings, &out, records, Some(20_000.0));
+    let graph = numbers_job_in(settings, &out, records, Some(20_000.0), mode);
     let job = graph.start(runtime()).expect("starts");
     wait_for(&completed, 2);
     job.controller().cancel();
@@ -161,7 +176,7 @@ fn stop_and_restore(alignment: AlignmentMode) {
     // Second run: from the newest checkpoint, to the end.
     let (settings, _) = checkpointing(dir.path(), alignment);
     let settings = settings.restore_from(dir.path().join("chk"));
-    let graph = numbers_job(settings, &out, records, None);
+    let graph = numbers_job_in(settings, &out, records, None, mode);
     let second = graph.execute(runtime()).expect("runs");
     let restored = second
         .checkpoints
@@ -179,6 +194,13 @@ fn a_stopped_aligned_job_restores_and_commits_every_record_once() {
 #[test]
 fn a_stopped_unaligned_job_restores_and_commits_every_record_once() {
     stop_and_restore(AlignmentMode::Unaligned);
+}
+
+#[test]
+fn the_async_operator_restores_its_held_elements_in_every_mode() {
+    for mode in [OutputMode::Unordered, OutputMode::KeyedOrdered] {
+        stop_and_restore_in(AlignmentMode::Aligned, mode);
+    }
 }
 
 #[test]
