@@ -7,13 +7,14 @@
 #
 #   scripts/chaos.sh [--kills N] [--records N] [--rate R] [--unaligned] [--keep]
 #
-# Defaults: 20 kills, 300000 records at 100000 records/s over 2 workers. The test
+# Defaults: 20 kills, 1000000 records at 100000 records/s over 2 workers (about 10 s of
+# work, so that every kill comes before the job could finish). The test
 # command runs it with a few kills; a failed check exits 1 and leaves the directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 kills=20
-records=300000
+records=1000000
 rate=100000
 alignment=()
 keep=""
