@@ -10,6 +10,11 @@
 //! one sink subtask, so a process counts its duplicates itself and the launcher adds up
 //! the distinct ids), the slowest process's time, the worst process's latency
 //! percentiles, and the CPU of all processes per record.
+//!
+//! With checkpoints (`--checkpoint-interval`), the launcher supervises its processes:
+//! when one dies (killed, crashed, or failed), it kills the others and starts them all
+//! again from the latest completed checkpoint (`--restore` with the checkpoint
+//! directory, which every process shares), as `--restart-strategy` allows.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -39,6 +44,9 @@ pub struct Launch<'a> {
     /// The cluster secret's file, if the user gave one (otherwise one is made for the
     /// run, in a directory only this user may read).
     pub secret_file: Option<&'a Path>,
+    /// With checkpoints: the restart strategy and the checkpoint directory the
+    /// processes restore from after a failure.
+    pub restart: Option<(weir_engine::checkpoint::RestartStrategy, &'a Path)>,
 }
 
 /// The arguments of `weir run` without the ones the launcher sets per process.
@@ -51,7 +59,8 @@ pub fn child_args(args: &[String]) -> Vec<String> {
         }
         let name = arg.split('=').next().unwrap_or(arg);
         match name {
-            "--processes" | "--json" | "--cores" | "--process" | "--peers" | "--secret-file" => {
+            "--processes" | "--json" | "--cores" | "--process" | "--peers" | "--secret-file"
+            | "--restore" => {
                 skip_value = !arg.contains('=');
             }
             "--quiet" | "--oversubscribe" => {}
@@ -117,102 +126,177 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
     let n = launch.processes;
     let exe = std::env::current_exe()
         .map_err(|e| RunError::Setting(format!("cannot find the weir executable: {e}")))?;
-    let peers = free_loopback_addrs(n)?;
-    let peer_list = peers
-        .iter()
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let dir = std::env::temp_dir().join(format!("weir-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|source| RunError::Json {
-        path: dir.clone(),
-        source,
-    })?;
-    let secret_file = match launch.secret_file {
-        Some(path) => path.to_path_buf(),
-        None => write_secret(&dir)?,
-    };
-    let shares = match launch.cores {
-        Some(_) => None,
-        None => Some(split_cores(&WorkerPlan::machine_cores(), n)),
-    };
-    let base = child_args(run_args);
-    eprintln!(
-        "weir run: {n} processes on loopback ({peer_list}), {}",
-        match &shares {
-            Some(shares) => shares
-                .iter()
-                .enumerate()
-                .map(|(i, c)| format!("process {i} on cores {}", crate::job::cores_text(c)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            None => format!("each with --cores {}", launch.cores.unwrap_or_default()),
-        }
-    );
-    let mut children = Vec::with_capacity(n);
-    let mut forwarders = Vec::with_capacity(n);
-    let mut paths: Vec<PathBuf> = Vec::with_capacity(n);
-    for i in 0..n {
-        let path = dir.join(format!("process-{i}.json"));
-        let mut command = Command::new(&exe);
-        command
-            .arg("run")
-            .args(&base)
-            .arg("--process")
-            .arg(i.to_string())
-            .arg("--peers")
-            .arg(&peer_list)
-            .arg("--json")
-            .arg(&path)
-            .arg("--secret-file")
-            .arg(&secret_file)
-            .arg("--quiet");
-        match (&shares, launch.cores) {
-            (Some(shares), _) => {
-                // A trailing comma: a list of core ids even with one (`1,` is core 1).
-                let list = shares[i]
+    // `--restore` as given applies to the first attempt; later ones restore from the
+    // latest completed checkpoint.
+    let mut restore: Option<PathBuf> = restore_arg(run_args);
+    let mut restarts = launch.restart.as_ref().map(|(strategy, _)| {
+        weir_engine::checkpoint::Restarts::new(strategy.clone(), std::time::Instant::now())
+    });
+    loop {
+        let peers = free_loopback_addrs(n)?;
+        let peer_list = peers
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let dir = std::env::temp_dir().join(format!("weir-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|source| RunError::Json {
+            path: dir.clone(),
+            source,
+        })?;
+        let secret_file = match launch.secret_file {
+            Some(path) => path.to_path_buf(),
+            None => write_secret(&dir)?,
+        };
+        let shares = match launch.cores {
+            Some(_) => None,
+            None => Some(split_cores(&WorkerPlan::machine_cores(), n)),
+        };
+        let base = child_args(run_args);
+        eprintln!(
+            "weir run: {n} processes on loopback ({peer_list}), {}",
+            match &shares {
+                Some(shares) => shares
                     .iter()
-                    .map(|c| format!("{c},"))
-                    .collect::<String>();
-                command.arg("--cores").arg(list).arg("--oversubscribe");
+                    .enumerate()
+                    .map(|(i, c)| format!("process {i} on cores {}", crate::job::cores_text(c)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                None => format!("each with --cores {}", launch.cores.unwrap_or_default()),
             }
-            (None, Some(cores)) => {
-                command.arg("--cores").arg(cores).arg("--oversubscribe");
+        );
+        let mut children = Vec::with_capacity(n);
+        let mut forwarders = Vec::with_capacity(n);
+        let mut paths: Vec<PathBuf> = Vec::with_capacity(n);
+        for i in 0..n {
+            let path = dir.join(format!("process-{i}.json"));
+            let mut command = Command::new(&exe);
+            command
+                .arg("run")
+                .args(&base)
+                .arg("--process")
+                .arg(i.to_string())
+                .arg("--peers")
+                .arg(&peer_list)
+                .arg("--json")
+                .arg(&path)
+                .arg("--secret-file")
+                .arg(&secret_file)
+                .arg("--quiet");
+            if let Some(path) = &restore {
+                command.arg("--restore").arg(path);
             }
-            (None, None) => {}
+            match (&shares, launch.cores) {
+                (Some(shares), _) => {
+                    // A trailing comma: a list of core ids even with one (`1,` is core 1).
+                    let list = shares[i]
+                        .iter()
+                        .map(|c| format!("{c},"))
+                        .collect::<String>();
+                    command.arg("--cores").arg(list).arg("--oversubscribe");
+                }
+                (None, Some(cores)) => {
+                    command.arg("--cores").arg(cores).arg("--oversubscribe");
+                }
+                (None, None) => {}
+            }
+            let mut child = command
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| RunError::Setting(format!("cannot start process {i}: {e}")))?;
+            let stderr = child.stderr.take().expect("piped");
+            forwarders.push(std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    eprintln!("[process {i}] {line}");
+                }
+            }));
+            children.push(child);
+            paths.push(path);
         }
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| RunError::Setting(format!("cannot start process {i}: {e}")))?;
-        let stderr = child.stderr.take().expect("piped");
-        forwarders.push(std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[process {i}] {line}");
+        // Until every process ended, or one failed while the others run on.
+        let mut statuses: Vec<Option<Option<i32>>> = vec![None; n];
+        let failed = loop {
+            for (i, child) in children.iter_mut().enumerate() {
+                if statuses[i].is_none() {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        statuses[i] = Some(status.code());
+                    }
+                }
             }
-        }));
-        children.push(child);
-        paths.push(path);
+            let failed = statuses
+                .iter()
+                .position(|s| matches!(s, Some(code) if *code != Some(0)));
+            if failed.is_some() || statuses.iter().all(Option::is_some) {
+                break failed;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if let (Some(i), Some(restarts), Some((_, checkpoints))) =
+            (failed, restarts.as_mut(), launch.restart.as_ref())
+        {
+            if let Some(delay) = restarts.on_failure(std::time::Instant::now()) {
+                for child in &mut children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                for forwarder in forwarders {
+                    let _ = forwarder.join();
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                eprintln!(
+                    "weir run: process {i} ended ({}); restart {} of every process in {} from the \
+                 latest completed checkpoint",
+                    match statuses[i] {
+                        Some(Some(code)) => format!("exit status {code}"),
+                        _ => "killed by a signal".to_string(),
+                    },
+                    restarts.total(),
+                    weir_net::lookup::format_duration(delay)
+                );
+                std::thread::sleep(delay);
+                restore = weir_engine::checkpoint::storage::latest_in(checkpoints)
+                    .is_ok()
+                    .then(|| checkpoints.to_path_buf());
+                continue;
+            }
+        }
+        let mut statuses: Vec<Option<i32>> = statuses.into_iter().map(Option::flatten).collect();
+        for (i, child) in children.iter_mut().enumerate() {
+            if statuses[i].is_none() {
+                statuses[i] = child.wait().map(|s| s.code()).unwrap_or(None);
+            }
+        }
+        for forwarder in forwarders {
+            let _ = forwarder.join();
+        }
+        let reports: Vec<Option<Value>> = paths
+            .iter()
+            .map(|p| {
+                std::fs::read(p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+            })
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        let summary = summarize(launch, &peers, &statuses, &reports);
+        return publish(&summary, launch.json);
     }
-    let mut statuses = Vec::with_capacity(n);
-    for child in &mut children {
-        statuses.push(child.wait().map(|s| s.code()).unwrap_or(None));
+}
+
+/// The value of `--restore` in `weir run`'s arguments, if given.
+fn restore_arg(args: &[String]) -> Option<PathBuf> {
+    let mut next = false;
+    for arg in args {
+        if std::mem::take(&mut next) {
+            return Some(PathBuf::from(arg));
+        }
+        if let Some(value) = arg.strip_prefix("--restore=") {
+            return Some(PathBuf::from(value));
+        }
+        next = arg == "--restore";
     }
-    for forwarder in forwarders {
-        let _ = forwarder.join();
-    }
-    let reports: Vec<Option<Value>> = paths
-        .iter()
-        .map(|p| {
-            std::fs::read(p)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-        })
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    let summary = summarize(launch, &peers, &statuses, &reports);
-    publish(&summary, launch.json)
+    None
 }
 
 /// `weir summarize`: the summary of processes' reports written by `--process` runs;
@@ -244,6 +328,7 @@ pub fn summarize_files(paths: &[PathBuf], json: Option<&Path>) -> Result<i32, Ru
             .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3)),
         json,
         secret_file: None,
+        restart: None,
     };
     let statuses: Vec<Option<i32>> = reports
         .iter()

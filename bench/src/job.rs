@@ -1150,6 +1150,11 @@ fn execute_restarting(
     let Some(checkpoints) = &settings.checkpoints else {
         return execute(settings, progress, store);
     };
+    if settings.cluster.is_some() {
+        // One process of several cannot restart alone: its failure ends it, and the
+        // launcher (or the user's supervisor) restarts every process.
+        return execute(settings, progress, store);
+    }
     checkpoints
         .restart
         .validate()
@@ -1227,6 +1232,15 @@ fn execute(
             RetryStrategy::fixed_delay(settings.retries + 1, settings.retry_delay)
                 .retry_on_any_error(),
         );
+    }
+    // Over several processes: what the crashed run left unfinished goes first, in
+    // process 0 before its transport starts, which no other process's run can pass.
+    if let (Some(cluster), Some(checkpoints)) = (&settings.cluster, &settings.checkpoints) {
+        if cluster.process == 0 {
+            weir_engine::checkpoint::CheckpointStore::open(&checkpoints.dir, 1)
+                .and_then(|store| store.discard_unfinished())
+                .map_err(|e| RunError::Setting(e.to_string()))?;
+        }
     }
     // Over several processes: this process's transport, once every peer listens.
     let transport = match &settings.cluster {

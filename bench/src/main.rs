@@ -647,6 +647,10 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             },
             json: args.json.as_deref(),
             secret_file: args.secret_file.as_deref(),
+            restart: args
+                .checkpoint_dir
+                .as_deref()
+                .map(|dir| (args.restart_strategy.clone(), dir)),
         };
         if let Some(path) = &args.json {
             open_json(path)?;

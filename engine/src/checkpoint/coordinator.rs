@@ -254,6 +254,18 @@ impl Coordinator {
         Some(id)
     }
 
+    /// Checkpoint `id`, not triggered here yet, reached one of this coordinator's tasks
+    /// first (in a job over several processes, another process triggered it): it is
+    /// pending from now, whatever `max_concurrent` says, and its trigger goes out (so
+    /// that this process's sources inject its barrier too). Whether it was started.
+    pub fn adopt(&mut self, id: u64, now_ns: u64) -> bool {
+        if id < self.next_id {
+            return false;
+        }
+        self.start(id, now_ns);
+        true
+    }
+
     /// When the next checkpoint may be triggered, by the caller's clock: the time to
     /// wake up for it.
     pub fn next_deadline(&self) -> Option<u64> {

@@ -10,6 +10,16 @@
 //! where two-phase-commit sinks commit). Triggers and aborts go to the job through the
 //! same hooks. A slow disk therefore delays the checkpoint's completion, never a worker.
 //!
+//! A job over several processes runs a service in each, over the process's own tasks,
+//! with the checkpoint directory shared (the same path on a filesystem every process
+//! reaches): each service writes its tasks' files and, when they all acknowledged, its
+//! part of the metadata (`_metadata.p<process>`); process 0's service writes the
+//! `_metadata` that makes the checkpoint complete once every process's part is there,
+//! and the others see it appear; only then do their tasks hear of the completion. Each
+//! process triggers on its own clock with the same ids; a barrier from another process
+//! that reaches a task before this process triggered its checkpoint starts it here too
+//! ([`Coordinator::adopt`]). Only process 0 removes checkpoint directories.
+//!
 //! Finished tasks (Flink's checkpoints after tasks finished): a task whose input ended
 //! hands its final state to [`Acks::finished`] and leaves; the service acknowledges
 //! every checkpoint it has not acknowledged yet, and every later one, with that state.
@@ -132,12 +142,35 @@ impl CheckpointService {
         first_id: u64,
         hooks: impl CheckpointHooks,
     ) -> Result<Self, CheckpointError> {
+        Self::start_part(config, store, job, tasks, first_id, hooks, None)
+    }
+
+    /// [`start`](Self::start) for process `part.0` of a job over `part.1` processes
+    /// (see the [module docs](self)); `None`: the whole job is here.
+    pub fn start_part(
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        job: String,
+        tasks: usize,
+        first_id: u64,
+        hooks: impl CheckpointHooks,
+        part: Option<(usize, usize)>,
+    ) -> Result<Self, CheckpointError> {
         let epoch = Instant::now();
         let coordinator = Coordinator::new(config, tasks, first_id, 0)?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("weir-checkpoints".into())
-            .spawn(move || run(coordinator, store, job, hooks, rx, epoch))
+            .spawn(move || {
+                let mut place = Place {
+                    store,
+                    job,
+                    epoch,
+                    part,
+                    awaiting: std::collections::BTreeMap::new(),
+                };
+                run(coordinator, &mut place, hooks, rx)
+            })
             .map_err(|e| {
                 CheckpointError::Config(format!("cannot start the checkpoint thread: {e}"))
             })?;
@@ -184,43 +217,63 @@ impl Drop for CheckpointService {
     }
 }
 
-fn run(
-    mut coordinator: Coordinator,
+/// Where the service writes, and what it waits for.
+struct Place {
     store: CheckpointStore,
     job: String,
+    epoch: Instant,
+    /// This process and the job's processes, for a job over several.
+    part: Option<(usize, usize)>,
+    /// Over several processes: checkpoints complete here, waiting for the others, with
+    /// their longest alignment here.
+    awaiting: std::collections::BTreeMap<u64, Duration>,
+}
+
+impl Place {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+fn run(
+    mut coordinator: Coordinator,
+    place: &mut Place,
     mut hooks: impl CheckpointHooks,
     rx: Receiver<Message>,
-    epoch: Instant,
 ) -> Result<CheckpointStats, CheckpointError> {
-    let result = serve(&mut coordinator, &store, &job, &mut hooks, rx, epoch);
+    let result = serve(&mut coordinator, place, &mut hooks, rx);
     if let Err(error) = &result {
         hooks.failed(error);
     }
     result
 }
 
+/// How often a process of a job over several looks for the other processes' parts.
+const PART_POLL: Duration = Duration::from_millis(2);
+
 fn serve(
     coordinator: &mut Coordinator,
-    store: &CheckpointStore,
-    job: &str,
+    place: &mut Place,
     hooks: &mut impl CheckpointHooks,
     rx: Receiver<Message>,
-    epoch: Instant,
 ) -> Result<CheckpointStats, CheckpointError> {
-    let now = || epoch.elapsed().as_nanos() as u64;
     // Finished tasks and their final state.
     let mut finished: Vec<(usize, String, Vec<u8>)> = Vec::new();
     loop {
-        match coordinator.poll(now()) {
-            Ok(outcomes) => act(outcomes, store, job, hooks, epoch)?,
-            Err(error) => return fail(error, coordinator, store, job, hooks, epoch),
+        match coordinator.poll(place.now()) {
+            Ok(outcomes) => act(outcomes, place, hooks)?,
+            Err(error) => return fail(error, coordinator, place, hooks),
         }
-        settle(coordinator, store, job, hooks, epoch, &finished)?;
-        let wait = coordinator
+        settle(coordinator, place, hooks, &finished)?;
+        settle_parts(place, hooks)?;
+        let mut wait = coordinator
             .next_deadline()
             .map_or(Duration::from_secs(3600), |at| {
-                Duration::from_nanos(at.saturating_sub(now()))
+                Duration::from_nanos(at.saturating_sub(place.now()))
             });
+        if !place.awaiting.is_empty() {
+            wait = wait.min(PART_POLL);
+        }
         let message = match rx.recv_timeout(wait) {
             Ok(message) => message,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -235,28 +288,36 @@ fn serve(
                 alignment,
             } => {
                 if !coordinator.is_pending(id) {
-                    continue;
+                    // A checkpoint another process triggered first starts here too; an
+                    // old one is over.
+                    if !coordinator.adopt(id, place.now()) {
+                        continue;
+                    }
+                    let outcomes = coordinator.take_outcomes();
+                    act(outcomes, place, hooks)?;
                 }
                 // The asynchronous phase: the state reaches the disk here, not on the
                 // task's worker.
-                let file = store.write_task_state(id, &name, &state)?;
-                coordinator.acknowledge(id, task, file, alignment, now());
+                let file = place.store.write_task_state(id, &name, &state)?;
+                coordinator.acknowledge(id, task, file, alignment, place.now());
             }
             Message::Decline { id, task, reason } => {
                 if let Err(error) = coordinator.decline(id, task, reason) {
-                    return fail(error, coordinator, store, job, hooks, epoch);
+                    return fail(error, coordinator, place, hooks);
                 }
             }
             Message::Finished { task, name, state } => finished.push((task, name, state)),
             Message::TriggerNow => {
-                coordinator.trigger_now(now());
+                if let Some(id) = coordinator.trigger_now(place.now()) {
+                    hooks.trigger(id);
+                }
             }
             // The tasks' handles may outlive the service: it ends when told to.
             Message::Stop => return Ok(coordinator.stats().clone()),
         }
         let outcomes = coordinator.take_outcomes();
-        act(outcomes, store, job, hooks, epoch)?;
-        settle(coordinator, store, job, hooks, epoch, &finished)?;
+        act(outcomes, place, hooks)?;
+        settle(coordinator, place, hooks, &finished)?;
     }
 }
 
@@ -264,10 +325,8 @@ fn serve(
 /// completes.
 fn settle(
     coordinator: &mut Coordinator,
-    store: &CheckpointStore,
-    job: &str,
+    place: &mut Place,
     hooks: &mut impl CheckpointHooks,
-    epoch: Instant,
     finished: &[(usize, String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
     if finished.is_empty() {
@@ -276,41 +335,95 @@ fn settle(
     for id in coordinator.pending_ids() {
         for (task, name, state) in finished {
             if coordinator.is_pending(id) && !coordinator.has_acknowledged(id, *task) {
-                let file = store.write_task_state(id, name, state)?;
-                let now_ns = epoch.elapsed().as_nanos() as u64;
-                coordinator.acknowledge(id, *task, file, Duration::ZERO, now_ns);
+                let file = place.store.write_task_state(id, name, state)?;
+                coordinator.acknowledge(id, *task, file, Duration::ZERO, place.now());
             }
         }
     }
     let outcomes = coordinator.take_outcomes();
-    act(outcomes, store, job, hooks, epoch)
+    act(outcomes, place, hooks)
+}
+
+/// Over several processes: completes what every process's part is written for
+/// (process 0), or hears of what process 0 completed (the others).
+fn settle_parts(
+    place: &mut Place,
+    hooks: &mut impl CheckpointHooks,
+) -> Result<(), CheckpointError> {
+    let Some((process, processes)) = place.part else {
+        return Ok(());
+    };
+    if place.awaiting.is_empty() {
+        return Ok(());
+    }
+    let mut done: Option<u64> = None;
+    if process == 0 {
+        for (&id, &alignment) in place.awaiting.iter().rev() {
+            let mut parts = Vec::with_capacity(processes);
+            for p in 0..processes {
+                match place.store.read_part(id, p)? {
+                    Some(part) => parts.push(part),
+                    None => break,
+                }
+            }
+            if parts.len() < processes {
+                continue;
+            }
+            let mut metadata = parts[0].clone();
+            for part in &parts[1..] {
+                metadata.tasks.extend(part.tasks.iter().cloned());
+                metadata.duration = metadata.duration.max(part.duration);
+                metadata.triggered_unix_ms = metadata.triggered_unix_ms.min(part.triggered_unix_ms);
+            }
+            place.store.complete(&metadata)?;
+            hooks.complete(id);
+            hooks.completed(&metadata, alignment);
+            done = Some(id);
+            break;
+        }
+    } else if let Some(newest) = place.store.newest_complete()? {
+        if place
+            .awaiting
+            .keys()
+            .next()
+            .is_some_and(|&oldest| oldest <= newest)
+        {
+            hooks.complete(newest);
+            done = Some(newest);
+        }
+    }
+    if let Some(done) = done {
+        // What is older is subsumed by the checkpoint completed.
+        place.awaiting.retain(|&id, _| id > done);
+    }
+    Ok(())
 }
 
 /// The job fails with `error`: the aborts that came with it reach the job first.
 fn fail(
     error: CheckpointError,
     coordinator: &mut Coordinator,
-    store: &CheckpointStore,
-    job: &str,
+    place: &mut Place,
     hooks: &mut impl CheckpointHooks,
-    epoch: Instant,
 ) -> Result<CheckpointStats, CheckpointError> {
-    act(coordinator.take_outcomes(), store, job, hooks, epoch)?;
+    act(coordinator.take_outcomes(), place, hooks)?;
     Err(error)
 }
 
 fn act(
     outcomes: Vec<Outcome>,
-    store: &CheckpointStore,
-    job: &str,
+    place: &mut Place,
     hooks: &mut impl CheckpointHooks,
-    epoch: Instant,
 ) -> Result<(), CheckpointError> {
     for outcome in outcomes {
         match outcome {
             Outcome::Trigger(id) => hooks.trigger(id),
             Outcome::Abort { id, reason } => {
-                store.discard(id)?;
+                // Over several processes, only process 0 removes directories (when it
+                // completes a newer checkpoint): another process may still write here.
+                if place.part.is_none() {
+                    place.store.discard(id)?;
+                }
                 hooks.abort(id, &reason);
             }
             Outcome::Complete {
@@ -320,19 +433,28 @@ fn act(
                 tasks,
                 alignment,
             } => {
-                let since_trigger = epoch
+                let since_trigger = place
+                    .epoch
                     .elapsed()
                     .saturating_sub(Duration::from_nanos(triggered_ns));
                 let metadata = CheckpointMetadata {
                     id,
                     triggered_unix_ms: unix_ms().saturating_sub(since_trigger.as_millis() as u64),
                     duration,
-                    job: job.to_string(),
+                    job: place.job.clone(),
                     tasks,
                 };
-                store.complete(&metadata)?;
-                hooks.complete(id);
-                hooks.completed(&metadata, alignment);
+                match place.part {
+                    None => {
+                        place.store.complete(&metadata)?;
+                        hooks.complete(id);
+                        hooks.completed(&metadata, alignment);
+                    }
+                    Some((process, _)) => {
+                        place.store.complete_part(&metadata, process)?;
+                        place.awaiting.insert(id, alignment);
+                    }
+                }
             }
         }
     }

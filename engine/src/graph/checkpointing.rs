@@ -10,6 +10,15 @@
 //! groups redistributed). Other state (a source's position, an async operator's held
 //! elements, a sink's transactions, channel state) belongs to one subtask: restoring
 //! it at another parallelism is refused, naming the stage.
+//!
+//! A graph over several processes ([`Graph::with_cluster`](super::Graph::with_cluster))
+//! checkpoints into one directory that every process reaches at the same path (a shared
+//! filesystem across hosts): each process's service writes its tasks' files and its part
+//! of the metadata, and process 0 completes each checkpoint (see
+//! [`service`](crate::checkpoint::service)). Before a restore, process 0 must remove what
+//! the crashed run left unfinished
+//! ([`CheckpointStore::discard_unfinished`](crate::checkpoint::CheckpointStore::discard_unfinished))
+//! before its transport starts, which no other process's run can pass.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -340,12 +340,6 @@ pub enum GraphError {
     /// The checkpoint settings are refused, or the checkpoint to restore cannot be read.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    /// Checkpoints of a graph spread over several processes.
-    #[error(
-        "checkpoints of a job over several processes are not supported yet: run it in one \
-         process to checkpoint it"
-    )]
-    CheckpointsAcrossProcesses,
 }
 
 /// Why a running graph failed (a task's error).
@@ -855,9 +849,6 @@ impl Graph {
     /// ```
     pub fn start(mut self, mut runtime: Runtime) -> Result<JobRun, GraphError> {
         let checkpointing = self.checkpointing.take();
-        if checkpointing.is_some() && self.cluster.is_some() {
-            return Err(GraphError::CheckpointsAcrossProcesses);
-        }
         let local_workers = runtime.workers();
         let (processes, me) = match &self.cluster {
             Some(cluster) if cluster.processes == 0 || cluster.process >= cluster.processes => {
@@ -1047,9 +1038,13 @@ impl Graph {
             let store = CheckpointStore::open(&settings.dir, settings.config.retain)?;
             // Checkpoints newer than the one restored were left unfinished (or unread)
             // by the run that wrote them: this run numbers its own after the restored.
-            for listing in store.list()? {
-                if listing.id > restored_id {
-                    store.discard(listing.id)?;
+            // Over several processes, process 0 removes them before its transport
+            // starts (see `Checkpointing`), so that no process removes another's files.
+            if self.cluster.is_none() {
+                for listing in store.list()? {
+                    if listing.id > restored_id {
+                        store.discard(listing.id)?;
+                    }
                 }
             }
             let signals = Arc::new(CheckpointSignals::default());
@@ -1075,13 +1070,14 @@ impl Graph {
                 failure: Arc::clone(&failure),
                 listener: settings.listener.clone(),
             };
-            let service = CheckpointService::start(
+            let service = CheckpointService::start_part(
                 settings.config.clone(),
                 store,
                 job,
                 tasks,
                 restored_id + 1,
                 hooks,
+                self.cluster.as_ref().map(|c| (c.process, c.processes)),
             )?;
             let acks = service.acks();
             task_checkpoints = numbers
