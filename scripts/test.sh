@@ -27,7 +27,8 @@ if [ -z "${WEIR_REDIS_URL:-}" ]; then
   fi
 fi
 cargo test --workspace
-# Kill -9 chaos, a few kills (scripts/chaos.sh alone runs 20).
+# Kill -9 chaos, a few kills in one process and across two (scripts/chaos.sh alone runs 20).
 scripts/chaos.sh --kills 4 --records 100000
+scripts/chaos.sh --kills 4 --records 100000 --processes 2
 WEIR_BENCH_QUICK=1 cargo test -p weir-bench --benches
 scripts/loom.sh

@@ -392,6 +392,12 @@ pub fn summarize(
             .all(|r| r.as_ref().is_some_and(|r| r["outcome"] == "completed"));
     let records_out = sum(reports, "records_out");
     let unique = sum(reports, "unique");
+    // A run restored from a checkpoint sees only what came after it: its sinks cannot
+    // count what is missing (the exactly-once output files are where that is checked).
+    let restored = reports
+        .iter()
+        .flatten()
+        .any(|r| !r["checkpoints"]["restored_from"].is_null());
     let elapsed = max_f(reports, |r| r["elapsed_s"].as_f64()).unwrap_or(0.0);
     let workers = sum(reports, "workers");
     let cpu: f64 = reports
@@ -421,7 +427,8 @@ pub fn summarize(
         "records_in": sum(reports, "records_in"),
         "records_out": records_out,
         "failed": sum(reports, "failed"),
-        "lost": launch.records.saturating_sub(unique),
+        "lost": if restored { 0 } else { launch.records.saturating_sub(unique) },
+        "restored": restored,
         "duplicated": sum(reports, "duplicated"),
         "elapsed_s": elapsed,
         "throughput_records_per_s": throughput,
@@ -460,7 +467,15 @@ pub fn render(summary: &Value) -> String {
     line("failed", summary["failed"].to_string());
     line(
         "lost / duplicated",
-        format!("{} / {}", summary["lost"], summary["duplicated"]),
+        if summary["restored"] == true {
+            format!(
+                "– / {} (restored from a checkpoint: records before it are not counted here; \
+                 --output's files hold every record once)",
+                summary["duplicated"]
+            )
+        } else {
+            format!("{} / {}", summary["lost"], summary["duplicated"])
+        },
     );
     line(
         "elapsed",

@@ -382,3 +382,15 @@ fn a_failed_task_restarts_the_job_from_its_latest_checkpoint() {
     assert!(restored.id >= 1);
     assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_fresh_start_over_an_earlier_run_s_checkpoints_is_refused() {
+    let dir = scratch();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = numbers_job(settings, &dir.path().join("out"), 5_000, None);
+    graph.execute(runtime()).expect("runs");
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let graph = numbers_job(settings, &dir.path().join("out"), 5_000, None);
+    let error = graph.execute(runtime()).expect_err("refused");
+    assert!(error.to_string().contains("restore from it"), "{error}");
+}

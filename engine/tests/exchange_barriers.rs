@@ -266,3 +266,79 @@ fn an_announced_barrier_overtakes_the_queued_data_which_becomes_channel_state() 
     expected.extend([2000, 3000]);
     assert_eq!(replayed, expected);
 }
+
+#[test]
+fn records_held_after_a_read_ahead_belong_to_the_next_checkpoint_too() {
+    let (mut writers, mut gate, _network) = three_channels(AlignmentMode::Unaligned);
+    for n in 0..100 {
+        writers[0].emit(&n, 0).unwrap();
+    }
+    writers[0].announce_barrier(1);
+    writers[0].emit_barrier(1, 0).unwrap();
+    for w in &mut writers[1..] {
+        w.announce_barrier(1);
+        w.emit_barrier(1, 0).unwrap();
+    }
+    // Checkpoint 1 is taken and the backlog read ahead; only 10 records are given on.
+    assert!(matches!(
+        gate.poll_next_at(0).unwrap(),
+        Some(GateEvent::Barrier { id: 1, .. })
+    ));
+    let mut given = Vec::new();
+    while given.len() < 10 {
+        if let Some(GateEvent::Record { value, .. }) = gate.poll_next_at(0).unwrap() {
+            given.push(value);
+        }
+    }
+    let (id, _) = gate.take_channel_state().expect("checkpoint 1 whole");
+    assert_eq!(id, 1);
+    // Checkpoint 2 overtakes the records still held: they are its channel state.
+    for w in &mut writers {
+        w.announce_barrier(2);
+        w.emit_barrier(2, 0).unwrap();
+    }
+    let mut rest = Vec::new();
+    let mut barrier_at = None;
+    for _ in 0..500 {
+        match gate.poll_next_at(0).unwrap() {
+            Some(GateEvent::Barrier { id: 2, .. }) => barrier_at = Some(rest.len()),
+            Some(GateEvent::Record { value, .. }) => rest.push(value),
+            _ => {}
+        }
+    }
+    // Announcements are looked at every few polls: checkpoint 2 comes within them.
+    let at = barrier_at.expect("checkpoint 2 taken");
+    assert!(at < 40, "{at}");
+    assert_eq!(rest, (10..100).collect::<Vec<u64>>());
+    let (id, state) = gate.take_channel_state().expect("checkpoint 2 whole");
+    assert_eq!(id, 2);
+    // Every record given after checkpoint 2's snapshot is in its channel state.
+    let (_writers, mut restored, _network) = three_channels(AlignmentMode::Unaligned);
+    restored.restore_channel_state(&state).unwrap();
+    assert_eq!(records(&drain(&mut restored, 0)), rest[at..].to_vec());
+}
+
+#[test]
+fn reading_ahead_to_a_channel_s_end_does_not_read_past_it() {
+    let (mut writers, mut gate, _network) = three_channels(AlignmentMode::Unaligned);
+    writers[1].emit_barrier(5, 0).unwrap();
+    writers[2].emit_barrier(5, 0).unwrap();
+    writers[0].emit(&7, 0).unwrap();
+    writers[0].announce_barrier(5);
+    let mut writers = writers.into_iter();
+    let mut first = writers.next().unwrap();
+    first.finish(0).unwrap();
+    drop(first);
+    // Channel 0 ends before its barrier: read ahead to its end, which counts as the
+    // barrier; its producer being gone is no error.
+    let events: Vec<_> = (0..20)
+        .filter_map(|_| gate.poll_next_at(0).unwrap())
+        .collect();
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, GateEvent::Barrier { id: 5, .. })));
+    assert_eq!(records(&events), [7]);
+    let (id, state) = gate.take_channel_state().expect("whole");
+    assert_eq!(id, 5);
+    assert!(!state.is_empty());
+}

@@ -71,6 +71,7 @@ enum Message {
     Finished {
         task: usize,
         name: String,
+        from: u64,
         state: Vec<u8>,
     },
     TriggerNow,
@@ -109,12 +110,14 @@ impl Acks {
         let _ = self.tx.send(Message::Decline { id, task, reason });
     }
 
-    /// Task `task` (state file `name`) finished with `state`: it acknowledges with it
-    /// every checkpoint pending or to come.
-    pub fn finished(&self, task: usize, name: &str, state: Vec<u8>) {
+    /// Task `task` (state file `name`) finished with `state`, which holds for checkpoint
+    /// `from` and every later one: the service acknowledges them with it (pending or to
+    /// come; older ones the task acknowledged or declined itself).
+    pub fn finished(&self, task: usize, name: &str, from: u64, state: Vec<u8>) {
         let _ = self.tx.send(Message::Finished {
             task,
             name: name.to_string(),
+            from,
             state,
         });
     }
@@ -258,7 +261,7 @@ fn serve(
     rx: Receiver<Message>,
 ) -> Result<CheckpointStats, CheckpointError> {
     // Finished tasks and their final state.
-    let mut finished: Vec<(usize, String, Vec<u8>)> = Vec::new();
+    let mut finished: Vec<(usize, String, u64, Vec<u8>)> = Vec::new();
     loop {
         match coordinator.poll(place.now()) {
             Ok(outcomes) => act(outcomes, place, hooks)?,
@@ -306,7 +309,12 @@ fn serve(
                     return fail(error, coordinator, place, hooks);
                 }
             }
-            Message::Finished { task, name, state } => finished.push((task, name, state)),
+            Message::Finished {
+                task,
+                name,
+                from,
+                state,
+            } => finished.push((task, name, from, state)),
             Message::TriggerNow => {
                 if let Some(id) = coordinator.trigger_now(place.now()) {
                     hooks.trigger(id);
@@ -327,14 +335,15 @@ fn settle(
     coordinator: &mut Coordinator,
     place: &mut Place,
     hooks: &mut impl CheckpointHooks,
-    finished: &[(usize, String, Vec<u8>)],
+    finished: &[(usize, String, u64, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
     if finished.is_empty() {
         return Ok(());
     }
     for id in coordinator.pending_ids() {
-        for (task, name, state) in finished {
-            if coordinator.is_pending(id) && !coordinator.has_acknowledged(id, *task) {
+        for (task, name, from, state) in finished {
+            if id >= *from && coordinator.is_pending(id) && !coordinator.has_acknowledged(id, *task)
+            {
                 let file = place.store.write_task_state(id, name, state)?;
                 coordinator.acknowledge(id, *task, file, Duration::ZERO, place.now());
             }

@@ -117,6 +117,8 @@ struct ChannelState {
     partial: Partial,
     watermark: i64,
     ended: bool,
+    /// Its end was read ahead (it waits in `drained`): nothing more is read from it.
+    end_read: bool,
 }
 
 enum Frame<T> {
@@ -201,6 +203,7 @@ impl<T: Codec> InputGate<T> {
                 partial: Partial::default(),
                 watermark: i64::MIN,
                 ended: false,
+                end_read: false,
             })
             .collect();
         Ok(InputGate {
@@ -585,7 +588,11 @@ impl<T: Codec> InputGate<T> {
                     break;
                 }
                 Frame::End => {
+                    // Nothing comes after it: the channel's in-flight records are all
+                    // recorded, and it is not read again (its producer is gone).
                     self.draining[channel] = false;
+                    self.channels[channel].end_read = true;
+                    self.stop_recording(channel);
                     self.drained.push_back((channel, Frame::End));
                     break;
                 }
@@ -641,17 +648,34 @@ impl<T: Codec> InputGate<T> {
                 alignment,
                 unaligned,
             } => {
+                if let Some(old) = self.recording.take() {
+                    // A newer checkpoint overtook one whose channel state was still
+                    // coming: the older cannot complete here.
+                    self.events.push_back(GateEvent::CheckpointAborted {
+                        id: old.id,
+                        reason: format!(
+                            "checkpoint {id} was taken before the channel state of checkpoint \
+                             {} was whole",
+                            old.id
+                        ),
+                    });
+                }
+                // Records taken out of their channels and not yet yielded (read ahead,
+                // or restored) are in flight at this snapshot, whatever its mode.
+                let held = self.held_records();
                 if unaligned {
                     if let Some(state) = self.aligner.as_ref().and_then(|a| a.channel_state()) {
                         self.recording = Some(Recording {
                             id,
                             channels: state.recording,
-                            bytes: Vec::new(),
+                            bytes: held,
                         });
                         self.finish_recording_if_whole();
                     } else {
-                        self.recorded = Some((id, Vec::new()));
+                        self.recorded = Some((id, held));
                     }
+                } else if !held.is_empty() {
+                    self.recorded = Some((id, held));
                 }
                 self.events.push_back(GateEvent::Barrier {
                     id,
@@ -665,6 +689,21 @@ impl<T: Codec> InputGate<T> {
             }
         }
         self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());
+    }
+
+    /// The records waiting in `drained`, framed as channel state.
+    fn held_records(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (_, frame) in &self.drained {
+            if let Frame::Record(value) = frame {
+                let start = out.len();
+                out.extend_from_slice(&[0; 4]);
+                value.encode(&mut out);
+                let len = (out.len() - start - 4) as u32;
+                out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+            }
+        }
+        out
     }
 
     /// `channel`'s barrier (or end) came: its in-flight records are all recorded.
@@ -753,7 +792,7 @@ impl<T: Codec> InputGate<T> {
     /// the middle of a frame; `None` when the channel has no buffer with unread bytes
     /// (either way the caller moves to the next channel).
     fn next_frame(&mut self, channel: usize) -> Result<Option<Frame<T>>, ExchangeError> {
-        if self.channels[channel].ended {
+        if self.channels[channel].ended || self.channels[channel].end_read {
             return Ok(None);
         }
         if !self.fill(channel)? {

@@ -921,17 +921,20 @@ impl<T: 'static> StageTask<T> {
         }
         self.chain.barrier(id, &mut snapshot, cx)?;
         let checkpoint = self.checkpoint.as_mut().expect("checked");
-        if unaligned {
-            if let StageInput::Gate(gate) = &mut self.input {
-                match gate.take_channel_state() {
-                    Some((state_id, bytes)) if state_id == id => {
+        if let StageInput::Gate(gate) = &mut self.input {
+            // Channel state: what was in flight at the snapshot (unaligned, or records the
+            // gate had taken out of their channels and not yet given).
+            match gate.take_channel_state() {
+                Some((state_id, bytes)) if state_id == id => {
+                    if !bytes.is_empty() {
                         snapshot.push(CHANNEL_SECTION, bytes);
                     }
-                    _ => {
-                        checkpoint.waiting = Some((id, snapshot, alignment));
-                        return Ok(());
-                    }
                 }
+                _ if unaligned => {
+                    checkpoint.waiting = Some((id, snapshot, alignment));
+                    return Ok(());
+                }
+                _ => {}
             }
         }
         checkpoint.acks.acknowledge(
@@ -956,25 +959,8 @@ impl<T: 'static> StageTask<T> {
             checkpoint.last_completed = completed;
             self.chain.checkpoint_complete(completed)?;
         }
+        self.ack_waiting();
         let checkpoint = self.checkpoint.as_mut().expect("checked");
-        if checkpoint.waiting.is_some() {
-            if let StageInput::Gate(gate) = &mut self.input {
-                if let Some((id, bytes)) = gate.take_channel_state() {
-                    if let Some((waiting, mut snapshot, alignment)) = checkpoint.waiting.take() {
-                        if waiting == id {
-                            snapshot.push(CHANNEL_SECTION, bytes);
-                            checkpoint.acks.acknowledge(
-                                id,
-                                checkpoint.task,
-                                &checkpoint.name,
-                                snapshot.encode(),
-                                alignment,
-                            );
-                        }
-                    }
-                }
-            }
-        }
         if matches!(self.input, StageInput::Source(_)) && self.phase == Phase::Running {
             let triggered = checkpoint.signals.triggered.load(Ordering::Acquire);
             if triggered > checkpoint.last_barrier {
@@ -984,6 +970,36 @@ impl<T: 'static> StageTask<T> {
             }
         }
         Ok(())
+    }
+
+    /// Acknowledges an unaligned snapshot whose channel state came whole.
+    fn ack_waiting(&mut self) {
+        let (Some(checkpoint), StageInput::Gate(gate)) =
+            (self.checkpoint.as_mut(), &mut self.input)
+        else {
+            return;
+        };
+        if checkpoint.waiting.is_none() {
+            return;
+        }
+        if let Some((id, bytes)) = gate.take_channel_state() {
+            if let Some((waiting, mut snapshot, alignment)) = checkpoint.waiting.take() {
+                if waiting == id {
+                    if !bytes.is_empty() {
+                        snapshot.push(CHANNEL_SECTION, bytes);
+                    }
+                    checkpoint.acks.acknowledge(
+                        id,
+                        checkpoint.task,
+                        &checkpoint.name,
+                        snapshot.encode(),
+                        alignment,
+                    );
+                } else {
+                    checkpoint.waiting = Some((waiting, snapshot, alignment));
+                }
+            }
+        }
     }
 
     /// The task's input and chain are done: with checkpoints, its final state goes to
@@ -996,6 +1012,18 @@ impl<T: 'static> StageTask<T> {
         };
         if !checkpoint.finished_sent {
             checkpoint.finished_sent = true;
+            // A snapshot waiting for its channel state has it now (every channel
+            // ended); one that does not cannot be taken any more.
+            self.ack_waiting();
+            let checkpoint = self.checkpoint.as_mut().expect("checked");
+            if let Some((id, ..)) = checkpoint.waiting.take() {
+                checkpoint.acks.decline(
+                    id,
+                    checkpoint.task,
+                    format!("{}: ended before the channel state was whole", self.name),
+                );
+            }
+            let checkpoint = self.checkpoint.as_mut().expect("checked");
             // The checkpoint this state first counts for: one triggered that this task
             // has not snapshotted, or the next.
             let triggered = checkpoint.signals.triggered.load(Ordering::Acquire);
@@ -1014,7 +1042,7 @@ impl<T: 'static> StageTask<T> {
             let checkpoint = self.checkpoint.as_mut().expect("checked");
             checkpoint
                 .acks
-                .finished(checkpoint.task, &checkpoint.name, snapshot.encode());
+                .finished(checkpoint.task, &checkpoint.name, first, snapshot.encode());
             if snapshot.commits {
                 checkpoint.final_commit = Some(first);
                 checkpoint.acks.trigger_now();
@@ -1113,6 +1141,8 @@ impl<T: 'static> StageTask<T> {
                 self.chain.poll(cx)?;
             }
         }
+        // Channel state that came whole in this poll (no later poll may come soon).
+        self.ack_waiting();
         if self.phase == Phase::Finishing
             && self.chain.finish(cx)?
             && self.finish_checkpoints(cx)?

@@ -668,6 +668,17 @@ impl Graph {
         let stage = self.open_stage("source".into(), None);
         let open: Open<T> = Arc::new(move |wiring: &mut Wiring, chain| {
             let mut source: Box<dyn Source<T>> = Box::new(make(&wiring.info));
+            if wiring.checkpoint.is_some() && source.snapshot_state().is_none() {
+                // Refused up front: a checkpoint could never hold it, and its channels
+                // would never bring a barrier downstream.
+                return Err(format!(
+                    "{}: its source cannot be replayed from a position (implement \
+                     Source::snapshot_state and restore_state), so a checkpointed job cannot \
+                     hold it; run the job without checkpoints",
+                    wiring.info.stage
+                )
+                .into());
+            }
             if let Some(state) = wiring.restored(SOURCE_SECTION)? {
                 source
                     .restore_state(state)
@@ -1036,6 +1047,17 @@ impl Graph {
             };
             let restored_id = restored.as_ref().map_or(0, |r| r.id);
             let store = CheckpointStore::open(&settings.dir, settings.config.retain)?;
+            if restored.is_none() {
+                // A fresh start would number its checkpoints from 1 over a previous run's:
+                // say so rather than lose the previous run's recovery point.
+                if let Some(newest) = store.newest_complete()? {
+                    return Err(GraphError::Checkpoint(CheckpointError::Config(format!(
+                        "{} holds checkpoint {newest} of an earlier run: restore from it \
+                         (--restore {0}), or remove the directory to start afresh",
+                        settings.dir.display()
+                    ))));
+                }
+            }
             // Checkpoints newer than the one restored were left unfinished (or unread)
             // by the run that wrote them: this run numbers its own after the restored.
             // Over several processes, process 0 removes them before its transport
