@@ -925,11 +925,10 @@ impl<T: 'static> StageTask<T> {
             // Channel state: what was in flight at the snapshot (unaligned, or records the
             // gate had taken out of their channels and not yet given).
             match gate.take_channel_state() {
-                Some((state_id, bytes)) if state_id == id => {
-                    if !bytes.is_empty() {
-                        snapshot.push(CHANNEL_SECTION, bytes);
-                    }
+                Some((state_id, bytes)) if state_id == id && !bytes.is_empty() => {
+                    snapshot.push(CHANNEL_SECTION, bytes);
                 }
+                Some((state_id, _)) if state_id == id => {}
                 _ if unaligned => {
                     checkpoint.waiting = Some((id, snapshot, alignment));
                     return Ok(());
