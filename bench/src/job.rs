@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -918,6 +919,9 @@ struct CheckSink {
     published: bool,
     /// Over several processes: latency measured in the wall clock (see `WallClock`).
     wall: Option<WallClock>,
+    /// When the first record of the run reached a sink, in ns since the Unix epoch
+    /// (the moment a restored job is processing again).
+    first_output: Arc<AtomicU64>,
 }
 
 impl CheckSink {
@@ -966,6 +970,10 @@ impl Sink<Enriched> for CheckSink {
         _timestamp: Option<i64>,
         now_ns: u64,
     ) -> Result<(), TaskError> {
+        if self.received == 0 {
+            self.first_output
+                .fetch_min(wall_clock_ns(), std::sync::atomic::Ordering::Relaxed);
+        }
         self.received += 1;
         let source = (value.id % self.sources) as usize;
         if self.last_id[source].is_some_and(|last| last > value.id) {
@@ -1080,6 +1088,8 @@ pub struct JobReport {
     pub checkpoints: Option<CheckpointReport>,
     /// Restarts after failures.
     pub restarts: u32,
+    /// When the first record reached a sink, in ns since the Unix epoch.
+    pub first_output_unix_ns: Option<u64>,
 }
 
 /// Builds and runs the job; returns its report and wall time, or why it failed.
@@ -1357,6 +1367,7 @@ fn execute(
         ),
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
+    let first_output = Arc::new(AtomicU64::new(u64::MAX));
     let records = settings.records;
     let wall_clock = settings.cluster.is_some();
     {
@@ -1364,6 +1375,7 @@ fn execute(
         let collect = settings.collect.clone();
         let live = graph.live();
         let output = settings.output.clone();
+        let first_output = Arc::clone(&first_output);
         let check = move || CheckSink {
             sources: subtasks as u64,
             last_id: vec![None; subtasks],
@@ -1374,6 +1386,7 @@ fn execute(
             latency: latency_histogram(),
             results: Arc::clone(&results),
             live: Arc::clone(&live),
+            first_output: Arc::clone(&first_output),
             reported: 0,
             collect: collect.clone().map(|shared| (Vec::new(), shared)),
             published: false,
@@ -1424,6 +1437,10 @@ fn execute(
             .unwrap_or_default(),
         checkpoints: result.checkpoints.clone(),
         restarts: 0,
+        first_output_unix_ns: match first_output.load(std::sync::atomic::Ordering::Relaxed) {
+            u64::MAX => None,
+            at => Some(at),
+        },
     };
     for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
         report.received += sink.received;
@@ -1710,6 +1727,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
         })).collect::<Vec<_>>(),
         "parks": report.run.parks,
+        "first_output_unix_ms": report.first_output_unix_ns.map(|ns| ns as f64 / 1e6),
         "checkpoints": report.checkpoints.as_ref().map(|c| {
             let summary = CheckpointSummary::of(c);
             json!({
