@@ -407,7 +407,9 @@ fn main_job_kill_recovery() -> Result<Duration, String> {
     std::thread::sleep(Duration::from_millis(u64::from(
         (wall_ns() % 200_000_000 / 1_000_000) as u32,
     )));
-    child.kill().map_err(|e| format!("cannot kill weir run: {e}"))?;
+    child
+        .kill()
+        .map_err(|e| format!("cannot kill weir run: {e}"))?;
     let killed = wall_ns();
     let _ = child.wait();
     drop(lines);
