@@ -394,3 +394,66 @@ fn a_fresh_start_over_an_earlier_run_s_checkpoints_is_refused() {
     let error = graph.execute(runtime()).expect_err("refused");
     assert!(error.to_string().contains("restore from it"), "{error}");
 }
+
+#[test]
+fn map_state_restores_at_another_parallelism() {
+    use std::collections::BTreeMap;
+    // Per key (n % 20): how many records of each residue n % 7 it saw.
+    fn job(
+        settings: Checkpointing,
+        records: u64,
+        rate: Option<f64>,
+        parallelism: usize,
+    ) -> (
+        Graph,
+        weir_engine::graph::Collected<(u64, BTreeMap<u64, u64>)>,
+    ) {
+        let graph = Graph::new().with_checkpointing(settings);
+        let out = graph
+            .from_generator(records, rate, |n| n)
+            .parallelism(1)
+            .key_by(|n: &u64| *n % 20)
+            .map_with_state(
+                |n: &u64| *n % 20,
+                |n, state: &mut Option<BTreeMap<u64, u64>>| {
+                    let map = state.get_or_insert_with(BTreeMap::new);
+                    *map.entry(n % 7).or_default() += 1;
+                    (n % 20, map.clone())
+                },
+            )
+            .parallelism(parallelism)
+            .collect();
+        (graph, out)
+    }
+    let dir = scratch();
+    let records = 4_200;
+    let (settings, completed) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let (graph, _) = job(settings, records, Some(10_000.0), 2);
+    let running = graph.start(runtime()).expect("starts");
+    wait_for(&completed, 2);
+    running.controller().cancel();
+    let _ = running.join();
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+    let (graph, out) = job(
+        settings.restore_from(dir.path().join("chk")),
+        records,
+        None,
+        3,
+    );
+    graph.execute(runtime()).expect("runs");
+    let mut last: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
+    for (key, map) in out.records() {
+        let total: u64 = map.values().sum();
+        let entry = last.entry(key).or_default();
+        if total > entry.values().sum::<u64>() {
+            *entry = map;
+        }
+    }
+    for key in 0..20u64 {
+        let mut expected: BTreeMap<u64, u64> = BTreeMap::new();
+        for n in (key..records).step_by(20) {
+            *expected.entry(n % 7).or_default() += 1;
+        }
+        assert_eq!(last[&key], expected, "key {key}");
+    }
+}

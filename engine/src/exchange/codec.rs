@@ -236,6 +236,30 @@ impl<T: Codec> Codec for Option<T> {
     }
 }
 
+/// A map as its entry count, then each key and value (in key order): e.g. the map state
+/// of a key in `map_with_state` (Flink's `MapState`).
+impl<K: Codec + Ord, V: Codec> Codec for std::collections::BTreeMap<K, V> {
+    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
+        (self.len() as u32).encode(out);
+        for (key, value) in self {
+            key.encode(out);
+            value.encode(out);
+        }
+    }
+    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
+        // Every entry takes a byte at least, so a count past the bytes left is refused
+        // before anything is allocated for it.
+        let count = decode_len(input)?;
+        let mut map = std::collections::BTreeMap::new();
+        for _ in 0..count {
+            let key = K::decode(input)?;
+            let value = V::decode(input)?;
+            map.insert(key, value);
+        }
+        Ok(map)
+    }
+}
+
 /// A record crosses an exchange as its timestamp, then its value (Flink's
 /// `StreamRecord` serializes the timestamp with the value); the exchange carries
 /// [`Record`](crate::element::Record) itself, encoded where it lies.

@@ -1545,7 +1545,8 @@ impl<'g, T: 'static> Stream<'g, T> {
 
     /// `f` of each record and the value state of its key (Flink's `ValueState` in a
     /// keyed `map`): `f` reads, replaces or clears (`None`) the value, and returns the
-    /// output. The stage must follow a [`key_by`](Stream::key_by) whose key `key`
+    /// output. Map state (Flink's `MapState`) is a value that is a map: a
+    /// `BTreeMap<UK, UV>` per key, which `f` reads and updates in place. The stage must follow a [`key_by`](Stream::key_by) whose key `key`
     /// repeats. The state is kept per key group and checkpointed, so a restored job
     /// may run this stage at another parallelism: each key's value goes where
     /// `key_by` now sends the key.
