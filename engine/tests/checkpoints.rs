@@ -399,15 +399,13 @@ fn a_fresh_start_over_an_earlier_run_s_checkpoints_is_refused() {
 fn map_state_restores_at_another_parallelism() {
     use std::collections::BTreeMap;
     // Per key (n % 20): how many records of each residue n % 7 it saw.
+    type Residues = weir_engine::graph::Collected<(u64, BTreeMap<u64, u64>)>;
     fn job(
         settings: Checkpointing,
         records: u64,
         rate: Option<f64>,
         parallelism: usize,
-    ) -> (
-        Graph,
-        weir_engine::graph::Collected<(u64, BTreeMap<u64, u64>)>,
-    ) {
+    ) -> (Graph, Residues) {
         let graph = Graph::new().with_checkpointing(settings);
         let out = graph
             .from_generator(records, rate, |n| n)
