@@ -375,28 +375,26 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
 
     /// Broadcasts a watermark in band and publishes it with everything before it.
     pub fn emit_watermark(&mut self, timestamp: i64, now_ns: u64) -> Result<(), ExchangeError> {
-        self.ready_to_write()?;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&WATERMARK_TAG.to_le_bytes());
-        self.scratch.extend_from_slice(&timestamp.to_le_bytes());
-        self.write(
-            Pending {
-                target: Target::All,
-                sub: 0,
-                offset: 0,
-                event: true,
-            },
-            now_ns,
-        )
+        self.broadcast_event(WATERMARK_TAG, timestamp.to_le_bytes(), now_ns)
     }
 
     /// Broadcasts checkpoint `id`'s barrier in band, behind every record written
     /// before it (it never overtakes them), and publishes it with them.
     pub fn emit_barrier(&mut self, id: u64, now_ns: u64) -> Result<(), ExchangeError> {
+        self.broadcast_event(BARRIER_TAG, id.to_le_bytes(), now_ns)
+    }
+
+    /// Broadcasts an event of 8 bytes in band and publishes it with everything before it.
+    fn broadcast_event(
+        &mut self,
+        tag: u32,
+        body: [u8; 8],
+        now_ns: u64,
+    ) -> Result<(), ExchangeError> {
         self.ready_to_write()?;
         self.scratch.clear();
-        self.scratch.extend_from_slice(&BARRIER_TAG.to_le_bytes());
-        self.scratch.extend_from_slice(&id.to_le_bytes());
+        self.scratch.extend_from_slice(&tag.to_le_bytes());
+        self.scratch.extend_from_slice(&body);
         self.write(
             Pending {
                 target: Target::All,

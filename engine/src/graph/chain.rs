@@ -140,8 +140,8 @@ impl Snapshot {
     }
 }
 
-/// Forwards everything but records to `next`.
-macro_rules! forward_rest {
+/// Forwards everything but records and barriers to `next`.
+macro_rules! forward_io {
     () => {
         #[inline]
         fn accepts(&mut self) -> bool {
@@ -159,6 +159,13 @@ macro_rules! forward_rest {
         fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
             self.next.on_io(event)
         }
+    };
+}
+
+/// Forwards everything but records to `next`.
+macro_rules! forward_rest {
+    () => {
+        forward_io!();
         fn barrier(
             &mut self,
             id: u64,
@@ -674,22 +681,7 @@ where
         self.next.push(element, cx)
     }
 
-    #[inline]
-    fn accepts(&mut self) -> bool {
-        self.next.accepts()
-    }
-    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
-        self.next.poll(cx)
-    }
-    fn finish(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
-        self.next.finish(cx)
-    }
-    fn next_deadline(&self) -> Option<u64> {
-        self.next.next_deadline()
-    }
-    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
-        self.next.on_io(event)
-    }
+    forward_io!();
     fn barrier(
         &mut self,
         id: u64,
