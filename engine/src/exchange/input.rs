@@ -78,8 +78,9 @@ pub enum GateEvent<T> {
     CheckpointAborted {
         /// The checkpoint.
         id: u64,
-        /// Why.
-        reason: String,
+        /// Why (boxed: this rare event must not make every event the gate returns
+        /// larger, nor give it a field to drop).
+        reason: Box<String>,
     },
 }
 
@@ -624,9 +625,9 @@ impl<T: Codec> InputGate<T> {
                 self.recording = None;
                 self.events.push_back(GateEvent::CheckpointAborted {
                     id: old,
-                    reason: format!(
+                    reason: Box::new(format!(
                         "barrier {id} arrived before the channel state of checkpoint {old} was whole"
-                    ),
+                    )),
                 });
             }
         }
@@ -653,11 +654,11 @@ impl<T: Codec> InputGate<T> {
                     // coming: the older cannot complete here.
                     self.events.push_back(GateEvent::CheckpointAborted {
                         id: old.id,
-                        reason: format!(
+                        reason: Box::new(format!(
                             "checkpoint {id} was taken before the channel state of checkpoint \
                              {} was whole",
                             old.id
-                        ),
+                        )),
                     });
                 }
                 // Records taken out of their channels and not yet yielded (read ahead,
@@ -684,8 +685,10 @@ impl<T: Codec> InputGate<T> {
                 });
             }
             Alignment::Abort { id, reason } => {
-                self.events
-                    .push_back(GateEvent::CheckpointAborted { id, reason });
+                self.events.push_back(GateEvent::CheckpointAborted {
+                    id,
+                    reason: Box::new(reason),
+                });
             }
         }
         self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());

@@ -749,7 +749,10 @@ impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
                 })
             }
             Some(GateEvent::CheckpointAborted { id, reason }) => {
-                return Ok(Step::Aborted { id, reason })
+                return Ok(Step::Aborted {
+                    id,
+                    reason: *reason,
+                })
             }
             None => SourceEvent::Idle { until_ns: None },
         }))
