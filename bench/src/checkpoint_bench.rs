@@ -42,6 +42,7 @@ use weir_engine::runtime::{Cores, Runtime, TaskError};
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
 
+use crate::compare::median;
 use crate::job::{self, CheckpointSummary, JobCheckpoints, JobSettings, KeyDistribution};
 
 /// Checkpoint interval of the overhead and back-pressure runs.
@@ -435,15 +436,6 @@ fn main_job_kill_recovery() -> Result<Duration, String> {
     ))
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
@@ -539,42 +531,42 @@ pub fn run(scale: f64, rounds: usize, mut progress: impl FnMut(&str)) -> Result<
         .iter()
         .zip(&turns)
         .map(|(case, turns)| {
-            let mut rates: Vec<f64> = turns.iter().map(|t| t.ops_per_s).collect();
+            let rates: Vec<f64> = turns.iter().map(|t| t.ops_per_s).collect();
             let samples = rates.clone();
-            let mut cpu: Vec<f64> = turns.iter().filter_map(|t| t.cpu_ns_per_op).collect();
+            let cpu: Vec<f64> = turns.iter().filter_map(|t| t.cpu_ns_per_op).collect();
             let summaries: Vec<&CheckpointSummary> = turns
                 .iter()
                 .filter_map(|t| t.checkpoints.as_ref())
                 .collect();
             // Every completed checkpoint of every round, pooled.
             let checkpoints = (!summaries.is_empty()).then(|| {
-                let mut durations: Vec<f64> =
+                let durations: Vec<f64> =
                     turns.iter().flat_map(|t| t.durations_ms.clone()).collect();
                 let max = durations.iter().copied().fold(0.0, f64::max);
-                let mut alignments: Vec<f64> =
+                let alignments: Vec<f64> =
                     turns.iter().flat_map(|t| t.alignments_ms.clone()).collect();
                 let align_max = alignments.iter().copied().fold(0.0, f64::max);
                 json!({
                     "completed": summaries.iter().map(|s| s.completed).sum::<u64>(),
                     "failed": summaries.iter().map(|s| s.failed).sum::<u64>(),
-                    "duration_ms": { "p50": median(&mut durations), "max": max },
-                    "alignment_ms": { "p50": median(&mut alignments), "max": align_max },
+                    "duration_ms": { "p50": median(&durations), "max": max },
+                    "alignment_ms": { "p50": median(&alignments), "max": align_max },
                     "size_bytes_last": summaries.last().map(|s| s.last_size),
                 })
             });
             json!({
                 "experiment": case.experiment,
                 "implementation": case.implementation,
-                "ops_per_s": median(&mut rates),
+                "ops_per_s": median(&rates),
                 "samples_ops_per_s": samples,
-                "cpu_ns_per_op": (!cpu.is_empty()).then(|| median(&mut cpu)),
+                "cpu_ns_per_op": (!cpu.is_empty()).then(|| median(&cpu)),
                 "checkpoints": checkpoints,
             })
         })
         .collect();
-    let mut to_processing: Vec<f64> = recoveries.iter().map(|r| ms(r.to_processing)).collect();
-    let mut read: Vec<f64> = recoveries.iter().map(|r| ms(r.read)).collect();
-    let mut replayed: Vec<f64> = recoveries.iter().map(|r| r.replayed as f64).collect();
+    let to_processing: Vec<f64> = recoveries.iter().map(|r| ms(r.to_processing)).collect();
+    let read: Vec<f64> = recoveries.iter().map(|r| ms(r.read)).collect();
+    let replayed: Vec<f64> = recoveries.iter().map(|r| r.replayed as f64).collect();
     Ok(json!({
         "suite": "checkpoints",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
@@ -585,14 +577,14 @@ pub fn run(scale: f64, rounds: usize, mut progress: impl FnMut(&str)) -> Result<
         "sink_spin_us": SINK_SPIN.as_secs_f64() * 1e6,
         "rows": rows,
         "main_job_kill_recovery_ms": {
-            "p50": median(&mut kills.clone()),
+            "p50": median(&kills),
             "max": kills.iter().copied().fold(0.0, f64::max),
             "samples": kills,
         },
         "recovery": {
-            "to_processing_ms": { "p50": median(&mut to_processing), "max": to_processing.iter().copied().fold(0.0, f64::max), "samples": to_processing },
-            "read_ms": { "p50": median(&mut read) },
-            "replayed_records": { "p50": median(&mut replayed), "samples": replayed },
+            "to_processing_ms": { "p50": median(&to_processing), "max": to_processing.iter().copied().fold(0.0, f64::max), "samples": to_processing },
+            "read_ms": { "p50": median(&read) },
+            "replayed_records": { "p50": median(&replayed), "samples": replayed },
         },
     }))
 }

@@ -131,7 +131,7 @@ pub struct Summary {
 }
 
 /// The median of `samples`; NaN if there are none.
-fn median(samples: &[f64]) -> f64 {
+pub fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
