@@ -576,6 +576,8 @@ impl<T: Codec> Link<T> for WriterLink<T> {
 /// The end of a stage that ends in a sink.
 pub(crate) struct SinkLink<S> {
     pub(crate) sink: S,
+    /// The sink's own I/O on the worker's driver, if it does any.
+    pub(crate) io: Option<Box<dyn IoHandler>>,
     pub(crate) finished: bool,
     /// Its section in the task's snapshot.
     pub(crate) position: u32,
@@ -584,7 +586,7 @@ pub(crate) struct SinkLink<S> {
 impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
     #[inline]
     fn accepts(&mut self) -> bool {
-        true
+        self.sink.accepts()
     }
 
     #[inline]
@@ -599,24 +601,28 @@ impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
         }
     }
 
-    fn poll(&mut self, _cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
-        Ok(false)
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
+        if let Some(io) = self.io.as_mut() {
+            io.flush(cx.driver, cx.now_ns);
+        }
+        self.sink.poll(cx.now_ns)
     }
 
-    fn finish(&mut self, _cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
+    fn finish(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
         if !self.finished {
             self.finished = true;
             self.sink.finish()?;
         }
-        Ok(true)
+        self.poll(cx)?;
+        Ok(self.sink.flushed())
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        None
+        self.io.as_ref().and_then(|io| io.next_deadline())
     }
 
-    fn on_io(&mut self, _event: &DriverEvent<'_>) -> bool {
-        false
+    fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
+        self.io.as_mut().is_some_and(|io| io.on_event(event))
     }
 
     fn barrier(
@@ -842,6 +848,8 @@ pub(crate) struct StageTask<T> {
     /// `stage (subtask/parallelism)`, as Flink names a subtask.
     name: String,
     checkpoint: Option<TaskCheckpoint>,
+    /// The source's own I/O on the worker's driver, if it does any.
+    source_io: Option<Box<dyn IoHandler>>,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -865,6 +873,21 @@ impl<T: 'static> StageTask<T> {
             shared,
             stage,
             checkpoint: None,
+            source_io: None,
+        }
+    }
+
+    /// Drives the source's I/O (`None`: it does none).
+    pub(crate) fn with_source_io(mut self, io: Option<Box<dyn IoHandler>>) -> Self {
+        self.source_io = io;
+        self
+    }
+
+    /// Hands the source's queued requests to the driver.
+    #[inline]
+    fn flush_source_io(&mut self, cx: &mut TaskContext<'_>) {
+        if let Some(io) = self.source_io.as_mut() {
+            io.flush(cx.driver, cx.now_ns);
         }
     }
 
@@ -1053,6 +1076,7 @@ impl<T: 'static> StageTask<T> {
         if self.checkpoint.is_some() {
             self.checkpoint_turn(cx)?;
         }
+        self.flush_source_io(cx);
         let mut busy = self.chain.poll(cx)?;
         if self.phase == Phase::Running {
             self.wake_at = None;
@@ -1134,12 +1158,16 @@ impl<T: 'static> StageTask<T> {
                 // Send what the new input started (I/O, buffers) and arm wake-ups.
                 self.chain.poll(cx)?;
             }
+            // The source's requests (e.g. its next read) go out this turn.
+            self.flush_source_io(cx);
         }
         // Channel state that came whole in this poll (no later poll may come soon).
         self.ack_waiting();
+        // A sink's final commit may be I/O of its own: the chain finishes again after it.
         if self.phase == Phase::Finishing
             && self.chain.finish(cx)?
             && self.finish_checkpoints(cx)?
+            && self.chain.finish(cx)?
         {
             return Ok(Progress::Done);
         }
@@ -1159,7 +1187,7 @@ impl<T: 'static> Task for StageTask<T> {
     }
 
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
-        self.chain.on_io(event)
+        self.source_io.as_mut().is_some_and(|io| io.on_event(event)) || self.chain.on_io(event)
     }
 
     fn on_control(&mut self, control: Control, cx: &mut TaskContext<'_>) -> Result<(), TaskError> {
@@ -1178,7 +1206,8 @@ impl<T: 'static> Task for StageTask<T> {
             StageInput::Gate(gate) if self.checkpoint.is_some() => gate.alignment_deadline(),
             _ => None,
         };
-        [self.chain.next_deadline(), self.wake_at, alignment]
+        let io = self.source_io.as_ref().and_then(|io| io.next_deadline());
+        [self.chain.next_deadline(), self.wake_at, alignment, io]
             .into_iter()
             .flatten()
             .min()

@@ -494,6 +494,15 @@ impl Wiring {
     /// A stage task over `input` and `chain`, taking part in checkpoints if the job
     /// does.
     fn task<T: 'static>(&mut self, input: StageInput<T>, chain: Box<dyn Link<T>>) -> Box<dyn Task> {
+        self.task_with_io(input, chain, None)
+    }
+
+    fn task_with_io<T: 'static>(
+        &mut self,
+        input: StageInput<T>,
+        chain: Box<dyn Link<T>>,
+        io: Option<Box<dyn IoHandler>>,
+    ) -> Box<dyn Task> {
         Box::new(
             StageTask::new(
                 input,
@@ -502,7 +511,8 @@ impl Wiring {
                 self.stage,
                 &self.info,
             )
-            .with_checkpoint(self.checkpoint.take()),
+            .with_checkpoint(self.checkpoint.take())
+            .with_source_io(io),
         )
     }
 }
@@ -665,9 +675,24 @@ impl Graph {
         S: Source<T>,
         M: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
     {
+        self.from_source_io(move |info| (make(info), None))
+    }
+
+    /// [`from_source`](Self::from_source) for a source that does its own I/O on the
+    /// worker's driver (e.g. reads a log over TCP): `make` also returns the
+    /// [`IoHandler`] the task drives each turn. The source answers
+    /// [`SourceEvent::Idle`] while it waits for a reply; a driver event for one of the
+    /// handler's connections polls it again.
+    pub fn from_source_io<T, S, M>(&self, make: M) -> Stream<'_, T>
+    where
+        T: 'static,
+        S: Source<T>,
+        M: Fn(&SubtaskInfo) -> (S, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+    {
         let stage = self.open_stage("source".into(), None);
         let open: Open<T> = Arc::new(move |wiring: &mut Wiring, chain| {
-            let mut source: Box<dyn Source<T>> = Box::new(make(&wiring.info));
+            let (source, io) = make(&wiring.info);
+            let mut source: Box<dyn Source<T>> = Box::new(source);
             if wiring.checkpoint.is_some() && source.snapshot_state().is_none() {
                 // Refused up front: a checkpoint could never hold it, and its channels
                 // would never bring a barrier downstream.
@@ -684,7 +709,7 @@ impl Graph {
                     .restore_state(state)
                     .map_err(|e| format!("{}: {e}", wiring.info.stage))?;
             }
-            Ok(wiring.task(StageInput::Source(source), chain))
+            Ok(wiring.task_with_io(StageInput::Source(source), chain, io))
         });
         Stream {
             graph: self,
@@ -1605,13 +1630,26 @@ impl<'g, T: 'static> Stream<'g, T> {
         S: Sink<T>,
         M: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
     {
+        self.sink_io(move |info| (make(info), None))
+    }
+
+    /// [`sink`](Self::sink) for a sink that does its own I/O on the worker's driver
+    /// (e.g. writes to a server over TCP): `make` also returns the [`IoHandler`] the
+    /// task drives each turn. Such a sink says when it takes no more input
+    /// ([`Sink::accepts`], back-pressure) and when all it was given is written
+    /// ([`Sink::flushed`]).
+    pub fn sink_io<S, M>(self, make: M)
+    where
+        S: Sink<T>,
+        M: Fn(&SubtaskInfo) -> (S, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+    {
         let position = self.with_stage(|s| {
             s.ops += 1;
             s.ops
         });
         let open = self.open;
         let build: Build = Arc::new(move |wiring: &mut Wiring| {
-            let mut sink = make(&wiring.info);
+            let (mut sink, io) = make(&wiring.info);
             if let Some(state) = wiring.restored(position)? {
                 sink.restore_state(state)
                     .map_err(|e| format!("{}: {e}", wiring.info.stage))?;
@@ -1620,6 +1658,7 @@ impl<'g, T: 'static> Stream<'g, T> {
                 wiring,
                 Box::new(SinkLink {
                     sink,
+                    io,
                     finished: false,
                     position,
                 }),

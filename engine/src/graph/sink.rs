@@ -30,6 +30,25 @@ pub trait Sink<T>: 'static {
     fn finish(&mut self) -> Result<(), TaskError> {
         Ok(())
     }
+    /// Whether it takes another record now. `false` holds its input back
+    /// (back-pressure: the task reads no more, and its upstream fills) until a later
+    /// poll, e.g. while a sink that writes over the network has its limit of writes
+    /// unanswered. The default: always.
+    fn accepts(&mut self) -> bool {
+        true
+    }
+    /// Called each time its task is polled (a driver event for the sink's I/O polls
+    /// it): moves its own work along; whether anything moved.
+    fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
+        let _ = now_ns;
+        Ok(false)
+    }
+    /// Whether everything it was given (and committed) is written: its task ends only
+    /// once it is, after [`finish`](Self::finish) and after the final commit. The
+    /// default: always.
+    fn flushed(&mut self) -> bool {
+        true
+    }
     /// Checkpoint `checkpoint`'s barrier arrived (every record before it was given to
     /// [`invoke`](Self::invoke)): an exactly-once sink pre-commits what it wrote since the
     /// last barrier and returns the state a restore needs (Flink's
