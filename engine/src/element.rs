@@ -23,6 +23,14 @@ pub struct Record<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Watermark(pub i64);
 
+/// The watermark value that marks a stream *idle* (Flink's `WatermarkStatus.IDLE`): a
+/// source with nothing to read for a while emits it, and an input gate leaves an idle
+/// channel out of its minimum until that channel sends a watermark again, so one quiet
+/// stream does not hold back event time for the others. A gate whose live channels are
+/// all idle passes the mark on. It is below every real watermark, so an operator that
+/// only fences on watermarks or compares them treats it as no progress.
+pub const IDLE_WATERMARK: i64 = i64::MIN + 1;
+
 impl<T> StreamElement<T> {
     /// A record element.
     pub fn record(value: T, timestamp: Option<i64>) -> Self {

@@ -391,6 +391,43 @@ fn watermarks_combine_as_the_minimum_over_live_channels() {
     );
 }
 
+/// An idle channel (Flink's idle watermark status) stops holding the minimum back until
+/// it sends a watermark again; when every live channel is idle, the gate passes the idle
+/// mark on once.
+#[test]
+fn idle_channels_leave_the_minimum_until_they_send_a_watermark() {
+    let network = NetworkBufferPool::new(16, 64).unwrap();
+    let end = u32::MAX.to_le_bytes().to_vec();
+    let idle = watermark(weir_engine::element::IDLE_WATERMARK);
+    let (_p0, a) = frames(
+        &network,
+        &[watermark(5), watermark(30), idle.clone(), watermark(40), end.clone()],
+    );
+    let (_p1, b) = frames(&network, &[watermark(3), idle.clone(), idle, watermark(35), end]);
+    let mut gate: InputGate<u8> = InputGate::new(vec![
+        Box::new(Scripted(a, false)),
+        Box::new(Scripted(b, false)),
+    ])
+    .unwrap();
+    let mut events = Vec::new();
+    while let Some(event) = gate.poll_next().unwrap() {
+        events.push(event);
+    }
+    assert_eq!(
+        events,
+        // a:W5 b:W3 -> 3; a:W30; b:idle -> 30 (a alone); a:idle -> both idle: the mark;
+        // b:idle again: nothing; a:W40 -> 40 (a active, b idle); b:W35: below, nothing;
+        // a:End; b:End.
+        vec![
+            GateEvent::Watermark(3),
+            GateEvent::Watermark(30),
+            GateEvent::Watermark(weir_engine::element::IDLE_WATERMARK),
+            GateEvent::Watermark(40),
+            GateEvent::End
+        ]
+    );
+}
+
 /// Malformed input is a typed error, never a panic: an oversized length, an unknown
 /// event tag, trailing bytes, and a producer that vanishes before its end event.
 #[test]

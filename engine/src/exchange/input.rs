@@ -5,10 +5,12 @@
 //! it, reassembles records and length prefixes that span buffers in a per-channel
 //! scratch vector, and drops (recycles) each buffer as soon as its last byte is read.
 //!
-//! Watermarks combine as Flink's `StatusWatermarkValve` does without idleness: the
-//! gate's watermark is the minimum over channels that have not ended, and it is
-//! emitted only when it advances. A channel's end-of-partition removes it from the
-//! minimum; when every channel has ended the gate emits [`GateEvent::End`] once.
+//! Watermarks combine as Flink's `StatusWatermarkValve` does: the gate's watermark is
+//! the minimum over channels that have not ended and are not idle, and it is emitted
+//! only when it advances. A channel that sends [`IDLE_WATERMARK`] is idle until it
+//! sends a real watermark again; when every live channel is idle, the gate emits the
+//! idle mark once itself. A channel's end-of-partition removes it from the minimum;
+//! when every channel has ended the gate emits [`GateEvent::End`] once.
 //!
 //! Fairness: the gate reads one buffer of a channel, then moves on to the next channel
 //! that has data (round robin at buffer granularity, as Flink's gate polls channels).
@@ -37,6 +39,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::checkpoint::{Alignment, AlignmentMode, BarrierAligner};
+use crate::element::IDLE_WATERMARK;
 use crate::error::{ConfigError, DebloatError, ExchangeError};
 use crate::exchange::channel::InputChannel;
 use crate::exchange::codec::{Codec, Decoder};
@@ -117,6 +120,8 @@ struct ChannelState {
     offset: usize,
     partial: Partial,
     watermark: i64,
+    /// It sent [`IDLE_WATERMARK`] and no watermark since.
+    idle: bool,
     ended: bool,
     /// Its end was read ahead (it waits in `drained`): nothing more is read from it.
     end_read: bool,
@@ -138,6 +143,8 @@ pub struct InputGate<T: Codec> {
     /// The channel being read (its current buffer is not finished) or to look at next.
     cursor: usize,
     watermark: i64,
+    /// The idle mark went downstream and no channel became active since.
+    idle_emitted: bool,
     ended_channels: usize,
     end_emitted: bool,
     max_record_size: usize,
@@ -203,6 +210,7 @@ impl<T: Codec> InputGate<T> {
                 offset: 0,
                 partial: Partial::default(),
                 watermark: i64::MIN,
+                idle: false,
                 ended: false,
                 end_read: false,
             })
@@ -211,6 +219,7 @@ impl<T: Codec> InputGate<T> {
             channels,
             cursor: 0,
             watermark: i64::MIN,
+            idle_emitted: false,
             ended_channels: 0,
             end_emitted: false,
             max_record_size,
@@ -502,6 +511,22 @@ impl<T: Codec> InputGate<T> {
             }
             Frame::Watermark(timestamp) => {
                 let state = &mut self.channels[channel];
+                if timestamp == IDLE_WATERMARK {
+                    if state.idle {
+                        return None;
+                    }
+                    state.idle = true;
+                    if let Some(advanced) = self.advance_watermark() {
+                        return Some(GateEvent::Watermark(advanced));
+                    }
+                    let all_idle = self.channels.iter().all(|c| c.ended || c.idle);
+                    return (all_idle && !self.idle_emitted).then(|| {
+                        self.idle_emitted = true;
+                        GateEvent::Watermark(IDLE_WATERMARK)
+                    });
+                }
+                state.idle = false;
+                self.idle_emitted = false;
                 if timestamp > state.watermark {
                     state.watermark = timestamp;
                 }
@@ -741,7 +766,7 @@ impl<T: Codec> InputGate<T> {
         let minimum = self
             .channels
             .iter()
-            .filter(|c| !c.ended)
+            .filter(|c| !c.ended && !c.idle)
             .map(|c| c.watermark)
             .min()?;
         if minimum > self.watermark {
