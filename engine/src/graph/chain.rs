@@ -974,6 +974,9 @@ impl<T: 'static> StageTask<T> {
         let completed = checkpoint.signals.completed.load(Ordering::Acquire);
         if completed > checkpoint.last_completed {
             checkpoint.last_completed = completed;
+            if let StageInput::Source(source) = &mut self.input {
+                source.notify_checkpoint_complete(completed)?;
+            }
             self.chain.checkpoint_complete(completed)?;
         }
         self.ack_waiting();

@@ -47,6 +47,14 @@ pub trait Source<T>: 'static {
         None
     }
 
+    /// Checkpoint `checkpoint` completed: every position snapshotted for it and before
+    /// it is durable (e.g. a source reading a shared log acknowledges what it read up to
+    /// there, as Flink's Kafka source commits its offsets). May come twice.
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+
     /// Continues from a position [`snapshot_state`](Self::snapshot_state) returned,
     /// before its first poll.
     fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
