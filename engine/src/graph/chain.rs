@@ -35,6 +35,7 @@ use crate::exchange::{GateEvent, InputGate, RecordWriter};
 use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
 use super::keys::KeyHashCode;
+use super::metrics::TaskMetrics;
 use super::partition::Selector;
 use super::sink::Sink;
 use super::source::{Source, SourceEvent};
@@ -72,6 +73,9 @@ pub(crate) trait Link<T> {
     ) -> Result<(), TaskError>;
     /// Checkpoint `id` completed (Flink's `notifyCheckpointComplete`).
     fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError>;
+    /// Writes this link's live figures (and those of the links after it) into the
+    /// task's metrics.
+    fn report(&mut self, metrics: &TaskMetrics);
 }
 
 /// The section of a task's snapshot that holds its source's position.
@@ -158,6 +162,9 @@ macro_rules! forward_io {
         }
         fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
             self.next.on_io(event)
+        }
+        fn report(&mut self, metrics: &TaskMetrics) {
+            self.next.report(metrics)
         }
     };
 }
@@ -413,6 +420,14 @@ where
         self.io.as_mut().is_some_and(|io| io.on_event(event)) || self.next.on_io(event)
     }
 
+    fn report(&mut self, metrics: &TaskMetrics) {
+        // One async operator per task is the common case; several add up in a
+        // later link's report only if they are reported first-to-last (they are).
+        TaskMetrics::set(&metrics.async_in_flight, self.operator.in_flight() as u64);
+        TaskMetrics::set(&metrics.async_timeouts, self.operator.metrics().timed_out);
+        self.next.report(metrics);
+    }
+
     fn barrier(
         &mut self,
         id: u64,
@@ -543,6 +558,12 @@ impl<T: Codec> Link<T> for WriterLink<T> {
         false
     }
 
+    fn report(&mut self, metrics: &TaskMetrics) {
+        TaskMetrics::set(&metrics.records_out, self.writer.metrics().records_out);
+        let usage = self.writer.partition().pool().usage();
+        TaskMetrics::set(&metrics.out_pool_usage_ppm, (usage * 1e6) as u64);
+    }
+
     fn barrier(
         &mut self,
         id: u64,
@@ -624,6 +645,8 @@ impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {
         self.io.as_mut().is_some_and(|io| io.on_event(event))
     }
+
+    fn report(&mut self, _metrics: &TaskMetrics) {}
 
     fn barrier(
         &mut self,
@@ -850,6 +873,8 @@ pub(crate) struct StageTask<T> {
     checkpoint: Option<TaskCheckpoint>,
     /// The source's own I/O on the worker's driver, if it does any.
     source_io: Option<Box<dyn IoHandler>>,
+    /// Live figures, when an exporter asked for them.
+    metrics: Option<Arc<TaskMetrics>>,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -874,6 +899,28 @@ impl<T: 'static> StageTask<T> {
             stage,
             checkpoint: None,
             source_io: None,
+            metrics: None,
+        }
+    }
+
+    /// Keeps live figures in `metrics`.
+    pub(crate) fn with_metrics(mut self, metrics: Option<Arc<TaskMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Writes the task's figures after a poll that took `busy_ns`.
+    #[cold]
+    fn report(&mut self, metrics: &TaskMetrics, busy_ns: u64, now_ns: u64, done: bool) {
+        metrics.busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
+        TaskMetrics::set(&metrics.records_in, self.records_in);
+        let blocked = self
+            .blocked_since
+            .map_or(0, |since| now_ns.saturating_sub(since));
+        TaskMetrics::set(&metrics.backpressured_ns, self.backpressured_ns + blocked);
+        self.chain.report(metrics);
+        if done {
+            metrics.finished.store(true, Ordering::Relaxed);
         }
     }
 
@@ -1185,8 +1232,19 @@ impl<T: 'static> Task for StageTask<T> {
 
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
         let worker = cx.worker;
-        self.poll_stage(cx)
-            .map_err(|error| self.shared.note_failure(worker, error))
+        let Some(metrics) = self.metrics.clone() else {
+            return self
+                .poll_stage(cx)
+                .map_err(|error| self.shared.note_failure(worker, error));
+        };
+        let start = std::time::Instant::now();
+        let progress = self
+            .poll_stage(cx)
+            .map_err(|error| self.shared.note_failure(worker, error));
+        let busy = start.elapsed().as_nanos() as u64;
+        let done = !matches!(progress, Ok(Progress::Busy | Progress::Idle));
+        self.report(&metrics, busy, cx.now_ns, done);
+        progress
     }
 
     fn on_io(&mut self, event: &DriverEvent<'_>) -> bool {

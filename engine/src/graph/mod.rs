@@ -49,6 +49,7 @@
 mod chain;
 mod checkpointing;
 pub mod cluster;
+pub mod metrics;
 pub mod keys;
 pub mod partition;
 pub mod sink;
@@ -88,6 +89,7 @@ use checkpointing::{task_file_name, GraphHooks, RestorePlan};
 pub use checkpointing::{CheckpointListener, CheckpointReport, Checkpointing, RestoredFrom};
 pub use cluster::{Cluster, RemoteChannels};
 pub use keys::KeyHashCode;
+pub use metrics::{TaskMetrics, TaskRates, TaskSample};
 pub use partition::{Partitioner, Partitioning};
 use partition::{Route, Selector};
 pub use sink::{latency_histogram, Collected, Counted, FileSink, Sink};
@@ -136,6 +138,33 @@ pub struct LiveCounters {
     pub received: AtomicU64,
     /// Elements in the async operators.
     pub in_flight: AtomicU64,
+    /// Each task's live figures, when [`enable_task_metrics`](Self::enable_task_metrics)
+    /// was called before the graph started.
+    tasks: Mutex<Vec<Arc<TaskMetrics>>>,
+    task_metrics: std::sync::atomic::AtomicBool,
+}
+
+impl LiveCounters {
+    /// Makes every task of a graph started with these counters keep its live figures
+    /// ([`TaskMetrics`]; a clock read per poll), e.g. for a metrics endpoint.
+    pub fn enable_task_metrics(&self) {
+        self.task_metrics
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The tasks' live figures, in the order they were built (empty unless enabled).
+    pub fn tasks(&self) -> Vec<Arc<TaskMetrics>> {
+        lock(&self.tasks).clone()
+    }
+
+    fn register(&self, info: &SubtaskInfo) -> Option<Arc<TaskMetrics>> {
+        if !self.task_metrics.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let metrics = Arc::new(TaskMetrics::new(&info.stage, info.index, info.parallelism));
+        lock(&self.tasks).push(Arc::clone(&metrics));
+        Some(metrics)
+    }
 }
 
 /// Exchange settings, for every exchange of a graph.
@@ -512,7 +541,8 @@ impl Wiring {
                 &self.info,
             )
             .with_checkpoint(self.checkpoint.take())
-            .with_source_io(io),
+            .with_source_io(io)
+            .with_metrics(self.shared.live.register(&self.info)),
         )
     }
 }
