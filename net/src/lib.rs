@@ -25,6 +25,7 @@ pub mod driver;
 pub mod epoll;
 pub mod error;
 pub mod lookup;
+pub mod metrics;
 pub mod redis;
 pub mod transport;
 pub mod uring;

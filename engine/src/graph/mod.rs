@@ -49,8 +49,8 @@
 mod chain;
 mod checkpointing;
 pub mod cluster;
-pub mod metrics;
 pub mod keys;
+pub mod metrics;
 pub mod partition;
 pub mod sink;
 pub mod source;

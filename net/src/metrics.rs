@@ -1,0 +1,477 @@
+//! A running job's live metrics as Prometheus text, served off the workers.
+//!
+//! [`MetricsServer::start`] binds an address and serves `GET /metrics` from a thread of
+//! its own: each scrape reads the tasks' live figures
+//! ([`LiveCounters::tasks`](weir_engine::graph::LiveCounters::tasks), which the tasks
+//! write with relaxed stores after each poll) and whatever else the job registered
+//! ([`MetricsSources`]), and encodes them with the `prometheus-client` crate (the
+//! Prometheus project's Rust client) in the OpenMetrics text format. The workers never
+//! wait on a scrape, and a job without an endpoint keeps no task figures at all.
+//!
+//! The names follow Flink's task and checkpoint metrics, under `weir_`:
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `weir_task_numRecordsIn_total`, `weir_task_numRecordsOut_total` | stage, subtask | records in and out since the task started |
+//! | `weir_task_numRecordsInPerSecond`, `weir_task_numRecordsOutPerSecond` | stage, subtask | the same per second since the last scrape |
+//! | `weir_task_busyTimeMsPerSecond`, `weir_task_backPressuredTimeMsPerSecond`, `weir_task_idleTimeMsPerSecond` | stage, subtask | how each second since the last scrape was spent (they add up to 1000) |
+//! | `weir_task_outPoolUsage` | stage, subtask | fraction of the output pool's segments in use |
+//! | `weir_async_inFlight`, `weir_async_timeouts_total` | stage, subtask | the async operators' elements in flight and calls timed out |
+//! | `weir_checkpoint_*` | — | completed and failed checkpoints, the last one's id, duration and size (when the job checkpoints) |
+//! | `weir_redis_*_total` | client | the Redis clients' counters |
+//!
+//! Rates are averages over the time since the previous scrape (or since the task
+//! started, at the first), as a counter's `rate()` over the scrape interval would be.
+//! A task that ended keeps its last figures, with rates of zero.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use weir_engine::graph::{LiveCounters, TaskRates, TaskSample};
+
+use crate::redis::SharedStats;
+
+/// A job's checkpoint figures, for the endpoint; whoever listens to the job's
+/// checkpoints updates them.
+#[derive(Debug, Default)]
+pub struct CheckpointGauges {
+    /// Checkpoints completed.
+    pub completed: AtomicU64,
+    /// Checkpoints failed or declined.
+    pub failed: AtomicU64,
+    /// The last completed checkpoint's id.
+    pub last_id: AtomicU64,
+    /// The last completed checkpoint's duration, milliseconds.
+    pub last_duration_ms: AtomicU64,
+    /// The last completed checkpoint's size, bytes.
+    pub last_size_bytes: AtomicU64,
+    /// The last completed checkpoint's longest alignment, milliseconds.
+    pub last_alignment_ms: AtomicU64,
+}
+
+/// Registers a source's own metrics in a scrape's registry (e.g. a stream source's
+/// counters), called once per scrape.
+pub type Extra = Box<dyn Fn(&mut Registry) + Send + Sync>;
+
+/// What the endpoint reports.
+pub struct MetricsSources {
+    /// The graph's live counters; call
+    /// [`enable_task_metrics`](LiveCounters::enable_task_metrics) before it starts.
+    pub live: Arc<LiveCounters>,
+    /// Redis clients' counters, by a name for the `client` label.
+    pub redis: Vec<(String, Arc<SharedStats>)>,
+    /// Checkpoint figures, when the job checkpoints.
+    pub checkpoints: Option<Arc<CheckpointGauges>>,
+    /// Anything else.
+    pub extra: Vec<Extra>,
+}
+
+impl MetricsSources {
+    /// The tasks' figures only.
+    pub fn new(live: Arc<LiveCounters>) -> Self {
+        live.enable_task_metrics();
+        MetricsSources {
+            live,
+            redis: Vec::new(),
+            checkpoints: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be bound.
+    #[error("metrics endpoint: cannot listen on {addr}: {source} (pick a free port, e.g. --metrics-addr 127.0.0.1:9249)")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    stage: String,
+    subtask: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientLabels {
+    client: String,
+}
+
+/// The previous scrape's sample of each task, for the rates.
+type Previous = HashMap<usize, TaskSample>;
+
+/// The endpoint; stops when dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Longest a scraper may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest request read.
+const REQUEST_MAX: usize = 8 << 10;
+
+impl MetricsServer {
+    /// Listens on `addr` (port 0: any free one; see [`addr`](Self::addr)).
+    pub fn start(addr: &str, sources: MetricsSources) -> Result<Self, MetricsError> {
+        let bind = |source| MetricsError::Bind {
+            addr: addr.to_string(),
+            source,
+        };
+        let listener = TcpListener::bind(addr).map_err(bind)?;
+        let local = listener.local_addr().map_err(bind)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let previous = Mutex::new(Previous::new());
+        let thread = std::thread::Builder::new()
+            .name("weir-metrics".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if stopping.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Ok(stream) = stream {
+                        // A broken scraper only loses its own answer.
+                        let _ = serve(stream, &sources, &previous);
+                    }
+                }
+            })
+            .map_err(bind)?;
+        Ok(MetricsServer {
+            addr: local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the accept; the thread sees the flag and ends.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Answers one request.
+fn serve(
+    mut stream: TcpStream,
+    sources: &MetricsSources,
+    previous: &Mutex<Previous>,
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut request = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&chunk[..n]);
+        if request.len() > REQUEST_MAX {
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "",
+            );
+        }
+    }
+    let line = request.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "GET" {
+        return respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n",
+        );
+    }
+    if path != "/metrics" && !path.starts_with("/metrics?") {
+        return respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n");
+    }
+    let body = {
+        let mut previous = previous.lock().unwrap_or_else(|e| e.into_inner());
+        render(sources, &mut previous)
+    };
+    respond(
+        &mut stream,
+        "200 OK",
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        &body,
+    )
+}
+
+fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
+    let mut out = String::with_capacity(body.len() + 128);
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(out.as_bytes())?;
+    stream.flush()
+}
+
+fn gauge_family(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> Family<TaskLabels, Gauge<f64, AtomicU64>> {
+    let family = Family::<TaskLabels, Gauge<f64, AtomicU64>>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn counter_family<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Counter>
+where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Counter>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// One scrape's text.
+pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> String {
+    let mut registry = Registry::with_prefix("weir");
+    let records_in = counter_family::<TaskLabels>(
+        &mut registry,
+        "task_numRecordsIn",
+        "Records the task took in",
+    );
+    let records_out = counter_family::<TaskLabels>(
+        &mut registry,
+        "task_numRecordsOut",
+        "Records the task wrote to its exchange",
+    );
+    let in_rate = gauge_family(
+        &mut registry,
+        "task_numRecordsInPerSecond",
+        "Records in per second since the last scrape",
+    );
+    let out_rate = gauge_family(
+        &mut registry,
+        "task_numRecordsOutPerSecond",
+        "Records out per second since the last scrape",
+    );
+    let busy = gauge_family(
+        &mut registry,
+        "task_busyTimeMsPerSecond",
+        "Milliseconds per second its worker polled the task",
+    );
+    let backpressured = gauge_family(
+        &mut registry,
+        "task_backPressuredTimeMsPerSecond",
+        "Milliseconds per second its input waited on the chain after it",
+    );
+    let idle = gauge_family(
+        &mut registry,
+        "task_idleTimeMsPerSecond",
+        "Milliseconds per second the task had nothing to do",
+    );
+    let pool = gauge_family(
+        &mut registry,
+        "task_outPoolUsage",
+        "Fraction of the output pool's segments in use",
+    );
+    let in_flight = gauge_family(
+        &mut registry,
+        "async_inFlight",
+        "Elements in the task's async operators",
+    );
+    let timeouts = counter_family::<TaskLabels>(
+        &mut registry,
+        "async_timeouts",
+        "Calls the task's async operators timed out",
+    );
+
+    for (index, task) in sources.live.tasks().iter().enumerate() {
+        let labels = TaskLabels {
+            stage: task.stage.clone(),
+            subtask: task.subtask.to_string(),
+        };
+        let now = task.sample();
+        let before = previous.get(&index).copied().unwrap_or(TaskSample {
+            at: task.started,
+            records_in: 0,
+            records_out: 0,
+            busy_ns: 0,
+            backpressured_ns: 0,
+            ..now
+        });
+        let rates = if now.finished && before.finished {
+            TaskRates::default()
+        } else {
+            TaskRates::between(&before, &now)
+        };
+        records_in.get_or_create(&labels).inc_by(now.records_in);
+        records_out.get_or_create(&labels).inc_by(now.records_out);
+        in_rate
+            .get_or_create(&labels)
+            .set(rates.records_in_per_second);
+        out_rate
+            .get_or_create(&labels)
+            .set(rates.records_out_per_second);
+        busy.get_or_create(&labels).set(rates.busy_ms_per_second);
+        backpressured
+            .get_or_create(&labels)
+            .set(rates.backpressured_ms_per_second);
+        idle.get_or_create(&labels).set(rates.idle_ms_per_second);
+        pool.get_or_create(&labels).set(now.out_pool_usage);
+        in_flight
+            .get_or_create(&labels)
+            .set(now.async_in_flight as f64);
+        timeouts.get_or_create(&labels).inc_by(now.async_timeouts);
+        previous.insert(index, now);
+    }
+
+    if let Some(checkpoints) = &sources.checkpoints {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let completed = Counter::<u64>::default();
+        completed.inc_by(get(&checkpoints.completed));
+        registry.register(
+            "checkpoint_numberOfCompletedCheckpoints",
+            "Checkpoints completed",
+            completed,
+        );
+        let failed = Counter::<u64>::default();
+        failed.inc_by(get(&checkpoints.failed));
+        registry.register(
+            "checkpoint_numberOfFailedCheckpoints",
+            "Checkpoints failed or declined",
+            failed,
+        );
+        for (name, help, value) in [
+            (
+                "checkpoint_lastCompletedCheckpointId",
+                "The last completed checkpoint's id",
+                &checkpoints.last_id,
+            ),
+            (
+                "checkpoint_lastCheckpointDuration",
+                "The last completed checkpoint's duration, milliseconds",
+                &checkpoints.last_duration_ms,
+            ),
+            (
+                "checkpoint_lastCheckpointSize",
+                "The last completed checkpoint's size, bytes",
+                &checkpoints.last_size_bytes,
+            ),
+            (
+                "checkpoint_lastCheckpointAlignmentMs",
+                "The last completed checkpoint's longest alignment, milliseconds",
+                &checkpoints.last_alignment_ms,
+            ),
+        ] {
+            let gauge = Gauge::<i64>::default();
+            gauge.set(get(value) as i64);
+            registry.register(name, help, gauge);
+        }
+    }
+
+    if !sources.redis.is_empty() {
+        let families = [
+            ("redis_calls", "Calls submitted to the Redis clients"),
+            ("redis_commands", "Commands sent"),
+            ("redis_hits", "Calls answered with a value"),
+            ("redis_misses", "Calls answered with no value"),
+            ("redis_errors", "Calls answered with an error reply"),
+            (
+                "redis_failed",
+                "Calls failed otherwise (connection, timeout, overload)",
+            ),
+            ("redis_connects", "Connections made"),
+        ]
+        .map(|(name, help)| counter_family::<ClientLabels>(&mut registry, name, help));
+        for (client, stats) in &sources.redis {
+            let labels = ClientLabels {
+                client: client.clone(),
+            };
+            let s = stats.snapshot();
+            let values = [
+                s.calls, s.commands, s.hits, s.misses, s.errors, s.failed, s.connects,
+            ];
+            for (family, value) in families.iter().zip(values) {
+                family.get_or_create(&labels).inc_by(value);
+            }
+        }
+    }
+
+    for extra in &sources.extra {
+        extra(&mut registry);
+    }
+
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scrape_lists_every_task_and_answers_only_get_metrics() {
+        let live = Arc::new(LiveCounters::default());
+        let sources = MetricsSources::new(Arc::clone(&live));
+        let server = MetricsServer::start("127.0.0.1:0", sources).unwrap();
+        let get = |request: &str| {
+            let mut stream = TcpStream::connect(server.addr()).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).unwrap();
+            answer
+        };
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(ok.contains("# EOF"), "{ok}");
+        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let mut previous = Previous::new();
+        let text = render(&MetricsSources::new(live), &mut previous);
+        assert!(text.contains("weir_task_busyTimeMsPerSecond"), "{text}");
+    }
+
+    #[test]
+    fn a_port_in_use_is_a_clear_error() {
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let live = Arc::new(LiveCounters::default());
+        let Err(error) = MetricsServer::start(&addr, MetricsSources::new(live)) else {
+            panic!("a second listener on {addr} started");
+        };
+        assert!(error.to_string().contains("--metrics-addr"), "{error}");
+    }
+}
