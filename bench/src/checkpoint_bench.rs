@@ -129,6 +129,7 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
             alignment: AlignmentMode::Aligned,
             restore: None,
             restart: weir_engine::checkpoint::RestartStrategy::None,
+            gauges: None,
         }),
         output: None,
     };

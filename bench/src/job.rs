@@ -571,6 +571,8 @@ pub struct JobCheckpoints {
     pub restore: Option<PathBuf>,
     /// What a failure does.
     pub restart: RestartStrategy,
+    /// Checkpoint figures for a metrics endpoint.
+    pub gauges: Option<Arc<weir_net::metrics::CheckpointGauges>>,
 }
 
 /// One process of a job over several: its index and every process's transport address
@@ -1302,9 +1304,15 @@ fn execute(
         graph = graph.with_cluster(channels.cluster());
     }
     if let Some(checkpoints) = &settings.checkpoints {
+        let gauges = checkpoints.gauges.clone().unwrap_or_default();
+        let failures = Arc::clone(&gauges);
         let mut checkpointing = Checkpointing::new(&checkpoints.dir, checkpoints.interval)
             .with_alignment(checkpoints.alignment)
-            .with_listener(|metadata, alignment| {
+            .with_abort_listener(move |_, _| {
+                failures.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+            .with_listener(move |metadata, alignment| {
+                gauges.record(metadata.id, metadata.duration, metadata.state_bytes(), alignment);
                 eprintln!(
                     "weir: checkpoint {} complete: {}, {} (alignment {})",
                     metadata.id,

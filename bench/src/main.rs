@@ -292,6 +292,11 @@ struct RunArgs {
     /// checkpoints); a reader takes the files without a suffix.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Serve live metrics (Prometheus text: Flink's task metrics per stage and
+    /// subtask, the async operators', checkpoints', and the Redis clients') at
+    /// http://ADDR/metrics while the job runs, e.g. 127.0.0.1:9249.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -743,6 +748,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     } else {
         KeyDistribution::Uniform { keys: args.keys }
     };
+    let checkpoint_gauges = Arc::new(weir_net::metrics::CheckpointGauges::default());
     let settings = job::JobSettings {
         records: args.records,
         rate: args.rate,
@@ -781,6 +787,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 },
                 restore: args.restore.clone(),
                 restart: args.restart_strategy.clone(),
+                gauges: Some(Arc::clone(&checkpoint_gauges)),
             }),
         output: args.output.clone(),
     };
@@ -834,6 +841,24 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
     );
     let progress = Arc::new(JobProgress::default());
+    let _metrics = match &args.metrics_addr {
+        Some(addr) => {
+            let mut sources = weir_net::metrics::MetricsSources::new(Arc::clone(&progress));
+            if let Some(store) = &redis {
+                sources
+                    .redis
+                    .push(("lookup".to_string(), Arc::clone(&store.stats)));
+            }
+            if settings.checkpoints.is_some() {
+                sources.checkpoints = Some(Arc::clone(&checkpoint_gauges));
+            }
+            let server = weir_net::metrics::MetricsServer::start(addr, sources)
+                .map_err(|e| RunError::Setting(e.to_string()))?;
+            eprintln!("weir run: metrics at http://{}/metrics", server.addr());
+            Some(server)
+        }
+        None => None,
+    };
     let cpu_start = weir_bench::compare::process_cpu();
     let handle = {
         let settings = settings.clone();

@@ -61,6 +61,18 @@ pub struct CheckpointGauges {
     pub last_alignment_ms: AtomicU64,
 }
 
+impl CheckpointGauges {
+    /// Notes completed checkpoint `id`.
+    pub fn record(&self, id: u64, duration: Duration, bytes: u64, alignment: Duration) {
+        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        set(&self.last_id, id);
+        set(&self.last_duration_ms, duration.as_millis() as u64);
+        set(&self.last_size_bytes, bytes);
+        set(&self.last_alignment_ms, alignment.as_millis() as u64);
+    }
+}
+
 /// Registers a source's own metrics in a scrape's registry (e.g. a stream source's
 /// counters), called once per scrape.
 pub type Extra = Box<dyn Fn(&mut Registry) + Send + Sync>;

@@ -39,6 +39,9 @@ use super::chain::{CheckpointSignals, Snapshot};
 /// print a progress line).
 pub type CheckpointListener = Arc<dyn Fn(&CheckpointMetadata, Duration) + Send + Sync>;
 
+/// Told of each checkpoint that failed or was aborted, with its id and why.
+pub type AbortListener = Arc<dyn Fn(u64, &str) + Send + Sync>;
+
 /// How a graph checkpoints; see [`Graph::with_checkpointing`](super::Graph::with_checkpointing).
 #[derive(Clone)]
 pub struct Checkpointing {
@@ -53,6 +56,8 @@ pub struct Checkpointing {
     pub restore: Option<PathBuf>,
     /// Told of each completed checkpoint.
     pub listener: Option<CheckpointListener>,
+    /// Told of each checkpoint that failed or was aborted.
+    pub abort_listener: Option<AbortListener>,
 }
 
 impl core::fmt::Debug for Checkpointing {
@@ -75,6 +80,7 @@ impl Checkpointing {
             alignment: AlignmentMode::Aligned,
             restore: None,
             listener: None,
+            abort_listener: None,
         }
     }
 
@@ -97,6 +103,16 @@ impl Checkpointing {
         listener: impl Fn(&CheckpointMetadata, Duration) + Send + Sync + 'static,
     ) -> Self {
         self.listener = Some(Arc::new(listener));
+        self
+    }
+
+    /// Calls `listener` with each checkpoint that failed or was aborted (a task
+    /// declined it, it timed out, a write failed), with why.
+    pub fn with_abort_listener(
+        mut self,
+        listener: impl Fn(u64, &str) + Send + Sync + 'static,
+    ) -> Self {
+        self.abort_listener = Some(Arc::new(listener));
         self
     }
 }
@@ -252,6 +268,7 @@ pub(crate) struct GraphHooks {
     pub(crate) controller: Arc<OnceLock<Controller>>,
     pub(crate) failure: Arc<Mutex<Option<String>>>,
     pub(crate) listener: Option<CheckpointListener>,
+    pub(crate) abort_listener: Option<AbortListener>,
 }
 
 impl GraphHooks {
@@ -273,9 +290,12 @@ impl CheckpointHooks for GraphHooks {
         self.wake_all();
     }
 
-    fn abort(&mut self, _id: u64, _reason: &str) {
+    fn abort(&mut self, id: u64, reason: &str) {
         // Nothing is held per checkpoint outside the tasks: a sink's pre-committed
         // output is committed by the next checkpoint that completes.
+        if let Some(listener) = &self.abort_listener {
+            listener(id, reason);
+        }
     }
 
     fn completed(&mut self, metadata: &CheckpointMetadata, alignment: Duration) {

@@ -1146,6 +1146,7 @@ impl Graph {
                 controller: Arc::clone(&controller),
                 failure: Arc::clone(&failure),
                 listener: settings.listener.clone(),
+                abort_listener: settings.abort_listener.clone(),
             };
             let service = CheckpointService::start_part(
                 settings.config.clone(),
