@@ -713,6 +713,26 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
         stats: Arc::default(),
     });
+    let progress = Arc::new(JobProgress::default());
+    let checkpoint_gauges = Arc::new(weir_net::metrics::CheckpointGauges::default());
+    let _metrics = match &args.metrics_addr {
+        Some(addr) => {
+            let mut sources = weir_net::metrics::MetricsSources::new(Arc::clone(&progress));
+            if let Some(store) = &redis {
+                sources
+                    .redis
+                    .push(("lookup".to_string(), Arc::clone(&store.stats)));
+            }
+            if args.checkpoint_interval.is_some() {
+                sources.checkpoints = Some(Arc::clone(&checkpoint_gauges));
+            }
+            let server = weir_net::metrics::MetricsServer::start(addr, sources)
+                .map_err(|e| RunError::Setting(e.to_string()))?;
+            eprintln!("weir run: metrics at http://{}/metrics", server.addr());
+            Some(server)
+        }
+        None => None,
+    };
     // The embedded service gets a core of its own when the workers leave one free.
     let service_core = match (args.lookup_addr, args.no_pin) {
         (None, false) => plan.free_core(),
@@ -748,7 +768,6 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     } else {
         KeyDistribution::Uniform { keys: args.keys }
     };
-    let checkpoint_gauges = Arc::new(weir_net::metrics::CheckpointGauges::default());
     let settings = job::JobSettings {
         records: args.records,
         rate: args.rate,
@@ -840,25 +859,6 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             (false, _) => format!("on cores {}", job::cores_text(&plan.placement)),
         },
     );
-    let progress = Arc::new(JobProgress::default());
-    let _metrics = match &args.metrics_addr {
-        Some(addr) => {
-            let mut sources = weir_net::metrics::MetricsSources::new(Arc::clone(&progress));
-            if let Some(store) = &redis {
-                sources
-                    .redis
-                    .push(("lookup".to_string(), Arc::clone(&store.stats)));
-            }
-            if settings.checkpoints.is_some() {
-                sources.checkpoints = Some(Arc::clone(&checkpoint_gauges));
-            }
-            let server = weir_net::metrics::MetricsServer::start(addr, sources)
-                .map_err(|e| RunError::Setting(e.to_string()))?;
-            eprintln!("weir run: metrics at http://{}/metrics", server.addr());
-            Some(server)
-        }
-        None => None,
-    };
     let cpu_start = weir_bench::compare::process_cpu();
     let handle = {
         let settings = settings.clone();

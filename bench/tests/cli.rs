@@ -582,3 +582,60 @@ fn checkpoints_are_listed_with_the_one_a_restore_takes() {
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("/nonexistent/weir-checkpoints"));
 }
+
+/// `--metrics-addr` serves Prometheus text while the job runs (scraped here mid-run),
+/// and an address already in use is a one-line error before anything starts.
+#[test]
+fn the_metrics_endpoint_serves_during_a_run() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let stderr = assert_one_line_error(&weir(&["run", "--records", "1000", "--metrics-addr", &addr]));
+    assert!(stderr.contains("--metrics-addr"), "{stderr}");
+    drop(taken);
+
+    // About 3 s at 20,000 records/s.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "--records", "60000", "--rate", "20000", "--quiet"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env_remove("WEIR_DRIVER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("weir run: metrics at http://").map(str::to_string))
+        .expect("the run names its metrics address");
+    let addr = url.trim_end_matches("/metrics").to_string();
+    // Scrape until the sources have counted records in (the job needs a moment to start).
+    let mut scraped = String::new();
+    for _ in 0..100 {
+        let mut stream = std::net::TcpStream::connect(&addr).expect("the endpoint answers");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: weir\r\n\r\n")
+            .expect("request");
+        scraped.clear();
+        stream.read_to_string(&mut scraped).expect("answer");
+        if scraped.contains("weir_task_numRecordsIn_total{stage=\"generator") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(scraped.starts_with("HTTP/1.1 200 OK"), "{scraped}");
+    for name in [
+        "weir_task_numRecordsIn_total{stage=\"generator",
+        "weir_task_busyTimeMsPerSecond{",
+        "weir_task_backPressuredTimeMsPerSecond{",
+        "weir_task_idleTimeMsPerSecond{",
+        "weir_task_outPoolUsage{",
+        "weir_async_inFlight{",
+    ] {
+        assert!(scraped.contains(name), "{name} missing in\n{scraped}");
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().expect("weir ends");
+    assert!(status.success(), "{}", rest.join("\n"));
+}
