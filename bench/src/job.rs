@@ -23,7 +23,9 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 use smallvec::SmallVec;
 use weir_engine::async_io::AsyncMetrics;
-use weir_engine::async_io::{AsyncConfig, AsyncError, OperatorError, OutputMode, RetryStrategy};
+use weir_engine::async_io::{
+    AsyncConfig, AsyncError, LookupCache, OperatorError, OutputMode, RetryStrategy,
+};
 use weir_engine::checkpoint::{AlignmentMode, RestartStrategy, Restarts};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::graph::{
@@ -655,6 +657,148 @@ pub enum KeyDistribution {
         /// Share of records on hot keys.
         hot_fraction: f64,
     },
+    /// Zipf over `0..keys`: key `k` drawn with weight `1 / (k + 1)^s` (`--key-distribution
+    /// zipf:<s>`).
+    Zipf(Zipf),
+}
+
+/// A Zipf distribution over `0..keys`, sampled without a table by rejection-inversion
+/// (the algorithm of `rand_distr`'s `Zipf`; the job draws from its own xorshift, not
+/// `rand`): a table of cumulative weights would be 8 bytes per key per source subtask.
+/// A draw takes about 1.1 tries on average, each two uniform numbers and two `powf`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Zipf {
+    keys: f64,
+    exponent: f64,
+    /// The bound's total mass and `1 / (1 - s)` (0 at `s = 1`).
+    t: f64,
+    q: f64,
+}
+
+impl Zipf {
+    /// Zipf over `0..keys` (at least one) with exponent `exponent` (positive, finite).
+    pub fn new(keys: u64, exponent: f64) -> Result<Self, String> {
+        if keys == 0 || !(exponent > 0.0 && exponent.is_finite()) {
+            return Err(format!(
+                "zipf needs keys >= 1 and a positive exponent (got {keys} keys, exponent \
+                 {exponent}); write e.g. zipf:1.1"
+            ));
+        }
+        let n = keys as f64;
+        let (t, q) = if exponent == 1.0 {
+            (1.0 + n.ln(), 0.0)
+        } else {
+            let q = 1.0 / (1.0 - exponent);
+            ((n.powf(1.0 - exponent) - exponent) * q, q)
+        };
+        Ok(Zipf {
+            keys: n,
+            exponent,
+            t,
+            q,
+        })
+    }
+
+    /// A key: `first` and as many further draws of `random` (uniform `u64`s) as it takes.
+    fn sample(&self, first: u64, mut random: impl FnMut() -> u64) -> u64 {
+        let unit = |r: u64| (r >> 11) as f64 / (1u64 << 53) as f64;
+        let s = self.exponent;
+        let mut r = first;
+        loop {
+            // The inverse of the bound's cumulative mass, at a uniform point.
+            let pt = unit(r) * self.t;
+            let inv_b = if pt <= 1.0 {
+                pt
+            } else if s != 1.0 {
+                (pt * (1.0 - s) + s).powf(self.q)
+            } else {
+                (pt - 1.0).exp()
+            };
+            let x = (inv_b + 1.0).floor();
+            let mut ratio = x.powf(-s);
+            if x > 1.0 {
+                ratio *= inv_b.powf(s);
+            }
+            if unit(random()) < ratio {
+                return (x.min(self.keys) as u64).max(1) - 1;
+            }
+            r = random();
+        }
+    }
+}
+
+/// `weir run --cache rows=<n>[,write=<dur>][,access=<dur>][,missing=on|off]`: a lookup
+/// cache per async subtask (Flink's `PARTIAL` lookup cache; see
+/// [`LookupCache`]). The job's lookups always yield one result (a missing key an empty
+/// value), so `missing` changes nothing here; it is accepted for the flag's sake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSettings {
+    /// Rows per subtask (least recently used evicted).
+    pub rows_max: usize,
+    /// Rows expire this long after they were stored.
+    pub expire_after_write: Option<Duration>,
+    /// Rows expire this long after they were stored or last hit.
+    pub expire_after_access: Option<Duration>,
+    /// Cache lookups that found nothing.
+    pub cache_missing_key: bool,
+}
+
+impl std::str::FromStr for CacheSettings {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut cache = CacheSettings {
+            rows_max: 0,
+            expire_after_write: None,
+            expire_after_access: None,
+            cache_missing_key: true,
+        };
+        let usage = "write rows=<n>[,write=<duration>][,access=<duration>][,missing=on|off]";
+        for part in text.split(',') {
+            let duration = |v: &str| match weir_net::lookup::parse_duration(v) {
+                Ok(d) if !d.is_zero() => Ok(Some(d)),
+                _ => Err(format!("{part:?}: expected a positive duration, e.g. 10s")),
+            };
+            match part.split_once('=') {
+                Some(("rows", v)) => {
+                    cache.rows_max = v
+                        .parse()
+                        .map_err(|_| format!("{part:?}: expected a row count"))?
+                }
+                Some(("write", v)) => cache.expire_after_write = duration(v)?,
+                Some(("access", v)) => cache.expire_after_access = duration(v)?,
+                Some(("missing", "on")) => cache.cache_missing_key = true,
+                Some(("missing", "off")) => cache.cache_missing_key = false,
+                _ => return Err(format!("{part:?} is not a cache setting; {usage}")),
+            }
+        }
+        if cache.rows_max == 0 {
+            return Err(format!("the cache needs rows=<n> with n >= 1; {usage}"));
+        }
+        Ok(cache)
+    }
+}
+
+impl CacheSettings {
+    /// The operator's cache: keyed by the record's key; a hit is the record with the
+    /// cached value (its own id and creation time).
+    fn lookup_cache(&self) -> LookupCache<Lookup, u64, Enriched> {
+        let mut cache = LookupCache::new(self.rows_max, |input: &Lookup| input.0.key)
+            .with_cache_missing_key(self.cache_missing_key)
+            .with_join(|input: &Lookup, cached: &Enriched| Enriched {
+                id: input.0.id,
+                key: input.0.key,
+                created_ns: input.0.created_ns,
+                value: cached.value.clone(),
+            });
+        if let Some(after) = self.expire_after_write {
+            cache = cache.with_expire_after_write(after);
+        }
+        if let Some(after) = self.expire_after_access {
+            cache = cache.with_expire_after_access(after);
+        }
+        cache
+    }
 }
 
 /// Makes subtask `i` of `n`'s key iterator on its worker's thread (an iterator source).
@@ -747,15 +891,20 @@ impl MainSource {
         }
     }
 
-    fn next_key(&mut self) -> u64 {
-        // xorshift64*
+    /// xorshift64*.
+    fn next_random(&mut self) -> u64 {
         let mut x = self.rng;
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
         self.rng = x;
-        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn next_key(&mut self) -> u64 {
+        let r = self.next_random();
         match self.keys {
+            KeyDistribution::Zipf(zipf) => zipf.sample(r, || self.next_random()),
             KeyDistribution::Uniform { keys } => r % keys.max(1),
             KeyDistribution::Skewed {
                 keys,
@@ -1126,6 +1275,15 @@ pub fn run_to_end(
     settings: &JobSettings,
     progress: Arc<JobProgress>,
 ) -> Result<Finished, RunError> {
+    run_to_end_cached(settings, None, progress)
+}
+
+/// [`run_to_end`] with a lookup cache in front of the lookups (`--cache`).
+pub fn run_to_end_cached(
+    settings: &JobSettings,
+    cache: Option<CacheSettings>,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
     let client_config = ClientConfig {
         addr: settings.service,
         connections: settings.connections,
@@ -1135,7 +1293,7 @@ pub fn run_to_end(
     };
     // Checked here, once, so that making each subtask's client cannot fail.
     LookupClient::<Lookup>::new(client_config.clone()).map_err(RunError::Client)?;
-    execute_restarting(settings, progress, Store::Service(client_config))
+    execute_restarting(settings, cache, progress, Store::Service(client_config))
 }
 
 /// [`run_to_end`] with the lookups going to Redis.
@@ -1144,28 +1302,39 @@ pub fn run_redis_to_end(
     store: &RedisStore,
     progress: Arc<JobProgress>,
 ) -> Result<Finished, RunError> {
+    run_redis_to_end_cached(settings, None, store, progress)
+}
+
+/// [`run_redis_to_end`] with a lookup cache in front of the lookups (`--cache`).
+pub fn run_redis_to_end_cached(
+    settings: &JobSettings,
+    cache: Option<CacheSettings>,
+    store: &RedisStore,
+    progress: Arc<JobProgress>,
+) -> Result<Finished, RunError> {
     let config = store.client_config(settings);
     // Checked (and the address resolved) here, once, so that making each subtask's
     // client cannot fail.
     let addr = config.check().map_err(RunError::Store)?;
     let stats = Arc::clone(&store.stats);
-    execute_restarting(settings, progress, Store::Redis(config, addr, stats))
+    execute_restarting(settings, cache, progress, Store::Redis(config, addr, stats))
 }
 
 /// Runs the job, and when it fails (a task's error or panic, failed checkpoints)
 /// restarts it from its latest completed checkpoint as its restart strategy allows.
 fn execute_restarting(
     settings: &JobSettings,
+    cache: Option<CacheSettings>,
     progress: Arc<JobProgress>,
     store: Store,
 ) -> Result<Finished, RunError> {
     let Some(checkpoints) = &settings.checkpoints else {
-        return execute(settings, progress, store);
+        return execute(settings, cache, progress, store);
     };
     if settings.cluster.is_some() {
         // One process of several cannot restart alone: its failure ends it, and the
         // launcher (or the user's supervisor) restarts every process.
-        return execute(settings, progress, store);
+        return execute(settings, cache, progress, store);
     }
     checkpoints
         .restart
@@ -1174,7 +1343,7 @@ fn execute_restarting(
     let mut restarts = Restarts::new(checkpoints.restart.clone(), Instant::now());
     let mut settings = settings.clone();
     loop {
-        let mut finished = execute(&settings, Arc::clone(&progress), store.clone())?;
+        let mut finished = execute(&settings, cache, Arc::clone(&progress), store.clone())?;
         let restartable = matches!(
             finished.failure,
             Some(
@@ -1216,6 +1385,7 @@ enum Store {
 /// Builds the job's graph with its lookups going to `store`, and runs it to its end.
 fn execute(
     settings: &JobSettings,
+    cache: Option<CacheSettings>,
     progress: Arc<JobProgress>,
     store: Store,
 ) -> Result<Finished, RunError> {
@@ -1244,6 +1414,9 @@ fn execute(
             RetryStrategy::fixed_delay(settings.retries + 1, settings.retry_delay)
                 .retry_on_any_error(),
         );
+    }
+    if let Some(cache) = &cache {
+        async_config = async_config.with_cache(cache.lookup_cache());
     }
     // Over several processes: what the crashed run left unfinished goes first, in
     // process 0 before its transport starts, which no other process's run can pass.
@@ -1309,10 +1482,17 @@ fn execute(
         let mut checkpointing = Checkpointing::new(&checkpoints.dir, checkpoints.interval)
             .with_alignment(checkpoints.alignment)
             .with_abort_listener(move |_, _| {
-                failures.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                failures
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             })
             .with_listener(move |metadata, alignment| {
-                gauges.record(metadata.id, metadata.duration, metadata.state_bytes(), alignment);
+                gauges.record(
+                    metadata.id,
+                    metadata.duration,
+                    metadata.state_bytes(),
+                    alignment,
+                );
                 eprintln!(
                     "weir: checkpoint {} complete: {}, {} (alignment {})",
                     metadata.id,
@@ -1606,6 +1786,20 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
             report.async_metrics.retried, report.async_metrics.timed_out
         ),
     );
+    if let Some(rate) = report.async_metrics.cache_hit_rate() {
+        let m = &report.async_metrics;
+        row(
+            "lookup cache",
+            format!(
+                "{:.1}% hits ({} hits, {} misses, {} loads, mean load {:.0} µs)",
+                rate * 100.0,
+                m.cache_hits,
+                m.cache_misses,
+                m.cache_loads,
+                m.cache_load_ns as f64 / m.cache_loads.max(1) as f64 / 1e3
+            ),
+        );
+    }
     row(
         "time back-pressured",
         format!(
@@ -1731,6 +1925,14 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         "timed_out": report.async_metrics.timed_out,
         "backpressured_s": report.backpressured_ns as f64 / 1e9,
         "timers_peak": report.async_metrics.timers_peak,
+        "cache": report.async_metrics.cache_hit_rate().map(|rate| {
+            let m = &report.async_metrics;
+            json!({
+                "hit_rate": rate, "hits": m.cache_hits, "misses": m.cache_misses,
+                "loads": m.cache_loads, "entries": m.cache_entries,
+                "mean_load_ms": m.cache_load_ns as f64 / m.cache_loads.max(1) as f64 / 1e6,
+            })
+        }),
         "wakeups": report.run.wakeups.iter().map(|w| json!({
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
         })).collect::<Vec<_>>(),
@@ -1823,6 +2025,60 @@ mod tests {
             plan(Some("two"), false),
             Err(RunError::BadCores(_))
         ));
+    }
+
+    /// `--cache` takes its settings in any order, and refuses what it does not know.
+    #[test]
+    fn cache_settings_parse() {
+        let cache: CacheSettings = "rows=10,access=2s,missing=off".parse().unwrap();
+        assert_eq!(
+            cache,
+            CacheSettings {
+                rows_max: 10,
+                expire_after_write: None,
+                expire_after_access: Some(Duration::from_secs(2)),
+                cache_missing_key: false,
+            }
+        );
+        assert!("rows=5,write=10ms".parse::<CacheSettings>().is_ok());
+        let bad = "|rows=0|write=1s|rows=5,write=0s|rows=5,x=3|rows=x";
+        for text in bad.split('|') {
+            assert!(text.parse::<CacheSettings>().is_err(), "{text:?} accepted");
+        }
+    }
+
+    /// Zipf draws stay in range and keys come up as often as their weights say (within
+    /// 10%, seeded), for exponents below, at and above 1 (the sampler's three branches).
+    #[test]
+    fn zipf_draws_follow_the_weights() {
+        let keys = 1000u64;
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut random = move || {
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        };
+        for exponent in [0.5, 1.0, 1.1] {
+            let zipf = Zipf::new(keys, exponent).unwrap();
+            let draws = 200_000;
+            let mut counts = vec![0u32; keys as usize];
+            for _ in 0..draws {
+                let first = random();
+                counts[zipf.sample(first, &mut random) as usize] += 1;
+            }
+            let h: f64 = (1..=keys).map(|k| (k as f64).powf(-exponent)).sum();
+            for k in [0usize, 1, 9] {
+                let expected = ((k + 1) as f64).powf(-exponent) / h;
+                let seen = f64::from(counts[k]) / f64::from(draws);
+                assert!(
+                    (seen / expected - 1.0).abs() < 0.1,
+                    "s = {exponent}, key {k}: {seen} drawn, {expected} expected"
+                );
+            }
+        }
+        assert!(Zipf::new(keys, 0.0).is_err());
+        assert_eq!(Zipf::new(1, 2.0).unwrap().sample(7, || 0), 0);
     }
 
     #[test]

@@ -207,6 +207,15 @@ struct RunArgs {
     /// Share of records on the hottest 1% of keys (skew); 0 = uniform.
     #[arg(long, default_value_t = 0.0)]
     skew: f64,
+    /// How keys are drawn over --keys: uniform, or zipf:<s> (key k with weight
+    /// 1/(k+1)^s, e.g. zipf:1.1).
+    #[arg(long, default_value = "uniform", value_parser = parse_key_distribution, conflicts_with = "skew")]
+    key_distribution: KeyDraw,
+    /// A lookup cache per async subtask (Flink's PARTIAL lookup cache), not checkpointed:
+    /// rows=<n>[,write=<duration>][,access=<duration>][,missing=on|off], e.g.
+    /// rows=10000,write=10s.
+    #[arg(long, value_parser = parse_cache)]
+    cache: Option<job::CacheSettings>,
     /// Lookup connections per source subtask.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     connections: u64,
@@ -353,6 +362,30 @@ struct LoadRedisArgs {
     /// Bytes per value.
     #[arg(long, default_value_t = 32)]
     value_size: usize,
+}
+
+/// `--key-distribution`: uniform, or Zipf with an exponent.
+#[derive(Debug, Clone, Copy)]
+enum KeyDraw {
+    Uniform,
+    Zipf(f64),
+}
+
+fn parse_key_distribution(text: &str) -> Result<KeyDraw, String> {
+    match text.split_once(':') {
+        None if text == "uniform" => Ok(KeyDraw::Uniform),
+        Some(("zipf", s)) => match s.parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => Ok(KeyDraw::Zipf(s)),
+            _ => Err(format!(
+                "zipf:{s}: the exponent must be a positive number, e.g. zipf:1.1"
+            )),
+        },
+        _ => Err("write uniform or zipf:<exponent>, e.g. zipf:1.1".into()),
+    }
+}
+
+fn parse_cache(text: &str) -> Result<job::CacheSettings, String> {
+    text.parse()
 }
 
 fn parse_latency(text: &str) -> Result<Latency, String> {
@@ -759,7 +792,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         (None, Some(addr)) => addr,
         (None, None) => UNUSED_SERVICE,
     };
-    let keys = if args.skew > 0.0 {
+    let keys = if let KeyDraw::Zipf(exponent) = args.key_distribution {
+        KeyDistribution::Zipf(job::Zipf::new(args.keys, exponent).map_err(RunError::Setting)?)
+    } else if args.skew > 0.0 {
         KeyDistribution::Skewed {
             keys: args.keys,
             hot_keys: (args.keys / 100).max(1),
@@ -830,6 +865,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
         settings.timeout_text(),
     );
+    if let Some(cache) = &args.cache {
+        eprintln!("weir run: a lookup cache per async subtask (not checkpointed): {cache:?}");
+    }
     let lookups = match &redis {
         Some(store) => format!(
             "lookups in Redis at {} ({}), keys {}<key>",
@@ -864,9 +902,10 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         let settings = settings.clone();
         let progress = Arc::clone(&progress);
         let redis = redis.clone();
+        let cache = args.cache;
         std::thread::spawn(move || match &redis {
-            Some(store) => job::run_redis_to_end(&settings, store, progress),
-            None => job::run_to_end(&settings, progress),
+            Some(store) => job::run_redis_to_end_cached(&settings, cache, store, progress),
+            None => job::run_to_end_cached(&settings, cache, progress),
         })
     };
     let bar = if args.quiet {
@@ -953,6 +992,8 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     );
     if let Some((path, file)) = json.as_mut() {
         let mut value = job::to_json(&settings, &finished);
+        value["settings"]["key_distribution"] = Value::from(format!("{:?}", args.key_distribution));
+        value["settings"]["cache"] = Value::from(args.cache.map(|c| format!("{c:?}")));
         value["workers"] = Value::from(plan.workers());
         value["worker_cores"] = Value::from(plan.placement.clone());
         value["lookup_service"] = match &redis {

@@ -590,7 +590,13 @@ fn the_metrics_endpoint_serves_during_a_run() {
     use std::io::{BufRead, BufReader, Read, Write};
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let addr = taken.local_addr().expect("its address").to_string();
-    let stderr = assert_one_line_error(&weir(&["run", "--records", "1000", "--metrics-addr", &addr]));
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--records",
+        "1000",
+        "--metrics-addr",
+        &addr,
+    ]));
     assert!(stderr.contains("--metrics-addr"), "{stderr}");
     drop(taken);
 
@@ -607,7 +613,10 @@ fn the_metrics_endpoint_serves_during_a_run() {
     let url = lines
         .by_ref()
         .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("weir run: metrics at http://").map(str::to_string))
+        .find_map(|line| {
+            line.strip_prefix("weir run: metrics at http://")
+                .map(str::to_string)
+        })
         .expect("the run names its metrics address");
     let addr = url.trim_end_matches("/metrics").to_string();
     // Scrape until the sources have counted records in (the job needs a moment to start).

@@ -87,3 +87,9 @@ const _: () = assert!(RECORD_SIZE_MAX_DEFAULT < EVENT_TAG_MIN as usize);
 /// Default buffer timeout: a partially filled buffer is shipped at most this long after
 /// its first byte was written (Flink's `execution.buffer-timeout`: 100 ms).
 pub const BUFFER_TIMEOUT_DEFAULT_NS: u64 = 100_000_000;
+
+/// The most rows a lookup cache may hold (per subtask). The store's map is sized for all its rows when the
+/// operator is built (so lookups never rehash, and inserts allocate only until it is
+/// full): about 20 bytes a row for the map, plus each row's key and results once
+/// stored, per subtask: 16 Mi rows is some 320 MiB of map alone.
+pub const LOOKUP_CACHE_ROWS_MAX: usize = 1 << 24;

@@ -401,9 +401,18 @@ fn idle_channels_leave_the_minimum_until_they_send_a_watermark() {
     let idle = watermark(weir_engine::element::IDLE_WATERMARK);
     let (_p0, a) = frames(
         &network,
-        &[watermark(5), watermark(30), idle.clone(), watermark(40), end.clone()],
+        &[
+            watermark(5),
+            watermark(30),
+            idle.clone(),
+            watermark(40),
+            end.clone(),
+        ],
     );
-    let (_p1, b) = frames(&network, &[watermark(3), idle.clone(), idle, watermark(35), end]);
+    let (_p1, b) = frames(
+        &network,
+        &[watermark(3), idle.clone(), idle, watermark(35), end],
+    );
     let mut gate: InputGate<u8> = InputGate::new(vec![
         Box::new(Scripted(a, false)),
         Box::new(Scripted(b, false)),

@@ -495,3 +495,49 @@ fn a_panicking_task_fails_the_job_with_its_name_and_message() {
     }
     assert!(message.contains("panicked: record 5000"), "{message}");
 }
+
+/// A source that cannot go on says so with [`SourceEvent::Failed`]: the job fails with
+/// its stage's name and message, after the records it emitted before (none lost on the
+/// way to the sink), and no worker is left waiting.
+#[test]
+fn a_failed_source_fails_the_job_with_its_message() {
+    struct Failing(u64);
+    impl Source<u64> for Failing {
+        fn poll_next(&mut self, _now_ns: u64) -> SourceEvent<u64> {
+            if self.0 == 1_000 {
+                return SourceEvent::Failed("the log was deleted under me".into());
+            }
+            self.0 += 1;
+            SourceEvent::Record(self.0, None)
+        }
+    }
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let graph = Graph::new();
+        graph
+            .from_source(|_: &SubtaskInfo| Failing(0))
+            .parallelism(1)
+            .rebalance()
+            .parallelism(2)
+            .count();
+        let _ = done.send(graph.execute(runtime(2)).map(|_| ()));
+    });
+    let error = result
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the run ended (it hung after the failure)")
+        .expect_err("a failed source fails the job");
+    match &error {
+        GraphError::Runtime(RuntimeError::Task { error, .. }) => {
+            let failed = error
+                .downcast_ref::<weir_engine::graph::SourceFailed>()
+                .expect("the source's failure");
+            assert!(failed.stage.starts_with("source"), "{}", failed.stage);
+            assert_eq!(failed.message, "the log was deleted under me");
+        }
+        other => panic!("expected a task error, got {other:?}"),
+    }
+    assert!(
+        error.to_string().contains("the log was deleted under me"),
+        "{error}"
+    );
+}

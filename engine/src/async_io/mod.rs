@@ -27,10 +27,14 @@
 //! - [`ResultFuture`]: the handle through which a call's result comes back, from the
 //!   task's own thread (fast path, no atomics) or any other;
 //! - [`RetryStrategy`], [`AsyncConfig`]: how calls are retried and bounded;
+//! - [`LookupCache`]: a per-subtask cache of results in front of the calls (Flink's
+//!   lookup-join `PARTIAL` cache), set with [`AsyncConfig::with_cache`]; not state: a
+//!   restored operator starts with it empty;
 //! - [`futures`]: writing the call as an `async` block, run on a per-worker executor;
 //! - [`AsyncHarness`]: the real operator with a manual clock and an inline mailbox, for
 //!   tests (Flink's `OneInputStreamOperatorTestHarness`).
 
+mod cache;
 mod error;
 mod future;
 pub mod futures;
@@ -40,8 +44,12 @@ mod operator;
 mod queue;
 mod retry;
 
+use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
 
+use cache::CacheSpec;
+pub use cache::{LookupCache, LOOKUP_CACHE_ROWS_MAX};
 pub use error::{AsyncError, OperatorError};
 pub use future::ResultFuture;
 pub use harness::AsyncHarness;
@@ -105,6 +113,8 @@ pub struct AsyncConfig<T> {
     pub(crate) capacity: usize,
     pub(crate) timeout: Option<Duration>,
     pub(crate) retry: Option<RetryStrategy<T>>,
+    /// Shared by the clones of the configuration; each operator builds its own store.
+    pub(crate) cache: Option<Arc<dyn CacheSpec<T>>>,
 }
 
 impl<T> AsyncConfig<T> {
@@ -116,6 +126,7 @@ impl<T> AsyncConfig<T> {
             capacity,
             timeout: None,
             retry: None,
+            cache: None,
         }
     }
 
@@ -132,9 +143,30 @@ impl<T> AsyncConfig<T> {
         self
     }
 
+    /// Puts a per-subtask cache of results in front of the calls: a record whose key is
+    /// cached is completed with the cached results without a call (see [`LookupCache`]
+    /// for what is cached, expiry and eviction). Each operator built from this
+    /// configuration (each subtask) has its own cache, on its own thread, empty at start
+    /// and after a restore: the cache is not checkpointed. The cache's input type must be
+    /// the function's [`AsyncFunction::In`]; building the operator fails otherwise.
+    pub fn with_cache<In, K>(mut self, cache: LookupCache<In, K, T>) -> Self
+    where
+        In: 'static,
+        K: Hash + Eq + Clone + 'static,
+        T: Clone + Send + 'static,
+    {
+        self.cache = Some(Arc::new(cache));
+        self
+    }
+
     /// The output mode.
     pub fn mode(&self) -> OutputMode {
         self.mode
+    }
+
+    /// Whether a lookup cache is configured.
+    pub fn has_cache(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// The capacity.
@@ -163,6 +195,9 @@ impl<T> AsyncConfig<T> {
         if let Some(retry) = &self.retry {
             retry.validate()?;
         }
+        if let Some(cache) = &self.cache {
+            cache.validate()?;
+        }
         Ok(())
     }
 }
@@ -174,6 +209,7 @@ impl<T> Clone for AsyncConfig<T> {
             capacity: self.capacity,
             timeout: self.timeout,
             retry: self.retry.clone(),
+            cache: self.cache.clone(),
         }
     }
 }
@@ -185,6 +221,7 @@ impl<T> core::fmt::Debug for AsyncConfig<T> {
             .field("capacity", &self.capacity)
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
+            .field("cache", &self.cache)
             .finish()
     }
 }

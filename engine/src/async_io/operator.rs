@@ -38,10 +38,27 @@
 //! timer or queue round trip. Any other outcome is queued ahead of later completions
 //! and applied to the stored entry like every completion.
 //!
+//! With a lookup cache (`cache.rs`), a record is looked up before its call: a hit
+//! completes the record's handle at once with the cached results, taking exactly the
+//! path of a call completed inside `invoke` (emitted without an entry when it may leave
+//! at once, queued ahead of later completions otherwise). A miss calls the function;
+//! its results are stored in the cache when they stand: at once if the call completed
+//! inside `invoke` and leaves at once, else when its entry completes (the entry is
+//! marked `loading`; a timeout clears the mark, as its hook's outcome is no lookup).
+//!
+//! What an operator without a cache pays for this per record: one branch on
+//! `cache.is_some()` before the call (the lookup itself is cold and out of line); an
+//! inline completion's existing branch on the retry strategy now tests one flag for
+//! "retry or cache"; a stored entry carries the `loading` flag, tested when it
+//! completes. Hits and misses share the one call site of `invoke` with uncached records:
+//! a second call site (a copy of the path for the cache) cost a latency-0 loop the
+//! inlining of `invoke`, 34 more instructions per record by `scripts/callgrind.sh`.
+//!
 //! Owned by one thread (the operator is not `Send`): construct it on the task's thread.
 
 use std::marker::PhantomData;
 
+use super::cache::LookupStore;
 use super::future::{Completion, CompletionQueue, Outcome, Results};
 use super::queue::{Chains, Segments};
 use super::{
@@ -88,6 +105,8 @@ struct Entry<In, Out> {
     retry_timer: Option<TimerKey>,
     /// Attempted at once at end of input: its outcome stands (no further retry).
     final_attempt: bool,
+    /// Called after a lookup-cache miss: its results are stored when they stand.
+    loading: bool,
     next_in_chain: Option<Key>,
     next_parked: Option<Key>,
     first_invoked_ns: u64,
@@ -209,6 +228,13 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     /// Retry-delay timers pending in `timers`.
     retry_timers: usize,
     completions: CompletionQueue<F::Out>,
+    /// The lookup cache, if configured (see the module docs).
+    cache: Option<Box<dyn LookupStore<F::In, F::Out>>>,
+    /// Whether the record being processed was a cache hit (written by each lookup).
+    cache_hit: bool,
+    /// A retry strategy or a cache is configured: a call completed inside `invoke` takes
+    /// the branch that checks its results and stores cache loads.
+    inline_slow: bool,
     next_sequence: u64,
     closed: bool,
     failure: Option<String>,
@@ -226,6 +252,21 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let capacity = config.capacity;
+        let cache = match &config.cache {
+            None => None,
+            Some(spec) => Some(
+                *spec
+                    .build()
+                    .downcast::<Box<dyn LookupStore<F::In, F::Out>>>()
+                    .map_err(|_| {
+                        ConfigError::Inconsistent(
+                            "the lookup cache's key function takes another input type than \
+                             the async function: make the LookupCache for AsyncFunction::In",
+                        )
+                    })?,
+            ),
+        };
+        let inline_slow = config.retry.is_some() || cache.is_some();
         function.open();
         Ok(AsyncWaitOperator {
             function,
@@ -247,6 +288,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             },
             retry_timers: 0,
             completions: CompletionQueue::new(capacity, Box::new(notify)),
+            inline_slow,
+            cache,
+            cache_hit: false,
             next_sequence: 0,
             closed: false,
             failure: None,
@@ -364,10 +408,23 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         // here: a call that completes inside `invoke` (a cache hit, a computed answer)
         // and may leave at once never touches the slab, the chains or the wheel.
         self.completions.arm_inline(slot);
-        let handle = self.completions.issue(slot, 0);
-        self.function.invoke(&value, handle);
+        // With a lookup cache, a hit completes the record's handle (out of line) and makes
+        // no call; a miss and an operator without a cache share the call below, the one
+        // call site of `invoke` on this path (see the module docs).
+        if !(self.cache.is_some() && self.complete_hit(&value, slot, now_ns)) {
+            let handle = self.completions.issue(slot, 0);
+            self.function.invoke(&value, handle);
+        }
         if let Some(outcome) = self.completions.take_inline() {
-            match self.emit_completed_inline(key, outcome, timestamp, sequence, out) {
+            let emitted = self.emit_completed_inline(
+                key,
+                outcome,
+                timestamp,
+                sequence,
+                (&value, now_ns),
+                out,
+            );
+            match emitted {
                 None => return self.drain_if_waiting(now_ns, out),
                 Some(outcome) => self.completions.push_front(Completion {
                     key: slot,
@@ -393,11 +450,16 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             next_deadline: None,
             retry_timer: None,
             final_attempt: false,
+            loading: false,
             next_in_chain: None,
             next_parked: None,
             first_invoked_ns: now_ns,
         });
         debug_assert_eq!(inserted.ok(), Some(slot), "next_key names the next slot");
+        if self.cache.is_some() && !self.cache_hit {
+            // A miss: its results are stored when they stand.
+            self.entry_mut(slot).loading = true;
+        }
         // Unordered mode keeps no chains: its mode is checked here, one byte, rather than
         // by matching the chains (whose tag hides in a map's pointer).
         if self.mode != OutputMode::Unordered {
@@ -418,6 +480,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// watermark; in ordered mode no record at all, in keyed-ordered mode none of its
     /// key) and no retry applies to them. Otherwise hands the completion back, to be
     /// applied to the stored entry like any other.
+    ///
+    /// `load`: the input and the time, to store the results of a lookup-cache miss
+    /// before they are emitted.
     #[inline]
     fn emit_completed_inline(
         &mut self,
@@ -425,6 +490,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         outcome: Outcome<F::Out>,
         timestamp: Option<i64>,
         sequence: u64,
+        load: (&F::In, u64),
         out: &mut impl Collector<F::Out>,
     ) -> Option<Outcome<F::Out>> {
         let emittable = self.segments.list.len() == 1
@@ -437,13 +503,30 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             Outcome::Results(results) if emittable => results,
             outcome => return Some(outcome),
         };
-        if self.may_retry(1, false)
-            && self
-                .retry
-                .as_ref()
-                .is_some_and(|r| r.should_retry_result(results.as_slice()))
-        {
-            return Some(Outcome::Results(results));
+        // One branch, on a flag fixed for the operator's life, for both rarer cases: a
+        // retry strategy that may reject the results, and a cache load to store
+        // (completed within the call: a load time of 0).
+        if self.inline_slow {
+            if self.may_retry(1, false)
+                && self
+                    .retry
+                    .as_ref()
+                    .is_some_and(|r| r.should_retry_result(results.as_slice()))
+            {
+                return Some(Outcome::Results(results));
+            }
+            if self.cache.is_some() & !self.cache_hit {
+                let (input, now_ns) = load;
+                Self::store_in(
+                    &mut self.cache,
+                    &mut self.metrics,
+                    self.retry.as_ref(),
+                    input,
+                    &results,
+                    now_ns,
+                    now_ns,
+                );
+            }
         }
         self.metrics.completed += 1;
         self.metrics.emitted += 1;
@@ -453,6 +536,76 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.metrics.latency_ns.saturating_record(1);
         }
         None
+    }
+
+    /// Looks `input` up in the cache: on a hit, completes the first attempt's handle of
+    /// entry `slot` with the cached results (as a call completing inside `invoke` would)
+    /// and returns true. Notes the outcome in `cache_hit` for the rest of the record's
+    /// path (a miss is a load). Cold and out of line: an operator without a cache never
+    /// comes here, and one with a cache pays a call for its lookup anyway.
+    #[cold]
+    #[inline(never)]
+    fn complete_hit(&mut self, input: &F::In, slot: Key, now_ns: u64) -> bool {
+        let cache = self
+            .cache
+            .as_mut()
+            .expect("the cached path runs with a cache");
+        let hit = cache.lookup(input, now_ns);
+        self.metrics.cache_entries = cache.len() as u64;
+        self.cache_hit = hit.is_some();
+        let Some(results) = hit else {
+            self.metrics.cache_misses += 1;
+            return false;
+        };
+        self.metrics.cache_hits += 1;
+        let handle = self.completions.issue(slot, 0);
+        match results {
+            Results::Empty => handle.complete(None),
+            Results::One(one) => handle.complete_one(one),
+            Results::Many(all) => handle.complete(all),
+        }
+        true
+    }
+
+    /// Stores the results of a loading entry that stood, and hands them back.
+    #[inline(never)]
+    fn store_load(&mut self, slot: Key, results: Results<F::Out>, now_ns: u64) -> Results<F::Out> {
+        let entry = self.entries.get(slot).expect("completing a live entry");
+        let (input, first_invoked_ns) = (&entry.input, entry.first_invoked_ns);
+        Self::store_in(
+            &mut self.cache,
+            &mut self.metrics,
+            self.retry.as_ref(),
+            input,
+            &results,
+            first_invoked_ns,
+            now_ns,
+        );
+        results
+    }
+
+    /// Stores a load's `results` unless the retry strategy rejects them (they stand only
+    /// because no attempt is left: a later record should try again), and counts it.
+    /// Out of line: the per-record path keeps only the call.
+    #[inline(never)]
+    fn store_in(
+        cache: &mut Option<Box<dyn LookupStore<F::In, F::Out>>>,
+        metrics: &mut AsyncMetrics,
+        retry: Option<&RetryStrategy<F::Out>>,
+        input: &F::In,
+        results: &Results<F::Out>,
+        invoked_ns: u64,
+        now_ns: u64,
+    ) {
+        let cache = cache.as_mut().expect("only a cached operator loads");
+        if retry.is_some_and(|r| r.should_retry_result(results.as_slice())) {
+            return;
+        }
+        if cache.insert(input, results, now_ns) {
+            metrics.cache_loads += 1;
+            metrics.cache_load_ns += now_ns.saturating_sub(invoked_ns);
+        }
+        metrics.cache_entries = cache.len() as u64;
     }
 
     /// Takes a watermark: emitted once everything before it is emitted, and before
@@ -832,6 +985,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let entry = self.entry_mut(slot);
         let retry = entry.retry_timer.take();
         entry.state = State::TimedOut;
+        // Whatever the timeout hook completes it with is no lookup result.
+        entry.loading = false;
         entry.attempt += 1;
         let attempt = entry.attempt;
         self.cancel_retry(retry);
@@ -849,10 +1004,17 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         out: &mut impl Collector<F::Out>,
     ) {
         let entry = self.entry_mut(slot);
-        let (key, epoch, timing) = (entry.key, entry.epoch, entry.timing);
+        let (key, epoch, timing, loading) = (entry.key, entry.epoch, entry.timing, entry.loading);
         if timing {
             self.unlink_deadline(slot);
         }
+        // A load's results move through the store (not borrowed, which would give them an
+        // address on every path); the path without a cache pays this flag's branch.
+        let results = if loading {
+            self.store_load(slot, results, now_ns)
+        } else {
+            results
+        };
         self.metrics.completed += 1;
         let head = self.mode == OutputMode::Unordered || self.chains.is_head(key, slot);
         if head && epoch == self.segments.head_epoch {

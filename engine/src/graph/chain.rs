@@ -38,7 +38,7 @@ use super::keys::KeyHashCode;
 use super::metrics::TaskMetrics;
 use super::partition::Selector;
 use super::sink::Sink;
-use super::source::{Source, SourceEvent};
+use super::source::{Source, SourceEvent, SourceFailed};
 use super::{GraphRunError, IoHandler, Shared};
 
 /// Input elements a task takes per poll before yielding to its worker's other tasks.
@@ -1192,6 +1192,12 @@ impl<T: 'static> StageTask<T> {
                         }
                         self.phase = Phase::Finishing;
                         break;
+                    }
+                    SourceEvent::Failed(message) => {
+                        return Err(Box::new(SourceFailed {
+                            stage: self.name.clone(),
+                            message,
+                        }));
                     }
                 }
                 taken += 1;

@@ -93,7 +93,7 @@ pub use metrics::{TaskMetrics, TaskRates, TaskSample};
 pub use partition::{Partitioner, Partitioning};
 use partition::{Route, Selector};
 pub use sink::{latency_histogram, Collected, Counted, FileSink, Sink};
-pub use source::{Generator, IterSource, Source, SourceEvent};
+pub use source::{Generator, IterSource, Source, SourceEvent, SourceFailed};
 
 /// Hooks an async function's I/O (e.g. a lookup client's connections) into its
 /// worker's driver; the task calls it each turn.

@@ -33,6 +33,22 @@ pub enum SourceEvent<T> {
     },
     /// The source is done.
     End,
+    /// The source cannot go on (its log was deleted under it, a reply it cannot read,
+    /// refused credentials): its subtask fails with this message, and with it the job,
+    /// as for any failed task. A job with checkpoints restarts from the last completed
+    /// one and re-reads from the position held there; what the source emitted before
+    /// failing stays emitted (nothing is lost, and exactly-once sinks write it once).
+    Failed(String),
+}
+
+/// A source's subtask failed: what [`SourceEvent::Failed`] ends a job with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("source {stage} failed: {message}")]
+pub struct SourceFailed {
+    /// The stage (its chain's name).
+    pub stage: String,
+    /// What the source said.
+    pub message: String,
 }
 
 /// A user source: one instance per subtask, built on its worker's thread.

@@ -185,6 +185,30 @@ pub enum RedisError {
         /// The client's capacity.
         capacity: usize,
     },
+    /// A consumer group that a stream source reads through does not exist on a stream
+    /// (`NOGROUP`).
+    #[error("consumer group {group:?} does not exist on stream {stream:?} ({message}); create it with XGROUP CREATE {stream} {group} $ MKSTREAM, or set create_group")]
+    NoGroup {
+        /// The group.
+        group: String,
+        /// The stream.
+        stream: String,
+        /// The server's message.
+        message: String,
+    },
+    /// A stream entry has no event time where the source was told to take it from.
+    #[error("entry {id} of stream {stream:?} has no event time: {reason}; write the field as milliseconds in decimal, or take event time from the entry ID")]
+    EventTime {
+        /// The stream.
+        stream: String,
+        /// The entry's ID (`ms-seq`).
+        id: String,
+        /// What is wrong (the field is missing, or not an integer).
+        reason: String,
+    },
+    /// A checkpointed position does not fit the source being restored.
+    #[error("cannot restore a stream source from its checkpoint: {0}")]
+    Position(String),
     /// A socket or process operation failed.
     #[error("{what} failed: {source}")]
     Io {
@@ -285,6 +309,21 @@ impl RedisError {
                 outstanding: *outstanding,
                 capacity: *capacity,
             },
+            RedisError::NoGroup {
+                group,
+                stream,
+                message,
+            } => RedisError::NoGroup {
+                group: group.clone(),
+                stream: stream.clone(),
+                message: message.clone(),
+            },
+            RedisError::EventTime { stream, id, reason } => RedisError::EventTime {
+                stream: stream.clone(),
+                id: id.clone(),
+                reason: reason.clone(),
+            },
+            RedisError::Position(message) => RedisError::Position(message.clone()),
             RedisError::Io { what, source } => RedisError::Io {
                 what: what.clone(),
                 source: io(source),

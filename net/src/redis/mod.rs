@@ -14,6 +14,7 @@ pub mod client;
 pub mod error;
 pub mod process;
 mod resp;
+pub mod streams;
 pub mod url;
 
 pub use blocking::{key_name, load_keys, load_keys_with, value_of, BlockingConnection, Loaded};

@@ -143,6 +143,17 @@ pub(crate) fn decode(bytes: &[u8], resp3: bool) -> Result<Option<(Parsed, usize)
     }
 }
 
+/// Decodes the first RESP2 reply in `bytes` into an owned frame, after the same nesting
+/// check as [`decode`]: for replies whose nested shape the caller walks itself (the
+/// streams commands), where ranges into the buffer would have to be resolved anyway.
+pub(crate) fn decode_owned(
+    bytes: &[u8],
+) -> Result<Option<(redis_protocol::resp2::types::OwnedFrame, usize)>, Refused> {
+    check_depth(bytes, false)?;
+    redis_protocol::resp2::decode::decode(bytes)
+        .map_err(|error| Refused::Malformed(error.details().to_string()))
+}
+
 /// An aggregate being walked by [`check_depth`].
 #[derive(Debug, Clone, Copy)]
 struct Level {
