@@ -56,6 +56,8 @@ fn pipeline(c: &mut Criterion) {
                         cluster: None,
                         checkpoints: None,
                         output: None,
+                        streams: Default::default(),
+                        stop: Default::default(),
                     };
                     let (report, elapsed) =
                         job::run(&settings, Arc::new(JobProgress::default())).expect("job runs");

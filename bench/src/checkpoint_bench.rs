@@ -132,6 +132,8 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
             gauges: None,
         }),
         output: None,
+        streams: Default::default(),
+        stop: Default::default(),
     };
     let cpu = crate::compare::process_cpu();
     let result = job::run(&settings, Arc::default());

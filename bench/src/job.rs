@@ -10,6 +10,10 @@
 //! once (a bitmap of ids per sink subtask, merged at the end), counts records that
 //! arrive out of order from one source subtask, and records latency in an HDR
 //! histogram.
+//!
+//! With [`StreamIo`] the job reads its records from Redis streams instead (entries as
+//! `weir produce-stream` writes them: fields `id`, `key` and `t`, the time it was
+//! produced) and appends each enriched record to a stream as well as checking it.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -32,10 +36,15 @@ use weir_engine::graph::{
     latency_histogram, CheckpointReport, Checkpointing, ExchangeSpec, FileSink, Graph, GraphError,
     IoHandler, LiveCounters, Sink, Source, SourceEvent, SubtaskInfo,
 };
+use weir_engine::runtime::Controller;
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::cluster::TransportChannels;
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
+};
+use weir_net::redis::streams::{
+    stream_sink, stream_source, Fields, StreamEntry, StreamSink, StreamSinkConfig, StreamSource,
+    StreamSourceConfig,
 };
 use weir_net::redis::{
     Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisError, RedisFunction,
@@ -558,6 +567,51 @@ pub struct JobSettings {
     /// Also write each record's id, key and value as exactly-once part files here
     /// (committed at checkpoints; at the end without them).
     pub output: Option<PathBuf>,
+    /// Redis streams in and out instead of the generator and beside the checking sink.
+    pub streams: StreamIo,
+    /// Ends the job's input from another thread (Ctrl-C).
+    pub stop: JobStop,
+}
+
+/// The main job's Redis streams: records read from streams instead of generated, and
+/// each enriched record appended to a stream.
+#[derive(Clone, Default)]
+pub struct StreamIo {
+    /// Where the records come from (`weir run --source`), instead of the generator.
+    pub source: Option<StreamSourceConfig>,
+    /// Where the enriched records also go (`weir run --sink`).
+    pub sink: Option<StreamSinkConfig>,
+}
+
+/// Stops a running job with drain from another thread (`weir run` on Ctrl-C): its
+/// sources end, what they emitted flows through and the sinks finish, so the report is
+/// whole. The way to end a job over an unbounded stream.
+#[derive(Clone, Default)]
+pub struct JobStop(Arc<std::sync::Mutex<(bool, Option<Controller>)>>);
+
+impl JobStop {
+    /// Ends the job's input (now, or as soon as it starts); a failed job is not
+    /// restarted after this.
+    pub fn stop(&self) {
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 = true;
+        if let Some(controller) = &state.1 {
+            controller.end_input();
+        }
+    }
+
+    /// Whether [`stop`](Self::stop) was called.
+    pub fn requested(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    fn attach(&self, controller: Controller) {
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 {
+            controller.end_input();
+        }
+        state.1 = Some(controller);
+    }
 }
 
 /// How the main job checkpoints.
@@ -700,7 +754,7 @@ impl Zipf {
     }
 
     /// A key: `first` and as many further draws of `random` (uniform `u64`s) as it takes.
-    fn sample(&self, first: u64, mut random: impl FnMut() -> u64) -> u64 {
+    pub fn sample(&self, first: u64, mut random: impl FnMut() -> u64) -> u64 {
         let unit = |r: u64| (r >> 11) as f64 / (1u64 << 53) as f64;
         let s = self.exponent;
         let mut r = first;
@@ -998,6 +1052,177 @@ impl Source<Lookup> for MainSource {
     }
 }
 
+/// The largest record id the checking sink takes from a stream: it keeps a bitmap of
+/// the ids it saw (512 MiB at this bound).
+pub const STREAM_ID_MAX: u64 = 1 << 32;
+
+/// The main job's record from a stream entry as `weir produce-stream` writes it:
+/// `id` (unique, below [`STREAM_ID_MAX`]), `key` (looked up) and optionally `t` (when it
+/// was produced, nanoseconds since the Unix epoch).
+pub fn record_fields(entry: &StreamEntry) -> Result<(u64, u64, Option<u64>), String> {
+    let number = |name: &str| -> Result<Option<u64>, String> {
+        match entry.field(name.as_bytes()) {
+            None => Ok(None),
+            Some(text) => std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "entry {} of stream {:?}: field {name:?} is {:?}, not a decimal u64",
+                        entry.id,
+                        entry.stream,
+                        String::from_utf8_lossy(text)
+                    )
+                }),
+        }
+    };
+    let needed = |name: &str| -> Result<u64, String> {
+        number(name)?.ok_or_else(|| {
+            format!(
+                "entry {} of stream {:?} has no field {name:?}: weir run's main job reads                  entries as `weir produce-stream` writes them (fields id, key and t);                  enrich streams of your own with a job like net/examples/stream_enrich.rs",
+                entry.id, entry.stream
+            )
+        })
+    };
+    let id = needed("id")?;
+    if id >= STREAM_ID_MAX {
+        return Err(format!(
+            "entry {} of stream {:?}: id {id} is not below {STREAM_ID_MAX} (the checking \
+             sink keeps a bitmap of ids)",
+            entry.id, entry.stream
+        ));
+    }
+    Ok((id, needed("key")?, number("t")?))
+}
+
+/// The main job's source with `--source`: the stream source's entries as records, each
+/// created when it was produced (its `t`, mapped onto the run's clock), or when read.
+/// Positions, acknowledgements and failures are the stream source's.
+struct StreamInput {
+    inner: StreamSource,
+    /// Wall clock minus the run's clock (taken at the first record).
+    offset: Option<u64>,
+    /// Over several processes: creation times stay in the wall clock.
+    wall: bool,
+}
+
+impl Source<Lookup> for StreamInput {
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
+        match self.inner.poll_next(now_ns) {
+            SourceEvent::Record(entry, timestamp) => match record_fields(&entry) {
+                Ok((id, key, produced)) => {
+                    let offset = *self
+                        .offset
+                        .get_or_insert_with(|| wall_clock_ns().saturating_sub(now_ns));
+                    let created_ns = match (produced, self.wall) {
+                        (Some(t), true) => t,
+                        (None, true) => now_ns + offset,
+                        // Produced before the run started: its age counts from the start.
+                        (Some(t), false) => t.saturating_sub(offset).min(now_ns),
+                        (None, false) => now_ns,
+                    };
+                    SourceEvent::Record(
+                        Lookup(SourceRecord {
+                            id,
+                            key,
+                            created_ns,
+                        }),
+                        timestamp,
+                    )
+                }
+                Err(message) => SourceEvent::Failed(message),
+            },
+            SourceEvent::Watermark(w) => SourceEvent::Watermark(w),
+            SourceEvent::Idle { until_ns } => SourceEvent::Idle { until_ns },
+            SourceEvent::End => SourceEvent::End,
+            SourceEvent::Failed(message) => SourceEvent::Failed(message),
+        }
+    }
+
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        self.inner.snapshot_state()
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        self.inner.restore_state(state)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        self.inner.notify_checkpoint_complete(checkpoint)
+    }
+}
+
+/// Each enriched record as a stream entry: `id`, `key`, `value` (hex), and `t`, the
+/// time its input was created (nanoseconds since the Unix epoch), for a reader that
+/// measures end to end.
+fn stream_fields(record: &Enriched, fields: &mut Fields) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = SmallVec::<[u8; 2 * VALUE_INLINE]>::new();
+    for byte in record.value.iter() {
+        hex.extend([HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+    }
+    fields
+        .push_fmt("id", format_args!("{}", record.id))
+        .push_fmt("key", format_args!("{}", record.key))
+        .push("value", &hex[..])
+        .push_fmt("t", format_args!("{}", record.created_ns));
+}
+
+/// The main job's sink with `--sink`: the checking sink, and each record appended to a
+/// stream (at least once, or exactly once at checkpoints).
+struct StreamOut {
+    check: CheckSink,
+    out: StreamSink<Enriched, fn(&Enriched, &mut Fields)>,
+    /// Maps the records' creation times onto the wall clock (none over several
+    /// processes: they are in it already).
+    wall: Option<WallClock>,
+}
+
+impl Sink<Enriched> for StreamOut {
+    fn invoke(
+        &mut self,
+        mut value: Enriched,
+        timestamp: Option<i64>,
+        now_ns: u64,
+    ) -> Result<(), TaskError> {
+        self.check.invoke(value.clone(), timestamp, now_ns)?;
+        if let Some(wall) = self.wall.as_mut() {
+            value.created_ns = wall.map(now_ns, value.created_ns);
+        }
+        self.out.invoke(value, timestamp, now_ns)
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        self.out.finish()?;
+        self.check.finish()
+    }
+
+    fn accepts(&mut self) -> bool {
+        self.out.accepts()
+    }
+
+    fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
+        self.out.poll(now_ns)
+    }
+
+    fn flushed(&mut self) -> bool {
+        self.out.flushed()
+    }
+
+    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
+        self.out.snapshot_state(checkpoint)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        self.out.notify_checkpoint_complete(checkpoint)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        self.out.restore_state(state)
+    }
+}
+
 /// The main job's sink with `--output`: the checking sink, and each record's line in
 /// exactly-once part files.
 struct OutputSink {
@@ -1073,6 +1298,9 @@ struct CheckSink {
     /// When the first record of the run reached a sink, in ns since the Unix epoch
     /// (the moment a restored job is processing again).
     first_output: Arc<AtomicU64>,
+    /// Records from streams: ids are the entries' (the bitmap grows to the largest, up
+    /// to [`STREAM_ID_MAX`]), and their order per source subtask is not the generator's.
+    from_streams: bool,
 }
 
 impl CheckSink {
@@ -1126,12 +1354,17 @@ impl Sink<Enriched> for CheckSink {
                 .fetch_min(wall_clock_ns(), std::sync::atomic::Ordering::Relaxed);
         }
         self.received += 1;
-        let source = (value.id % self.sources) as usize;
-        if self.last_id[source].is_some_and(|last| last > value.id) {
-            self.reordered += 1;
+        if !self.from_streams {
+            let source = (value.id % self.sources) as usize;
+            if self.last_id[source].is_some_and(|last| last > value.id) {
+                self.reordered += 1;
+            }
+            self.last_id[source] = Some(value.id);
         }
-        self.last_id[source] = Some(value.id);
         let id = value.id as usize;
+        if self.from_streams && id / 64 >= self.seen.len() && value.id < STREAM_ID_MAX {
+            self.seen.resize((id / 64 + 1).next_power_of_two(), 0);
+        }
         match self.seen.get_mut(id / 64) {
             Some(word) => {
                 let bit = 1u64 << (id % 64);
@@ -1352,7 +1585,9 @@ fn execute_restarting(
                     | RuntimeError::Checkpoint(_)
             )
         );
-        if let (true, Some(error)) = (restartable, &finished.failure) {
+        if let (true, Some(error), false) =
+            (restartable, &finished.failure, settings.stop.requested())
+        {
             if let Some(delay) = restarts.on_failure(Instant::now()) {
                 eprintln!(
                     "weir: the job failed ({error}); restart {} in {} from the latest \
@@ -1506,10 +1741,29 @@ fn execute(
         }
         graph = graph.with_checkpointing(checkpointing);
     }
-    let source_settings = settings.clone();
-    let source = graph
-        .from_source(move |info| MainSource::new(&source_settings, info))
-        .name("generator");
+    let source = match &settings.streams.source {
+        Some(config) => {
+            let config = config.clone();
+            let wall = settings.cluster.is_some();
+            graph
+                .from_source_io(move |info| {
+                    let (inner, io) = stream_source(&config, info);
+                    let input = StreamInput {
+                        inner,
+                        offset: None,
+                        wall,
+                    };
+                    (input, io)
+                })
+                .name("redis-stream source")
+        }
+        None => {
+            let source_settings = settings.clone();
+            graph
+                .from_source(move |info| MainSource::new(&source_settings, info))
+                .name("generator")
+        }
+    };
     let enriched = match store {
         Store::Redis(config, addr, stats) => source.async_wait_io(
             move |_| {
@@ -1556,7 +1810,8 @@ fn execute(
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
     let first_output = Arc::new(AtomicU64::new(u64::MAX));
-    let records = settings.records;
+    let from_streams = settings.streams.source.is_some();
+    let records = if from_streams { 0 } else { settings.records };
     let wall_clock = settings.cluster.is_some();
     {
         let results = Arc::clone(&results);
@@ -1579,11 +1834,22 @@ fn execute(
             collect: collect.clone().map(|shared| (Vec::new(), shared)),
             published: false,
             wall: wall_clock.then(WallClock::default),
+            from_streams,
         };
         let keyed = enriched.key_by(|record: &Enriched| record.key);
-        match output {
-            None => keyed.sink(move |_| check()),
-            Some(dir) => keyed.sink(move |info: &SubtaskInfo| OutputSink {
+        match (output, settings.streams.sink.clone()) {
+            (_, Some(config)) => keyed.sink_io(move |info: &SubtaskInfo| {
+                let format: fn(&Enriched, &mut Fields) = stream_fields;
+                let (out, io) = stream_sink(&config, info, format);
+                let sink = StreamOut {
+                    check: check(),
+                    out,
+                    wall: (!wall_clock).then(WallClock::default),
+                };
+                (sink, io)
+            }),
+            (None, None) => keyed.sink(move |_| check()),
+            (Some(dir), None) => keyed.sink(move |info: &SubtaskInfo| OutputSink {
                 check: check(),
                 files: FileSink::new(
                     dir.clone(),
@@ -1596,10 +1862,12 @@ fn execute(
     }
     let live = graph.live();
     let started = Instant::now();
-    let (result, failure) = graph.execute_to_end(runtime).map_err(|error| match error {
+    let job = graph.start(runtime).map_err(|error| match error {
         GraphError::Runtime(error) => RunError::Runtime(error),
         error => RunError::Setting(error.to_string()),
     })?;
+    settings.stop.attach(job.controller());
+    let (result, failure) = job.join();
     let elapsed = started.elapsed();
     if let Some(channels) = &transport {
         // Keep serving until the other processes have everything this one produced.
@@ -1608,6 +1876,11 @@ fn execute(
         }
     }
     let mut merged = vec![0u64; (records as usize).div_ceil(64)];
+    let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+    let longest = results.iter().map(|s| s.seen.len()).max().unwrap_or(0);
+    if merged.len() < longest {
+        merged.resize(longest, 0);
+    }
     let mut report = JobReport {
         generated: live.generated.load(std::sync::atomic::Ordering::Relaxed),
         received: 0,
@@ -1630,7 +1903,7 @@ fn execute(
             at => Some(at),
         },
     };
-    for sink in results.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+    for sink in results.drain(..) {
         report.received += sink.received;
         report.duplicates += sink.duplicates;
         report.reordered += sink.reordered;
@@ -1655,6 +1928,8 @@ fn execute(
                 restored: Some(_), ..
             }),
         ) => 0,
+        // From streams: what was read and did not arrive.
+        (None, _) if from_streams => report.generated.saturating_sub(unique),
         (None, _) => records - unique,
     };
     Ok(Finished {
@@ -1743,7 +2018,10 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
     row("failed", failed.to_string());
     if failure.is_some() {
         // `missing` also counts the records never generated.
-        let delivered = settings.records - report.missing;
+        let delivered = match settings.streams.source {
+            Some(_) => report.unique,
+            None => settings.records - report.missing,
+        };
         row(
             "undelivered / duplicated",
             format!(

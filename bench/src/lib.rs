@@ -27,3 +27,4 @@ pub mod redis_peers;
 pub mod remote_peers;
 pub mod report;
 pub mod ring_peers;
+pub mod streams;

@@ -15,6 +15,10 @@ use weir_bench::{compare, job};
 use weir_engine::async_io::OutputMode;
 use weir_engine::checkpoint::{AlignmentMode, RestartStrategy};
 use weir_net::lookup::{Faults, Latency, LookupServer, ServerConfig};
+use weir_net::redis::streams::{
+    ConsumerGroup, Guarantee, StartFrom, StreamSinkConfig, StreamSourceConfig, StreamUrl,
+    StreamUrlError,
+};
 use weir_net::redis::{Batching, RedisUrl};
 use weir_net::DriverKind;
 
@@ -38,6 +42,9 @@ enum Command {
     /// Loads the main job's keys (`weir:0` ...) into Redis for `weir run --store`,
     /// pipelined.
     LoadRedis(LoadRedisArgs),
+    /// Appends main-job records (fields id, key, t) to a Redis stream for `weir run
+    /// --source`, pipelined, as fast as Redis takes them or at a rate.
+    ProduceStream(ProduceStreamArgs),
     /// Weir against its peers in interleaved turns; prints medians and ratios.
     Compare {
         /// Which structures to compare.
@@ -306,6 +313,62 @@ struct RunArgs {
     /// http://ADDR/metrics while the job runs, e.g. 127.0.0.1:9249.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
+    /// Read the records from Redis streams instead of generating them:
+    /// redis-stream://[user:password@]host:port/stream[,stream…][?db=N], entries as
+    /// `weir produce-stream` writes them (fields id, key, t). Each stream is read whole by
+    /// one source subtask (stream i by subtask i mod parallelism); the run ends with the
+    /// streams under --bounded, else on Ctrl-C (the sources stop, what they read drains).
+    #[arg(long, value_name = "URL", value_parser = parse_stream_url, conflicts_with_all = ["rate", "records"])]
+    source: Option<Box<StreamUrl>>,
+    /// With --source: read up to the entries the streams hold when the job starts, then
+    /// end.
+    #[arg(long, requires = "source")]
+    bounded: bool,
+    /// With --source: where reading starts: beginning, latest (entries added after the
+    /// job starts), or after an entry id (e.g. 1764720000000-0). A restore reads on from
+    /// its checkpoint instead.
+    #[arg(long, default_value = "beginning", value_parser = parse_start, requires = "source")]
+    source_start: StartFrom,
+    /// With --source: read as consumer GROUP[:CONSUMER] of each stream (XREADGROUP; made
+    /// at the start position where missing), acknowledging (XACK) what a completed
+    /// checkpoint covers; for streams other consumers share. Consumer: weir.
+    #[arg(long, value_name = "GROUP[:CONSUMER]", requires = "source")]
+    consumer_group: Option<String>,
+    /// Also append every enriched record to a Redis stream (fields id, key, value as hex,
+    /// t): redis-stream://[user:password@]host:port/stream.
+    #[arg(long, value_name = "URL", value_parser = parse_stream_url, conflicts_with = "output")]
+    sink: Option<Box<StreamUrl>>,
+    /// With --sink: at-least-once (each record appended at once; a connection lost may
+    /// append some twice), or exactly-once (each checkpoint's records in one MULTI/EXEC
+    /// when it completes; needs --checkpoint-interval).
+    #[arg(long, value_enum, default_value_t = SinkGuarantee::AtLeastOnce, requires = "sink")]
+    sink_guarantee: SinkGuarantee,
+    /// With --sink: trim the stream to about this many entries (XADD MAXLEN ~ N).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "sink")]
+    sink_maxlen: Option<u64>,
+}
+
+/// `--sink-guarantee`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SinkGuarantee {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+fn parse_stream_url(text: &str) -> Result<Box<StreamUrl>, String> {
+    text.parse()
+        .map(Box::new)
+        .map_err(|e: StreamUrlError| e.to_string())
+}
+
+fn parse_start(text: &str) -> Result<StartFrom, String> {
+    match text {
+        "beginning" => Ok(StartFrom::Beginning),
+        "latest" => Ok(StartFrom::Latest),
+        id => id.parse().map(StartFrom::Id).map_err(|e| {
+            format!("{e}: write beginning, latest, or an entry id such as 1764720000000-0")
+        }),
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -362,6 +425,29 @@ struct LoadRedisArgs {
     /// Bytes per value.
     #[arg(long, default_value_t = 32)]
     value_size: usize,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ProduceStreamArgs {
+    /// The stream: redis-stream://[user:password@]host:port/stream[?db=N].
+    #[arg(value_parser = parse_stream_url)]
+    url: Box<StreamUrl>,
+    /// Entries to append. Their ids are reserved on the server (INCRBY
+    /// weir:produce-stream:next-id), so they are unique over every stream there.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    count: u64,
+    /// Entries per second (default: as fast as Redis takes them).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Distinct keys (match `weir run --keys`, and `weir load-redis --keys` for --store).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: u64,
+    /// How keys are drawn: uniform, or zipf:<s>.
+    #[arg(long, default_value = "uniform", value_parser = parse_key_distribution)]
+    key_distribution: KeyDraw,
+    /// Trim the stream to about this many entries (XADD MAXLEN ~ N).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    maxlen: Option<u64>,
 }
 
 /// `--key-distribution`: uniform, or Zipf with an exponent.
@@ -508,6 +594,7 @@ fn main() {
         Command::Run(args) => std::process::exit(run_job(*args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
+        Command::ProduceStream(args) => std::process::exit(produce_stream(args)),
         Command::Report { data, out, commit } => {
             if let Err(error) = weir_bench::report::generate(&data, &out, &commit) {
                 eprintln!("error: {error}");
@@ -629,6 +716,79 @@ fn main() {
     }
 }
 
+/// `--source` and `--sink` as the job's stream settings, checked, and the server asked
+/// for a `PING` so that one not running is an error now, not a job that waits on it.
+fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
+    let reachable = |what: &str, url: &StreamUrl| -> Result<(), RunError> {
+        weir_net::redis::BlockingConnection::connect(&url.redis, Duration::from_secs(2))
+            .and_then(|mut c| c.command(&[b"PING"]))
+            .map(|_| ())
+            .map_err(|e| {
+                RunError::Setting(format!(
+                    "{what} {url}: {e} (is Redis running there? `scripts/redis.sh start` starts \
+                     one on 127.0.0.1:6399)"
+                ))
+            })
+    };
+    let source = match &args.source {
+        Some(url) => {
+            let mut config = StreamSourceConfig::new(url.redis.clone(), url.streams.clone());
+            config.bounded = args.bounded;
+            config.start = args.source_start;
+            if let Some(text) = &args.consumer_group {
+                let (group, consumer) = text.split_once(':').unwrap_or((text, "weir"));
+                if group.is_empty() || consumer.is_empty() {
+                    return Err(RunError::Setting(format!(
+                        "--consumer-group {text:?}: write GROUP or GROUP:CONSUMER, both non-empty"
+                    )));
+                }
+                config.group = Some(ConsumerGroup {
+                    group: group.into(),
+                    consumer: consumer.into(),
+                    create_group: true,
+                });
+            }
+            config.stats = Some(Arc::default());
+            let addr = config
+                .check()
+                .map_err(|e| RunError::Setting(format!("--source {url}: {e}")))?;
+            config.addr = Some(addr);
+            reachable("--source", url)?;
+            Some(config)
+        }
+        None => None,
+    };
+    let sink = match &args.sink {
+        Some(url) => {
+            let [stream] = url.streams.as_slice() else {
+                return Err(RunError::Setting(format!(
+                    "--sink {url}: name one stream to append to"
+                )));
+            };
+            let mut config = StreamSinkConfig::new(url.redis.clone(), stream.clone());
+            config.maxlen = args.sink_maxlen;
+            config.guarantee = match args.sink_guarantee {
+                SinkGuarantee::AtLeastOnce => Guarantee::AtLeastOnce,
+                SinkGuarantee::ExactlyOnce if args.checkpoint_interval.is_none() => {
+                    return Err(RunError::Setting(
+                        "--sink-guarantee exactly-once commits each checkpoint's records when \
+                         it completes: add --checkpoint-interval and --checkpoint-dir"
+                            .into(),
+                    ))
+                }
+                SinkGuarantee::ExactlyOnce => Guarantee::ExactlyOnce,
+            };
+            config
+                .check()
+                .map_err(|e| RunError::Setting(format!("--sink {url}: {e}")))?;
+            reachable("--sink", url)?;
+            Some(config)
+        }
+        None => None,
+    };
+    Ok(job::StreamIo { source, sink })
+}
+
 fn run_job(args: RunArgs) -> i32 {
     match run_main_job(&args) {
         Ok(code) => code,
@@ -733,7 +893,12 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     // Read again when the job starts; checked here so that a bad value stops the run
     // before anything starts.
     job::spin_from_env().map_err(RunError::Setting)?;
-    job::check_memory(plan.workers(), args.records, args.capacity as usize)?;
+    let streams = stream_io(args)?;
+    let records = match streams.source {
+        Some(_) => 0,
+        None => args.records,
+    };
+    job::check_memory(plan.workers(), records, args.capacity as usize)?;
     let mut json = match &args.json {
         Some(path) => Some(open_json(path)?),
         None => None,
@@ -758,6 +923,14 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             }
             if args.checkpoint_interval.is_some() {
                 sources.checkpoints = Some(Arc::clone(&checkpoint_gauges));
+            }
+            if let Some(stats) = streams.source.as_ref().and_then(|c| c.stats.clone()) {
+                sources.stream_sources.push(("source".to_string(), stats));
+            }
+            if let Some(config) = &streams.sink {
+                sources
+                    .stream_sinks
+                    .push(("sink".to_string(), Arc::clone(&config.stats)));
             }
             let server = weir_net::metrics::MetricsServer::start(addr, sources)
                 .map_err(|e| RunError::Setting(e.to_string()))?;
@@ -804,7 +977,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         KeyDistribution::Uniform { keys: args.keys }
     };
     let settings = job::JobSettings {
-        records: args.records,
+        records,
         rate: args.rate,
         mode: match args.mode {
             Mode::Ordered => OutputMode::Ordered,
@@ -844,7 +1017,24 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 gauges: Some(Arc::clone(&checkpoint_gauges)),
             }),
         output: args.output.clone(),
+        streams,
+        stop: job::JobStop::default(),
     };
+    if settings.cluster.is_none() {
+        // Ctrl-C stops the job with drain (how a run over unbounded streams ends); a
+        // second one quits at once.
+        let stop = settings.stop.clone();
+        let _ = ctrlc::set_handler(move || {
+            if stop.requested() {
+                std::process::exit(130);
+            }
+            eprintln!(
+                "\nweir run: stopping: the sources end and what they read drains (Ctrl-C again \
+                 quits at once)"
+            );
+            stop.stop();
+        });
+    }
     let service_core = server.as_ref().and_then(|s| s.core());
     let service_place = match &server {
         None => "external".to_string(),
@@ -855,8 +1045,12 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         },
     };
     eprintln!(
-        "weir run: {} records, {} mode, capacity {}, {}timeout {}",
-        settings.records,
+        "weir run: {}, {} mode, capacity {}, {}timeout {}",
+        match (&args.source, args.bounded) {
+            (Some(url), true) => format!("records from {url} up to its entries at start"),
+            (Some(url), false) => format!("records from {url} until Ctrl-C"),
+            (None, _) => format!("{} records", settings.records),
+        },
         job::mode_name(settings.mode),
         settings.capacity,
         match &redis {
@@ -911,18 +1105,25 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        let bar = indicatif::ProgressBar::new(settings.records);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} records  {rate}  in flight {msg}  [{elapsed_precise}]",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .with_key(
-                "rate",
-                |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
-                    let _ = write!(out, "{:.0} records/s", state.per_sec());
-                },
+        let (bar, template) = match settings.streams.source {
+            Some(_) => (
+                indicatif::ProgressBar::no_length(),
+                "{pos} records  {rate}  in flight {msg}  [{elapsed_precise}]",
             ),
+            None => (
+                indicatif::ProgressBar::new(settings.records),
+                "{bar:40} {pos}/{len} records  {rate}  in flight {msg}  [{elapsed_precise}]",
+            ),
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .with_key(
+                    "rate",
+                    |state: &indicatif::ProgressState, out: &mut dyn std::fmt::Write| {
+                        let _ = write!(out, "{:.0} records/s", state.per_sec());
+                    },
+                ),
         );
         bar
     };
@@ -974,6 +1175,31 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             "lookup service", stats.requests, stats.errors
         ),
         (None, None) => println!("  {:<28} external at {service}", "lookup service"),
+    }
+    let stream_source = settings
+        .streams
+        .source
+        .as_ref()
+        .and_then(|c| c.stats.as_ref())
+        .map(|s| s.snapshot());
+    if let Some(s) = &stream_source {
+        println!(
+            "  {:<28} {} entries in {} reads ({}), {} acknowledged, {} reconnects, {} errors",
+            "redis stream source",
+            s.entries,
+            s.reads,
+            job::bytes_text(s.bytes),
+            s.acknowledged,
+            s.reconnects,
+            s.errors
+        );
+    }
+    let stream_sink = settings.streams.sink.as_ref().map(|c| c.stats.snapshot());
+    if let Some(s) = &stream_sink {
+        println!(
+            "  {:<28} {} entries written, {} commands, {} transactions, {} reconnects, {} errors",
+            "redis stream sink", s.entries, s.commands, s.transactions, s.reconnects, s.errors
+        );
     }
     let records = finished.report.received.max(1);
     let cpu_per_record_ns = cpu.as_nanos() as f64 / records as f64;
@@ -1027,6 +1253,31 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 })
             }
             None => Value::Null,
+        };
+        value["stream_source"] = match (&args.source, &stream_source) {
+            (Some(url), Some(s)) => serde_json::json!({
+                "url": url.to_string(),
+                "bounded": args.bounded,
+                "entries": s.entries,
+                "reads": s.reads,
+                "bytes": s.bytes,
+                "acknowledged": s.acknowledged,
+                "reconnects": s.reconnects,
+                "errors": s.errors,
+            }),
+            _ => Value::Null,
+        };
+        value["stream_sink"] = match (&args.sink, &stream_sink) {
+            (Some(url), Some(s)) => serde_json::json!({
+                "url": url.to_string(),
+                "guarantee": format!("{:?}", args.sink_guarantee),
+                "entries": s.entries,
+                "commands": s.commands,
+                "transactions": s.transactions,
+                "reconnects": s.reconnects,
+                "errors": s.errors,
+            }),
+            _ => Value::Null,
         };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
         value["lookup_mean_latency_ms"] = match &redis {
@@ -1093,6 +1344,75 @@ const UNUSED_SERVICE: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::LOCALHOST,
     0,
 ));
+
+fn produce_stream(args: ProduceStreamArgs) -> i32 {
+    let [stream] = args.url.streams.as_slice() else {
+        eprintln!("error: {}: name one stream to append to", args.url);
+        return 2;
+    };
+    if let Some(rate) = args.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            eprintln!("error: --rate must be a positive number of entries per second");
+            return 2;
+        }
+    }
+    let keys = match args.key_distribution {
+        KeyDraw::Uniform => KeyDistribution::Uniform { keys: args.keys },
+        KeyDraw::Zipf(s) => match job::Zipf::new(args.keys, s) {
+            Ok(zipf) => KeyDistribution::Zipf(zipf),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return 2;
+            }
+        },
+    };
+    eprintln!(
+        "weir produce-stream: {} entries to {}{}",
+        args.count,
+        args.url,
+        args.rate
+            .map(|r| format!(" at {r} entries/s"))
+            .unwrap_or_default()
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed));
+    }
+    let bar = indicatif::ProgressBar::new(args.count);
+    let produced = weir_bench::streams::produce_records(
+        &args.url.redis,
+        stream,
+        weir_bench::streams::ProduceSpec {
+            count: args.count,
+            rate: args.rate,
+            keys,
+            maxlen: args.maxlen,
+        },
+        |done| bar.set_position(done),
+        &|| stop.load(Ordering::Relaxed),
+    );
+    bar.finish_and_clear();
+    match produced {
+        Ok(p) => {
+            let seconds = p.elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "appended {} entries (ids {}..{}, {}) to {} in {seconds:.2} s: {:.0} entries/s",
+                p.entries,
+                p.first_id,
+                p.first_id + p.entries,
+                job::bytes_text(p.bytes),
+                args.url,
+                p.entries as f64 / seconds
+            );
+            0
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
+        }
+    }
+}
 
 fn load_redis(args: LoadRedisArgs) -> i32 {
     eprintln!(

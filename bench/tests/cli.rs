@@ -648,3 +648,112 @@ fn the_metrics_endpoint_serves_during_a_run() {
     let status = child.wait().expect("weir ends");
     assert!(status.success(), "{}", rest.join("\n"));
 }
+
+/// The Redis of `WEIR_REDIS_URL` as host:port, or `None` (the test says it skipped).
+fn redis_authority(test: &str) -> Option<String> {
+    match std::env::var("WEIR_REDIS_URL") {
+        Ok(url) => Some(
+            url.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_string(),
+        ),
+        Err(_) => {
+            eprintln!("note: {test} skipped: WEIR_REDIS_URL is unset (scripts/test.sh sets it)");
+            None
+        }
+    }
+}
+
+/// `weir produce-stream` fills a stream; `weir run --source … --bounded --sink …`
+/// enriches every entry once into another stream, and says what it read and wrote.
+#[test]
+fn a_stream_is_enriched_into_another_stream() {
+    let Some(redis) = redis_authority("a_stream_is_enriched_into_another_stream") else {
+        return;
+    };
+    let tag = format!("weir:test:cli:{}", std::process::id());
+    let (input, output) = (format!("{tag}:in"), format!("{tag}:out"));
+    let produced = weir(&[
+        "produce-stream",
+        &format!("redis-stream://{redis}/{input}"),
+        "--count",
+        "20000",
+        "--keys",
+        "500",
+    ]);
+    assert!(produced.status.success(), "{}", text(&produced.stderr));
+    assert!(text(&produced.stdout).contains("appended 20000 entries"));
+    let run = weir(&[
+        "run",
+        "--quiet",
+        "--cores",
+        "2",
+        "--oversubscribe",
+        "--keys",
+        "500",
+        "--source",
+        &format!("redis-stream://{redis}/{input}"),
+        "--bounded",
+        "--sink",
+        &format!("redis-stream://{redis}/{output}"),
+    ]);
+    let stdout = text(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", text(&run.stderr));
+    assert_eq!(
+        row(&stdout, "records in").as_deref(),
+        Some("20000"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row(&stdout, "records out").as_deref(),
+        Some("20000"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row(&stdout, "lost / duplicated").as_deref(),
+        Some("0 / 0"),
+        "{stdout}"
+    );
+    let sink = row(&stdout, "redis stream sink").expect("the sink's line");
+    assert!(sink.starts_with("20000 entries written"), "{sink}");
+    assert!(text(&run.stderr).contains("up to its entries at start"));
+    let xlen = Command::new("redis-cli")
+        .args(["-u", &format!("redis://{redis}"), "XLEN", &output])
+        .output();
+    if let Ok(xlen) = xlen {
+        assert_eq!(text(&xlen.stdout).trim(), "20000");
+    }
+    let _ = Command::new("redis-cli")
+        .args(["-u", &format!("redis://{redis}"), "DEL", &input, &output])
+        .output();
+}
+
+#[test]
+fn stream_flags_that_cannot_work_are_one_line_errors() {
+    // URLs are refused by the argument parser, with its pointer to --help.
+    let refused = |args: &[&str]| {
+        let output = weir(args);
+        assert_eq!(output.status.code(), Some(2));
+        text(&output.stderr)
+    };
+    let stderr = refused(&["run", "--source", "redis://127.0.0.1:1/s"]);
+    assert!(stderr.contains("write redis-stream://"), "{stderr}");
+    let stderr = refused(&["run", "--source", "redis-stream://127.0.0.1:1"]);
+    assert!(stderr.contains("names no stream"), "{stderr}");
+    let stderr = refused(&["run", "--bounded"]);
+    assert!(stderr.contains("--source"), "{stderr}");
+    // Nothing listens on port 1: said before the job starts.
+    let stderr =
+        assert_one_line_error(&weir(&["run", "--source", "redis-stream://127.0.0.1:1/in"]));
+    assert!(stderr.contains("is Redis running there?"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--sink",
+        "redis-stream://127.0.0.1:1/out",
+        "--sink-guarantee",
+        "exactly-once",
+    ]));
+    assert!(stderr.contains("--checkpoint-interval"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--sink", "redis-stream://127.0.0.1:1/a,b"]));
+    assert!(stderr.contains("name one stream"), "{stderr}");
+}

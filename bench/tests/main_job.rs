@@ -44,6 +44,8 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         cluster: None,
         checkpoints: None,
         output: None,
+        streams: Default::default(),
+        stop: Default::default(),
     }
 }
 

@@ -56,6 +56,8 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
         cluster: None,
         checkpoints: None,
         output: None,
+        streams: Default::default(),
+        stop: Default::default(),
     }
 }
 

@@ -19,6 +19,8 @@
 //! | `weir_async_inFlight`, `weir_async_timeouts_total` | stage, subtask | the async operators' elements in flight and calls timed out |
 //! | `weir_checkpoint_*` | — | completed and failed checkpoints, the last one's id, duration and size (when the job checkpoints) |
 //! | `weir_redis_*_total` | client | the Redis clients' counters |
+//! | `weir_stream_source_*_total` | source | Redis Streams sources: entries, reads, acknowledgements, reconnects, errors, bytes |
+//! | `weir_stream_sink_*_total` | sink | Redis Streams sinks: entries, commands, transactions, reconnects, errors |
 //!
 //! Rates are averages over the time since the previous scrape (or since the task
 //! started, at the first), as a counter's `rate()` over the scrape interval would be.
@@ -41,6 +43,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use weir_engine::graph::{LiveCounters, TaskRates, TaskSample};
 
+use crate::redis::streams::{StreamSinkStats, StreamSourceStats};
 use crate::redis::SharedStats;
 
 /// A job's checkpoint figures, for the endpoint; whoever listens to the job's
@@ -86,6 +89,10 @@ pub struct MetricsSources {
     pub redis: Vec<(String, Arc<SharedStats>)>,
     /// Checkpoint figures, when the job checkpoints.
     pub checkpoints: Option<Arc<CheckpointGauges>>,
+    /// Redis Streams sources' counters, by a name for the `source` label.
+    pub stream_sources: Vec<(String, Arc<StreamSourceStats>)>,
+    /// Redis Streams sinks' counters, by a name for the `sink` label.
+    pub stream_sinks: Vec<(String, Arc<StreamSinkStats>)>,
     /// Anything else.
     pub extra: Vec<Extra>,
 }
@@ -98,6 +105,8 @@ impl MetricsSources {
             live,
             redis: Vec::new(),
             checkpoints: None,
+            stream_sources: Vec::new(),
+            stream_sinks: Vec::new(),
             extra: Vec::new(),
         }
     }
@@ -125,6 +134,16 @@ struct TaskLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClientLabels {
     client: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamSourceLabels {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamSinkLabels {
+    sink: String,
 }
 
 /// The previous scrape's sample of each task, for the rates.
@@ -433,6 +452,75 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
             let s = stats.snapshot();
             let values = [
                 s.calls, s.commands, s.hits, s.misses, s.errors, s.failed, s.connects,
+            ];
+            for (family, value) in families.iter().zip(values) {
+                family.get_or_create(&labels).inc_by(value);
+            }
+        }
+    }
+
+    if !sources.stream_sources.is_empty() {
+        let families = [
+            ("stream_source_entries", "Stream entries read"),
+            ("stream_source_reads", "XREAD/XREADGROUP commands sent"),
+            ("stream_source_acknowledged", "Entries acknowledged (XACK)"),
+            (
+                "stream_source_reconnects",
+                "Connections lost and made again",
+            ),
+            ("stream_source_errors", "Errors that failed a source"),
+            ("stream_source_bytes", "Reply bytes read"),
+        ]
+        .map(|(name, help)| counter_family::<StreamSourceLabels>(&mut registry, name, help));
+        for (source, stats) in &sources.stream_sources {
+            let labels = StreamSourceLabels {
+                source: source.clone(),
+            };
+            let s = stats.snapshot();
+            let values = [
+                s.entries,
+                s.reads,
+                s.acknowledged,
+                s.reconnects,
+                s.errors,
+                s.bytes,
+            ];
+            for (family, value) in families.iter().zip(values) {
+                family.get_or_create(&labels).inc_by(value);
+            }
+        }
+    }
+
+    if !sources.stream_sinks.is_empty() {
+        let families = [
+            (
+                "stream_sink_entries",
+                "Stream entries written (answered or committed)",
+            ),
+            (
+                "stream_sink_commands",
+                "Commands sent, re-sent ones included",
+            ),
+            (
+                "stream_sink_transactions",
+                "Exactly-once transactions committed",
+            ),
+            ("stream_sink_reconnects", "Connections lost and made again"),
+            (
+                "stream_sink_errors",
+                "Error replies (transient ones retried)",
+            ),
+        ]
+        .map(|(name, help)| counter_family::<StreamSinkLabels>(&mut registry, name, help));
+        for (sink, stats) in &sources.stream_sinks {
+            let labels = StreamSinkLabels { sink: sink.clone() };
+            let s = stats.snapshot();
+            let values = [
+                s.entries,
+                s.commands,
+                s.transactions,
+                s.reconnects,
+                s.errors,
             ];
             for (family, value) in families.iter().zip(values) {
                 family.get_or_create(&labels).inc_by(value);

@@ -27,6 +27,9 @@
 //! each checkpoint's entries are committed as one `MULTI`/`EXEC` with a marker key, so a
 //! restore writes nothing twice, and readers see them once their checkpoint completes.
 //! [`produce()`] appends entries from outside the workers (tools, tests).
+//!
+//! [`StreamUrl`]: `redis-stream://host:port/stream[,stream…]`, a server and its streams
+//! in one argument.
 
 pub(crate) mod conn;
 pub mod source;
@@ -40,7 +43,11 @@ pub use source::{
 pub mod produce;
 pub mod sink;
 
-pub use produce::{produce, ProduceReport};
+pub use produce::{produce, ProduceReport, Producer};
+
+pub mod url;
+
 pub use sink::{
     stream_sink, Fields, Guarantee, StreamSink, StreamSinkConfig, StreamSinkCounts, StreamSinkStats,
 };
+pub use url::{StreamUrl, StreamUrlError};
