@@ -60,5 +60,21 @@ for rate in $rates; do
   records=$(awk "BEGIN { printf \"%d\", $rate * $seconds }")
   "$weir" run --rate "$rate" --records "$records" --quiet --json "$data/load-$rate.json" > "$data/load-$rate.txt" 2>&1
 done
+echo "== lookup cache" >&2
+# The main job with Zipf keys, without and with a cache, alternating.
+for i in 0 1 2; do
+  for side in off on; do
+    cache=""
+    [ "$side" = on ] && cache="--cache rows=10000"
+    "$weir" run --records "$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")" --key-distribution zipf:1.1 $cache \
+      --quiet --json "$data/cache-$side-$i.json" > "$data/cache-$side-$i.txt" 2>&1
+  done
+done
+echo "== redis streams" >&2
+# Its own redis-server; without one the report says the section was not measured.
+if scripts/redis.sh install >/dev/null 2>&1; then
+  "$weir" stream-bench $([ -n "$quick" ] && echo "--rounds 2 --scale 0.2") --json "$data/streams.json" > "$data/streams.md" ||
+    echo "the stream benchmark failed; the report leaves it out" >&2
+fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 "$weir" report --data "$data" --out results --commit "$commit"

@@ -27,4 +27,5 @@ pub mod redis_peers;
 pub mod remote_peers;
 pub mod report;
 pub mod ring_peers;
+pub mod stream_bench;
 pub mod streams;

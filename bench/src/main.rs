@@ -80,6 +80,24 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The main job from Redis streams to a Redis stream beside the generator →
+    /// counting sink job: throughput and CPU per record, and latency end to end at a
+    /// fixed rate; interleaved rounds, medians. Starts its own redis-server.
+    StreamBench {
+        /// Rounds (each case runs once per round).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
+        /// Work per run relative to the default (2 M records a throughput turn, 5 s a
+        /// latency turn).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Records per second of the latency runs.
+        #[arg(long, default_value_t = 50_000.0)]
+        rate: f64,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
         /// Where the JSON is.
@@ -623,6 +641,38 @@ fn main() {
         },
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
+        Command::StreamBench {
+            rounds,
+            scale,
+            rate,
+            json,
+        } => {
+            use weir_bench::stream_bench;
+            if !(scale.is_finite() && scale > 0.0 && scale <= 100.0) {
+                eprintln!("error: --scale must be in (0, 100], got {scale}");
+                std::process::exit(2);
+            }
+            if !(rate.is_finite() && rate >= 1000.0) {
+                eprintln!("error: --rate must be at least 1000 records/s, got {rate}");
+                std::process::exit(2);
+            }
+            let value =
+                match stream_bench::run(scale, rounds as usize, rate, |line| eprintln!("{line}")) {
+                    Ok(value) => value,
+                    Err(error) => {
+                        eprintln!("error: {error}");
+                        std::process::exit(1);
+                    }
+                };
+            print!("{}", stream_bench::render(&value));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&value).expect("JSON of plain values");
+                if let Err(error) = std::fs::write(&path, text) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    std::process::exit(1);
+                }
+            }
+        }
         Command::CheckpointBench {
             rounds,
             scale,

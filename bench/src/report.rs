@@ -576,6 +576,21 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             );
         }
     }
+    cache_section(&mut md, data);
+    match read(data, "streams.json") {
+        Some(value) => {
+            let _ = writeln!(
+                md,
+                "\n## Redis Streams in and out\n\nCommand: `{}` ({} rounds, the cases interleaved; medians). The main job as `weir run` runs it (1 ms lookups at the embedded service, capacity 1000, key-by exchange, two workers unpinned), its records read from two Redis streams (`weir run --source … --bounded`) instead of generated, and appended to a stream (`--sink`) as well as checked. The benchmark's own redis-server (no persistence) shares the two cores with the job.",
+                value["command"].as_str().unwrap_or("weir stream-bench"),
+                value["rounds"].as_u64().unwrap_or(0),
+            );
+            md.push_str(&crate::stream_bench::render(&value));
+        }
+        None => {
+            let _ = writeln!(md, "\n## Redis Streams in and out\n\nNot measured in this run (`weir stream-bench` needs a redis-server: `scripts/redis.sh install`).\n");
+        }
+    }
     let _ = writeln!(md, "\n## Flamegraphs\n");
     for (file, what) in [
         ("main-job.svg", "the main job (`weir run`)"),
@@ -828,6 +843,56 @@ fn timeout_ratio_line(rows: &[Row]) -> Option<String> {
 
 /// The "Buffer debloating" section, from `weir debloat --json`.
 /// Checkpoints: overhead, under back-pressure, recovery; Flink's figures beside.
+/// The lookup cache: the main job with Zipf keys, without and with a cache, from the
+/// alternating runs `scripts/report.sh` makes (`cache-off-<i>.json`, `cache-on-<i>.json`).
+fn cache_section(md: &mut String, data: &Path) {
+    let runs = |side: &str| -> Vec<Value> {
+        (0..10)
+            .filter_map(|i| read(data, &format!("cache-{side}-{i}.json")))
+            .collect()
+    };
+    let (off, on) = (runs("off"), runs("on"));
+    let _ = writeln!(md, "\n## Lookup cache\n");
+    if off.is_empty() || on.is_empty() {
+        let _ = writeln!(md, "Not measured in this run.\n");
+        return;
+    }
+    let median_of = |runs: &[Value], f: &dyn Fn(&Value) -> Option<f64>| {
+        crate::compare::median(&runs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    let throughput = |v: &Value| v["throughput_records_per_s"].as_f64();
+    let p50 = |v: &Value| v["latency_ns"]["p50"].as_f64().map(|ns| ns / 1e3);
+    let cpu = |v: &Value| v["cpu_per_record_ns"].as_f64();
+    let hit = |v: &Value| v["cache"]["hit_rate"].as_f64();
+    let command = on[0]["command"].as_str().unwrap_or("weir run --cache …");
+    let _ = writeln!(
+        md,
+        "The main job with keys drawn Zipf(1.1) over 1 M keys, without a cache and with Flink's PARTIAL lookup cache (10,000 rows per async subtask), the two alternating over {} runs each; medians. With: `{command}`.\n",
+        on.len()
+    );
+    let _ = writeln!(md, "| run | records/s | hit rate | p50 latency (µs) | CPU ns/record |\n|---|---:|---:|---:|---:|");
+    for (name, runs) in [("no cache", &off), ("cache, rows=10000", &on)] {
+        let hits = median_of(runs, &hit);
+        let _ = writeln!(
+            md,
+            "| {name} | {:.0} | {} | {:.0} | {:.0} |",
+            median_of(runs, &throughput),
+            if hits.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{:.1}%", hits * 100.0)
+            },
+            median_of(runs, &p50),
+            median_of(runs, &cpu),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nWith the cache: {:.2}× the records/s of the run without.",
+        median_of(&on, &throughput) / median_of(&off, &throughput)
+    );
+}
+
 fn fault_tolerance_section(md: &mut String, value: &Value, flink: Option<&Value>) {
     let _ = writeln!(
         md,

@@ -144,6 +144,11 @@ impl RedisServer {
         RedisUrl::new("127.0.0.1", self.port)
     }
 
+    /// The server's process id (e.g. to read its CPU time in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its working directory.
     pub fn dir(&self) -> &Path {
         &self.dir
