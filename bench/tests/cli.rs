@@ -640,6 +640,7 @@ fn the_metrics_endpoint_serves_during_a_run() {
         "weir_task_backPressuredTimeMsPerSecond{",
         "weir_task_idleTimeMsPerSecond{",
         "weir_task_outPoolUsage{",
+        "weir_task_inPoolUsage{",
         "weir_async_inFlight{",
     ] {
         assert!(scraped.contains(name), "{name} missing in\n{scraped}");

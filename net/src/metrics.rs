@@ -16,6 +16,7 @@
 //! | `weir_task_numRecordsInPerSecond`, `weir_task_numRecordsOutPerSecond` | stage, subtask | the same per second since the last scrape |
 //! | `weir_task_busyTimeMsPerSecond`, `weir_task_backPressuredTimeMsPerSecond`, `weir_task_idleTimeMsPerSecond` | stage, subtask | how each second since the last scrape was spent (they add up to 1000) |
 //! | `weir_task_outPoolUsage` | stage, subtask | fraction of the output pool's segments in use |
+//! | `weir_task_inPoolUsage` | stage, subtask | fraction of the buffers its input channels hold that wait to be read (0 for a source's task) |
 //! | `weir_async_inFlight`, `weir_async_timeouts_total` | stage, subtask | the async operators' elements in flight and calls timed out |
 //! | `weir_checkpoint_*` | — | completed and failed checkpoints, the last one's id, duration and size (when the job checkpoints) |
 //! | `weir_redis_*_total` | client | the Redis clients' counters |
@@ -336,6 +337,11 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
         "task_outPoolUsage",
         "Fraction of the output pool's segments in use",
     );
+    let in_pool = gauge_family(
+        &mut registry,
+        "task_inPoolUsage",
+        "Fraction of the input channels' buffers waiting to be read",
+    );
     let in_flight = gauge_family(
         &mut registry,
         "async_inFlight",
@@ -380,6 +386,7 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
             .set(rates.backpressured_ms_per_second);
         idle.get_or_create(&labels).set(rates.idle_ms_per_second);
         pool.get_or_create(&labels).set(now.out_pool_usage);
+        in_pool.get_or_create(&labels).set(now.in_pool_usage);
         in_flight
             .get_or_create(&labels)
             .set(now.async_in_flight as f64);

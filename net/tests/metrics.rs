@@ -127,3 +127,80 @@ fn a_running_job_serves_its_task_metrics() {
         .all(|t| t.finished.load(Ordering::Relaxed)));
     drop(result);
 }
+
+/// A sink slower than its source fills the exchange: the sink's task shows its input
+/// channels full (`inPoolUsage` near 1) and the source's its output pool in use and its
+/// time back-pressured; a source's task has no input gate (`inPoolUsage` 0).
+#[test]
+fn a_slow_sink_shows_in_the_pool_usages_and_back_pressure() {
+    struct Slow;
+    impl weir_engine::graph::Sink<u64> for Slow {
+        fn invoke(
+            &mut self,
+            _: u64,
+            _: Option<i64>,
+            _: u64,
+        ) -> Result<(), weir_engine::runtime::TaskError> {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_micros(20) {
+                std::hint::spin_loop();
+            }
+            Ok(())
+        }
+    }
+    let live = Arc::new(LiveCounters::default());
+    let server = MetricsServer::start("127.0.0.1:0", MetricsSources::new(Arc::clone(&live)))
+        .expect("the endpoint starts");
+    let graph = Graph::new()
+        .with_parallelism(1)
+        .with_live(Arc::clone(&live));
+    graph
+        .from_generator(200_000, None, |n| n)
+        .rebalance()
+        .name("slow")
+        .sink(|_| Slow);
+    let runtime = Runtime::builder()
+        .cores(Cores::Count(2))
+        .pin(false)
+        .build()
+        .expect("runtime");
+    let run = graph.start(runtime).expect("the job starts");
+    let controller = run.controller();
+    let sink = "stage=\"slow\",subtask=\"0\"";
+    let source = "stage=\"generator\",subtask=\"0\"";
+    // The sink takes 20 µs a record: 200,000 records are 4 s; read once it has begun.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no scrape showed the sink at work"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let text = scrape(&server);
+        if value(&text, "weir_task_numRecordsIn_total", sink).unwrap_or(0.0) > 10_000.0 {
+            // Rates are over the time since this scrape.
+            std::thread::sleep(Duration::from_millis(300));
+            break scrape(&server);
+        }
+    };
+    controller.cancel();
+    let _ = run.join();
+    let in_pool = value(&text, "weir_task_inPoolUsage", sink).expect("the sink's inPoolUsage");
+    assert!(
+        in_pool > 0.5,
+        "the sink's channels should be full: {in_pool}\n{text}"
+    );
+    let source_in = value(&text, "weir_task_inPoolUsage", source).expect("the source's");
+    assert_eq!(source_in, 0.0);
+    let out_pool = value(&text, "weir_task_outPoolUsage", source).expect("outPoolUsage");
+    assert!(
+        out_pool > 0.5,
+        "the source's pool should be in use: {out_pool}\n{text}"
+    );
+    let pressured =
+        value(&text, "weir_task_backPressuredTimeMsPerSecond", source).expect("back-pressure");
+    assert!(
+        pressured > 500.0,
+        "the source should wait most of each second: {pressured}"
+    );
+}

@@ -63,6 +63,11 @@ pub trait InputChannel: Send {
     fn announced_barrier(&self) -> u64 {
         0
     }
+    /// Buffers waiting in the channel for the gate, and the most it holds: the input
+    /// side's share of Flink's `inPoolUsage`. `(0, 0)` (the default): not known.
+    fn usage(&self) -> (usize, usize) {
+        (0, 0)
+    }
 }
 
 /// The producer side of a local channel.
@@ -80,6 +85,8 @@ pub struct LocalInputChannel {
     current: Option<BufferConsumer>,
     buffer_size: Arc<AtomicU32>,
     barrier: Arc<AtomicU64>,
+    /// The buffers asked for (the ring may have more slots): the usage's whole.
+    capacity: usize,
 }
 
 /// A local channel holding up to `capacity` buffers (rounded up to a power of two).
@@ -107,6 +114,7 @@ pub fn local_channel(
             current: None,
             buffer_size,
             barrier,
+            capacity: capacity.max(1),
         },
     )
 }
@@ -154,6 +162,12 @@ impl ChannelSender {
 }
 
 impl InputChannel for LocalInputChannel {
+    fn usage(&self) -> (usize, usize) {
+        // The buffer being read holds its segment too.
+        let reading = usize::from(self.current.is_some());
+        (self.ring.len() + reading, self.capacity + 1)
+    }
+
     #[inline]
     fn poll_buffer(&mut self) -> Option<SharedBuffer> {
         loop {

@@ -293,7 +293,21 @@ impl<T: Codec> InputGate<T> {
         Ok(())
     }
 
-    /// Input channels.
+    /// Fraction of the buffers its channels can hold that wait for it (Flink's
+    /// `inPoolUsage`; a buffer being read counts).
+    pub fn in_pool_usage(&self) -> f64 {
+        let (used, capacity) = self.channels.iter().fold((0, 0), |(u, c), state| {
+            let (used, capacity) = state.input.usage();
+            (u + used, c + capacity)
+        });
+        if capacity == 0 {
+            0.0
+        } else {
+            used as f64 / capacity as f64
+        }
+    }
+
+    /// Its input channels.
     pub fn channels(&self) -> usize {
         self.channels.len()
     }

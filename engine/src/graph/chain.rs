@@ -755,9 +755,15 @@ pub(crate) trait GateInput<T> {
     fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)>;
     /// When an alignment in progress times out.
     fn alignment_deadline(&self) -> Option<u64>;
+    /// See [`InputGate::in_pool_usage`].
+    fn in_pool_usage(&self) -> f64;
 }
 
 impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
+    fn in_pool_usage(&self) -> f64 {
+        InputGate::in_pool_usage(self)
+    }
+
     #[inline]
     fn next(&mut self, now_ns: u64) -> Result<Step<T>, TaskError> {
         Ok(Step::Event(match self.poll_next_at(now_ns)? {
@@ -918,6 +924,10 @@ impl<T: 'static> StageTask<T> {
             .blocked_since
             .map_or(0, |since| now_ns.saturating_sub(since));
         TaskMetrics::set(&metrics.backpressured_ns, self.backpressured_ns + blocked);
+        if let StageInput::Gate(gate) = &self.input {
+            let usage = gate.in_pool_usage();
+            TaskMetrics::set(&metrics.in_pool_usage_ppm, (usage * 1e6) as u64);
+        }
         self.chain.report(metrics);
         if done {
             metrics.finished.store(true, Ordering::Relaxed);

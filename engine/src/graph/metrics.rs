@@ -43,6 +43,9 @@ pub struct TaskMetrics {
     /// Its output pool's usage in parts per million of its reserved segments (Flink's
     /// `outPoolUsage`); 0 for a task without an exchange after it.
     pub out_pool_usage_ppm: AtomicU64,
+    /// Its input gate's usage in parts per million (Flink's `inPoolUsage`: buffers
+    /// waiting in its channels over what they hold); 0 for a source's task.
+    pub in_pool_usage_ppm: AtomicU64,
     /// The task ended (its figures stay as they were at the end).
     pub finished: AtomicBool,
 }
@@ -62,6 +65,7 @@ impl TaskMetrics {
             async_in_flight: AtomicU64::new(0),
             async_timeouts: AtomicU64::new(0),
             out_pool_usage_ppm: AtomicU64::new(0),
+            in_pool_usage_ppm: AtomicU64::new(0),
             finished: AtomicBool::new(false),
         }
     }
@@ -78,6 +82,7 @@ impl TaskMetrics {
             async_in_flight: get(&self.async_in_flight),
             async_timeouts: get(&self.async_timeouts),
             out_pool_usage: get(&self.out_pool_usage_ppm) as f64 / 1e6,
+            in_pool_usage: get(&self.in_pool_usage_ppm) as f64 / 1e6,
             finished: self.finished.load(Ordering::Relaxed),
         }
     }
@@ -108,6 +113,8 @@ pub struct TaskSample {
     pub async_timeouts: u64,
     /// Fraction of the output pool in use.
     pub out_pool_usage: f64,
+    /// Fraction of the input channels' buffers in use.
+    pub in_pool_usage: f64,
     /// See [`TaskMetrics::finished`].
     pub finished: bool,
 }
@@ -163,6 +170,7 @@ mod tests {
             async_in_flight: 0,
             async_timeouts: 0,
             out_pool_usage: 0.0,
+            in_pool_usage: 0.0,
             finished: false,
         }
     }

@@ -88,6 +88,10 @@ impl InputChannel for RemoteInputChannel {
         self.ring.is_abandoned()
     }
 
+    fn usage(&self) -> (usize, usize) {
+        (self.ring.len(), self.ring.capacity())
+    }
+
     fn announce_buffer_size(&mut self, size: usize) {
         // Relaxed: advice; the network thread sends it in a buffer-size frame at its next
         // turn for this channel's connection.
