@@ -5,7 +5,7 @@
 # suites (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each
 # written as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 9 minutes on 2 cores, 3 of them Redis)
+#   scripts/report.sh           full run (about 18 minutes on 2 cores: Redis 3, Flink 4, the stream benchmark 1.5)
 #   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
