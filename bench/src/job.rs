@@ -861,6 +861,40 @@ pub type KeyIterFactory = Arc<dyn Fn(usize, usize) -> Box<dyn Iterator<Item = u6
 /// Where a collecting sink puts every record it receives (for tests).
 pub type Collected<T> = Arc<std::sync::Mutex<Vec<T>>>;
 
+impl KeyDistribution {
+    /// A key from the uniform `u64` `first` and as many further draws of `random` as
+    /// it takes (Zipf may need more).
+    pub fn draw(&self, first: u64, random: impl FnMut() -> u64) -> u64 {
+        match *self {
+            KeyDistribution::Zipf(zipf) => zipf.sample(first, random),
+            KeyDistribution::Uniform { keys } => first % keys.max(1),
+            KeyDistribution::Skewed {
+                keys,
+                hot_keys,
+                hot_fraction,
+            } => {
+                let unit = (first >> 11) as f64 / (1u64 << 53) as f64;
+                let r2 = first.rotate_left(32);
+                if unit < hot_fraction {
+                    r2 % hot_keys.max(1)
+                } else {
+                    r2 % keys.max(1)
+                }
+            }
+        }
+    }
+}
+
+/// xorshift64*: the generator's and the stream producer's random numbers.
+pub fn xorshift64star(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
 /// Seed of the key sampling.
 const SEED: u64 = 42;
 
@@ -945,35 +979,14 @@ impl MainSource {
         }
     }
 
-    /// xorshift64*.
     fn next_random(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        xorshift64star(&mut self.rng)
     }
 
     fn next_key(&mut self) -> u64 {
         let r = self.next_random();
-        match self.keys {
-            KeyDistribution::Zipf(zipf) => zipf.sample(r, || self.next_random()),
-            KeyDistribution::Uniform { keys } => r % keys.max(1),
-            KeyDistribution::Skewed {
-                keys,
-                hot_keys,
-                hot_fraction,
-            } => {
-                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
-                let r2 = r.rotate_left(32);
-                if unit < hot_fraction {
-                    r2 % hot_keys.max(1)
-                } else {
-                    r2 % keys.max(1)
-                }
-            }
-        }
+        let keys = self.keys;
+        keys.draw(r, || self.next_random())
     }
 }
 

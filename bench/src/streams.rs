@@ -132,34 +132,10 @@ impl KeyDraw {
         }
     }
 
-    fn random(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
     fn next(&mut self) -> u64 {
-        let r = self.random();
-        match self.keys {
-            KeyDistribution::Zipf(zipf) => zipf.sample(r, || self.random()),
-            KeyDistribution::Uniform { keys } => r % keys.max(1),
-            KeyDistribution::Skewed {
-                keys,
-                hot_keys,
-                hot_fraction,
-            } => {
-                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
-                let r2 = r.rotate_left(32);
-                if unit < hot_fraction {
-                    r2 % hot_keys.max(1)
-                } else {
-                    r2 % keys.max(1)
-                }
-            }
-        }
+        let r = crate::job::xorshift64star(&mut self.rng);
+        let rng = &mut self.rng;
+        self.keys.draw(r, || crate::job::xorshift64star(rng))
     }
 }
 

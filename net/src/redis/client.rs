@@ -43,7 +43,7 @@ use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
 use weir_engine::runtime::{ConnId, Driver, DriverEvent};
 
 use super::error::RedisError;
-use super::resp::{self, Parsed, Refused, Span, REPLY_DEPTH_MAX};
+use super::resp::{self, Parsed, Span};
 use super::url::{Protocol, RedisUrl};
 use crate::connect::Link;
 
@@ -889,28 +889,13 @@ impl<R: RedisRequest> RedisClient<R> {
                     } => Some(error),
                     _ => None,
                 };
-                let refused =
-                    reason.is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
-                let error = if !connection.heard
-                    && (refused || matches!(connection.state, State::SettingUp { .. }))
-                {
-                    RedisError::Connect {
-                        addr: self.peer.clone(),
-                        source: match reason {
-                            Some(e) => std::io::Error::new(e.kind(), e.to_string()),
-                            None => std::io::Error::new(
-                                std::io::ErrorKind::ConnectionAborted,
-                                "closed by the server during set-up",
-                            ),
-                        },
-                    }
-                } else {
-                    RedisError::Closed {
-                        addr: self.peer.clone(),
-                        pending: connection.calls.len(),
-                        reason: reason.map(|e| e.to_string()),
-                    }
-                };
+                let error = RedisError::connection_closed(
+                    &self.peer,
+                    connection.calls.len(),
+                    matches!(connection.state, State::SettingUp { .. }),
+                    connection.heard,
+                    reason,
+                );
                 self.fail_connection(index, &error, false);
             }
         }
@@ -942,30 +927,17 @@ impl<R: RedisRequest> RedisClient<R> {
                     }
                 }
                 Ok(None) => break,
-                Err(Refused::Malformed(reason)) => {
-                    failure = Some(RedisError::Malformed {
-                        addr: self.peer.clone(),
-                        reason,
-                    });
-                    break;
-                }
-                Err(Refused::TooDeep) => {
-                    failure = Some(RedisError::TooDeep {
-                        addr: self.peer.clone(),
-                        depth_max: REPLY_DEPTH_MAX,
-                    });
+                Err(refused) => {
+                    failure = Some(refused.into_error(&self.peer));
                     break;
                 }
             }
         }
         if failure.is_none() && data.len() - offset > self.config.max_reply_bytes {
-            failure = Some(RedisError::Malformed {
-                addr: self.peer.clone(),
-                reason: format!(
-                    "a reply longer than {} bytes (max_reply_bytes)",
-                    self.config.max_reply_bytes
-                ),
-            });
+            failure = Some(resp::reply_too_long(
+                &self.peer,
+                self.config.max_reply_bytes,
+            ));
         }
         if let Some(error) = failure {
             if matches!(
@@ -1738,7 +1710,7 @@ mod tests {
             let RedisError::TooDeep { depth_max, .. } = error else {
                 panic!("{error}")
             };
-            assert_eq!(depth_max, REPLY_DEPTH_MAX);
+            assert_eq!(depth_max, crate::redis::REPLY_DEPTH_MAX);
             let c = client.borrow();
             assert_eq!((c.outstanding(), c.stats().failed), (0, 2));
             assert_eq!(c.stats().malformed, 1);

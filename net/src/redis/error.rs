@@ -221,6 +221,37 @@ pub enum RedisError {
 }
 
 impl RedisError {
+    /// A connection to `peer` closed with `pending` commands unanswered (`error`: the
+    /// kernel's, if it was not a clean close). Refused, or closed during set-up before
+    /// the server answered anything, it is a failure to connect; otherwise a loss.
+    pub(crate) fn connection_closed(
+        peer: &str,
+        pending: usize,
+        setting_up: bool,
+        heard: bool,
+        error: Option<&io::Error>,
+    ) -> Self {
+        let refused = error.is_some_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
+        if !heard && (refused || setting_up) {
+            RedisError::Connect {
+                addr: peer.to_string(),
+                source: match error {
+                    Some(e) => io::Error::new(e.kind(), e.to_string()),
+                    None => io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "closed by the server during set-up",
+                    ),
+                },
+            }
+        } else {
+            RedisError::Closed {
+                addr: peer.to_string(),
+                pending,
+                reason: error.map(|e| e.to_string()),
+            }
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
         RedisError::Io {
             what: what.into(),

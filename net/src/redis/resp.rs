@@ -113,6 +113,31 @@ pub(crate) enum Refused {
     TooDeep,
 }
 
+impl Refused {
+    /// The error of a connection to `peer` that received such bytes.
+    pub(crate) fn into_error(self, peer: &str) -> super::error::RedisError {
+        use super::error::RedisError;
+        match self {
+            Refused::Malformed(reason) => RedisError::Malformed {
+                addr: peer.to_string(),
+                reason,
+            },
+            Refused::TooDeep => RedisError::TooDeep {
+                addr: peer.to_string(),
+                depth_max: REPLY_DEPTH_MAX,
+            },
+        }
+    }
+}
+
+/// The error of a connection to `peer` whose unfinished reply passed `max` bytes.
+pub(crate) fn reply_too_long(peer: &str, max: usize) -> super::error::RedisError {
+    super::error::RedisError::Malformed {
+        addr: peer.to_string(),
+        reason: format!("a reply longer than {max} bytes (max_reply_bytes)"),
+    }
+}
+
 /// Decodes the first reply in `bytes`: `Ok(Some((reply, consumed)))`, `Ok(None)` if it
 /// is not complete yet. `resp3` selects the RESP3 grammar (used from the `HELLO 3`
 /// on; it also reads the error with which a server without RESP3 refuses `HELLO`).

@@ -46,7 +46,7 @@ use weir_engine::runtime::{Driver, DriverEvent};
 
 use super::super::client::Backoff;
 use super::super::error::RedisError;
-use super::super::resp::{self, Refused, REPLY_DEPTH_MAX};
+use super::super::resp;
 use super::super::url::RedisUrl;
 use crate::connect::Link;
 
@@ -369,28 +369,13 @@ impl StreamConn {
             }
             DriverEvent::Closed { conn, error } if Some(*conn) == id => {
                 let pending = self.outstanding();
-                let refused = error
-                    .as_ref()
-                    .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
-                let error =
-                    if !self.heard && (refused || matches!(self.state, State::SettingUp { .. })) {
-                        RedisError::Connect {
-                            addr: self.peer.clone(),
-                            source: match error {
-                                Some(e) => std::io::Error::new(e.kind(), e.to_string()),
-                                None => std::io::Error::new(
-                                    std::io::ErrorKind::ConnectionAborted,
-                                    "closed by the server during set-up",
-                                ),
-                            },
-                        }
-                    } else {
-                        RedisError::Closed {
-                            addr: self.peer.clone(),
-                            pending,
-                            reason: error.as_ref().map(|e| e.to_string()),
-                        }
-                    };
+                let error = RedisError::connection_closed(
+                    &self.peer,
+                    pending,
+                    matches!(self.state, State::SettingUp { .. }),
+                    self.heard,
+                    error.as_ref(),
+                );
                 self.fail(error, false);
                 true
             }
@@ -420,24 +405,17 @@ impl StreamConn {
                     }
                 }
                 Ok(None) => break,
-                Err(Refused::Malformed(reason)) => {
-                    failure = Some(self.malformed(reason));
-                    break;
-                }
-                Err(Refused::TooDeep) => {
-                    failure = Some(RedisError::TooDeep {
-                        addr: self.peer.clone(),
-                        depth_max: REPLY_DEPTH_MAX,
-                    });
+                Err(refused) => {
+                    failure = Some(refused.into_error(&self.peer));
                     break;
                 }
             }
         }
         if failure.is_none() && data.len() - offset > self.settings.max_reply_bytes {
-            failure = Some(self.malformed(format!(
-                "a reply longer than {} bytes (max_reply_bytes)",
-                self.settings.max_reply_bytes
-            )));
+            failure = Some(resp::reply_too_long(
+                &self.peer,
+                self.settings.max_reply_bytes,
+            ));
         }
         if let Some(error) = failure {
             self.fail(error, true);
