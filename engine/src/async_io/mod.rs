@@ -27,6 +27,8 @@
 //! - [`ResultFuture`]: the handle through which a call's result comes back, from the
 //!   task's own thread (fast path, no atomics) or any other;
 //! - [`RetryStrategy`], [`AsyncConfig`]: how calls are retried and bounded;
+//! - [`AsyncBatchFunction`] and [`Batched`]: one call per batch of records (Flink's
+//!   `AsyncBatchFunction`), cut by size or time, in the same operator;
 //! - [`LookupCache`]: a per-subtask cache of results in front of the calls (Flink's
 //!   lookup-join `PARTIAL` cache), set with [`AsyncConfig::with_cache`]; not state: a
 //!   restored operator starts with it empty;
@@ -34,6 +36,7 @@
 //! - [`AsyncHarness`]: the real operator with a manual clock and an inline mailbox, for
 //!   tests (Flink's `OneInputStreamOperatorTestHarness`).
 
+mod batch;
 mod cache;
 mod error;
 mod future;
@@ -48,6 +51,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use batch::{AsyncBatchFunction, BatchConfig, BatchMetrics, BatchResult, Batched};
 use cache::CacheSpec;
 pub use cache::{LookupCache, LOOKUP_CACHE_ROWS_MAX};
 pub use error::{AsyncError, OperatorError};
@@ -83,8 +87,35 @@ pub trait AsyncFunction: 'static {
     /// Results; several (or none) may come back per input.
     type Out: Send + 'static;
 
+    /// Whether the function holds calls back to send them together
+    /// ([`Batched`]): the operator then tells it when a watermark comes, when it is
+    /// full and at end of input ([`flush_pending`](Self::flush_pending)). A constant,
+    /// so that other functions pay nothing for it.
+    const BUFFERS: bool = false;
+
     /// Starts the call for `input`.
     fn invoke(&mut self, input: &Self::In, result: ResultFuture<Self::Out>);
+
+    /// [`invoke`](Self::invoke) at `now_ns` by the operator's clock (what the operator
+    /// calls; the default ignores the time).
+    #[inline(always)]
+    fn invoke_at(&mut self, input: &Self::In, result: ResultFuture<Self::Out>, now_ns: u64) {
+        let _ = now_ns;
+        self.invoke(input, result);
+    }
+
+    /// When calls held back must be sent at the latest (the operator's timers call
+    /// [`flush_pending`](Self::flush_pending) then); `None`: none held.
+    #[inline(always)]
+    fn pending_deadline(&self) -> Option<u64> {
+        None
+    }
+
+    /// Sends the calls held back whose time came, or all of them if `force`.
+    #[inline(always)]
+    fn flush_pending(&mut self, now_ns: u64, force: bool) {
+        let _ = (now_ns, force);
+    }
 
     /// Called when the call for `input` timed out (measured from its first invocation,
     /// across retries). Its completion decides the element: results are emitted, an
@@ -105,6 +136,12 @@ pub trait AsyncFunction: 'static {
 
     /// Called once after the last element was emitted (end of input).
     fn close(&mut self) {}
+
+    /// Checks the function's own settings when the operator is built (the operator
+    /// refuses to start with the error).
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 /// Configuration of an [`AsyncWaitOperator`].

@@ -251,6 +251,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         notify: impl Notify,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        function.validate()?;
         let capacity = config.capacity;
         let cache = match &config.cache {
             None => None,
@@ -329,6 +330,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.timeout_due(u64::MAX)
             .into_iter()
             .chain(self.timers.next_deadline())
+            .chain(self.function.pending_deadline())
             .min()
     }
 
@@ -413,7 +415,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         // call site of `invoke` on this path (see the module docs).
         if !(self.cache.is_some() && self.complete_hit(&value, slot, now_ns)) {
             let handle = self.completions.issue(slot, 0);
-            self.function.invoke(&value, handle);
+            self.function.invoke_at(&value, handle, now_ns);
         }
         if let Some(outcome) = self.completions.take_inline() {
             let emitted = self.emit_completed_inline(
@@ -471,6 +473,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         if self.timeout_ns.is_some() {
             self.link_deadline(slot);
             self.note_timers();
+        }
+        if F::BUFFERS && self.is_full() {
+            // Nothing else could free a slot before the held calls' deadline.
+            self.function.flush_pending(now_ns, true);
         }
         self.drain_if_waiting(now_ns, out)
     }
@@ -624,6 +630,11 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             !self.is_full(),
             "process_watermark on a full async operator: wait while is_full()"
         );
+        if F::BUFFERS {
+            // The records before the watermark go now: it waits for them.
+            self.function.flush_pending(now_ns, true);
+            self.drain(now_ns, out)?;
+        }
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         if self.segments.list.len() == 1 && self.segments.list[0].remaining == 0 {
@@ -674,7 +685,12 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// The deadline of the earliest timer due at or before `limit_ns`.
     pub fn next_due_timer(&mut self, limit_ns: u64) -> Option<u64> {
         let retry = self.timers.peek_due(limit_ns);
-        self.timeout_due(limit_ns).into_iter().chain(retry).min()
+        let held = self.function.pending_deadline().filter(|d| *d <= limit_ns);
+        self.timeout_due(limit_ns)
+            .into_iter()
+            .chain(retry)
+            .chain(held)
+            .min()
     }
 
     /// The first timeout's deadline, if it is at or before `limit_ns`.
@@ -697,6 +713,15 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.check()?;
         let timeout = self.timeout_due(limit_ns);
         let retry = self.timers.peek_due(limit_ns);
+        if let Some(held) = self.function.pending_deadline().filter(|d| *d <= limit_ns) {
+            // Held calls (a batch's timeout) go before timeouts and retries due with
+            // them: a record's timeout runs from when it was held.
+            if timeout.is_none_or(|t| held <= t) && retry.is_none_or(|r| held <= r) {
+                self.function.flush_pending(held, false);
+                self.drain(held, out)?;
+                return Ok(Some(held));
+            }
+        }
         let deadline = match (timeout, retry) {
             // A timeout and a retry at the same instant: the timeout first (retries stop
             // at the timeout).
@@ -741,6 +766,10 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             let retry = entry.retry_timer.take();
             self.cancel_retry(retry);
             self.invoke_again(slot, now_ns);
+        }
+        if F::BUFFERS {
+            // What is held goes now, the retries just attempted with it.
+            self.function.flush_pending(now_ns, true);
         }
         self.drain(now_ns, out)?;
         Ok(())
@@ -954,14 +983,14 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.deadlines.len -= 1;
     }
 
-    fn invoke_again(&mut self, slot: Key, _now_ns: u64) {
+    fn invoke_again(&mut self, slot: Key, now_ns: u64) {
         let entry = self.entry_mut(slot);
         entry.state = State::InFlight;
         entry.invocations += 1;
         let attempt = entry.attempt;
         let handle = self.completions.issue(slot, attempt);
         let input = &self.entries.get(slot).expect("live").input;
-        self.function.invoke(input, handle);
+        self.function.invoke_at(input, handle, now_ns);
     }
 
     fn on_retry(&mut self, slot: Key, attempt: u32, now_ns: u64) {

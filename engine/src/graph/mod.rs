@@ -1559,6 +1559,35 @@ impl<'g, T: 'static> Stream<'g, T> {
         })
     }
 
+    /// One async call per batch of records (Flink's `AsyncBatchFunction`): `make`
+    /// returns subtask `i`'s [`AsyncBatchFunction`] and the [`IoHandler`] of its I/O
+    /// (if any); batches are cut at `batch.max_batch_size` records or
+    /// `batch.batch_timeout` after their first, and at watermarks, a full operator and
+    /// end of input. Otherwise it is [`async_wait_io`](Self::async_wait_io): capacity
+    /// counts records, output in `config`'s mode, timeouts and retries per record,
+    /// buffered and in-flight records checkpointed as records. See
+    /// [`crate::async_io::Batched`].
+    pub fn async_wait_batch<F, M>(
+        self,
+        make: M,
+        config: AsyncConfig<F::Out>,
+        batch: crate::async_io::BatchConfig,
+    ) -> Stream<'g, F::Out>
+    where
+        T: Codec + Clone,
+        F: crate::async_io::AsyncBatchFunction<In = T>,
+        M: Fn(&SubtaskInfo) -> (F, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+        AsyncConfig<F::Out>: Send + Sync,
+    {
+        self.async_wait_io(
+            move |info| {
+                let (function, io) = make(info);
+                (crate::async_io::Batched::new(function, batch), io)
+            },
+            config,
+        )
+    }
+
     /// [`async_wait`](Self::async_wait) with the call written as an `async` block:
     /// `make` returns subtask `i`'s call (a closure returning a future of the results)
     /// and the [`IoHandler`] of whatever the futures wait on; the futures run on a
