@@ -471,3 +471,47 @@ fn a_graph_stage_of_batched_calls_answered_elsewhere_delivers_every_record_once(
     assert!(batches >= 20_000 / 32, "{batches} batches");
     assert!(batches < 20_000, "records were batched: {batches} batches");
 }
+
+/// The futures adapter: each batch an `async` block; a failed batch is retried.
+#[test]
+fn batches_written_as_async_blocks_deliver_every_record_once() {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    use weir_engine::graph::Graph;
+    use weir_engine::runtime::{Cores, Runtime};
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&calls);
+    let graph = Graph::new().with_parallelism(2);
+    let collected = graph
+        .from_generator(5_000, None, |n| n)
+        .async_wait_batch_futures(
+            move |_| {
+                let calls = Arc::clone(&counted);
+                let call = move |inputs: &[u64]| {
+                    let inputs = inputs.to_vec();
+                    let call = calls.fetch_add(1, Ordering::Relaxed);
+                    async move {
+                        if call == 3 {
+                            return Err(AsyncError::call("the batch API is busy"));
+                        }
+                        Ok(inputs.iter().map(|n| vec![n * 2]).collect())
+                    }
+                };
+                (call, None)
+            },
+            AsyncConfig::new(OutputMode::Ordered, 128)
+                .with_retry(RetryStrategy::fixed_delay(3, MS).retry_on_any_error()),
+            BatchConfig::new(16, MS),
+        )
+        .collect();
+    let runtime = Runtime::builder()
+        .cores(Cores::Count(2))
+        .pin(false)
+        .build()
+        .unwrap();
+    graph.execute(runtime).expect("the job runs");
+    let mut out = collected.records();
+    out.sort_unstable();
+    assert_eq!(out, (0..5_000).map(|n| n * 2).collect::<Vec<u64>>());
+    assert!(calls.load(Ordering::Relaxed) < 5_000);
+}

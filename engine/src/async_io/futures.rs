@@ -150,6 +150,50 @@ where
     }
 }
 
+/// An [`AsyncBatchFunction`](super::AsyncBatchFunction) written as a function returning
+/// a future of one result list per input (in input order); see
+/// [`Batched`](super::Batched) for how batches are cut.
+pub struct FutureBatchFunction<In, Out, F> {
+    executor: Rc<RefCell<LocalExecutor>>,
+    call: F,
+    _types: std::marker::PhantomData<fn(&In) -> Out>,
+}
+
+impl<In, Out, F> FutureBatchFunction<In, Out, F> {
+    /// Batches run as `call(inputs)`'s future on `executor`.
+    pub fn new(executor: Rc<RefCell<LocalExecutor>>, call: F) -> Self {
+        FutureBatchFunction {
+            executor,
+            call,
+            _types: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<In, Out, F, Fut> super::AsyncBatchFunction for FutureBatchFunction<In, Out, F>
+where
+    In: Clone + 'static,
+    Out: Send + 'static,
+    F: FnMut(&[In]) -> Fut + 'static,
+    Fut: Future<Output = Result<Vec<Vec<Out>>, AsyncError>> + 'static,
+{
+    type In = In;
+    type Out = Out;
+
+    fn invoke_batch(&mut self, inputs: &[In], result: super::BatchResult<Out>) {
+        let call = (self.call)(inputs);
+        let spawned = self.executor.borrow_mut().spawn(async move {
+            match call.await {
+                Ok(lists) => result.complete(lists),
+                Err(error) => result.complete_err(error),
+            }
+        });
+        // Full: the refused future drops its batch, failing its records with
+        // `AsyncError::Dropped` (retries apply).
+        drop(spawned);
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

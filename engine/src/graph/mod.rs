@@ -1628,6 +1628,59 @@ impl<'g, T: 'static> Stream<'g, T> {
         })
     }
 
+    /// [`async_wait_batch`](Self::async_wait_batch) with the call written as an `async`
+    /// block: `make` returns subtask `i`'s call (a closure from the batch's inputs to a
+    /// future of one result list per input) and the [`IoHandler`] of whatever the
+    /// futures wait on; the futures run on a per-worker executor, as in
+    /// [`async_wait_futures`](Self::async_wait_futures).
+    pub fn async_wait_batch_futures<U, C, Fut, M>(
+        self,
+        make: M,
+        config: AsyncConfig<U>,
+        batch: crate::async_io::BatchConfig,
+    ) -> Stream<'g, U>
+    where
+        T: Codec + Clone,
+        U: Send + 'static,
+        C: FnMut(&[T]) -> Fut + 'static,
+        Fut: Future<Output = Result<Vec<Vec<U>>, AsyncError>> + 'static,
+        M: Fn(&SubtaskInfo) -> (C, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
+        AsyncConfig<U>: Send + Sync,
+    {
+        // A future per batch: the capacity's worth of single-record batches at most.
+        let futures = config.capacity().saturating_mul(2).saturating_add(16);
+        self.chain("async_wait", move |wiring, position, next| {
+            let (call, io) = make(&wiring.info);
+            let executor = Rc::new(RefCell::new(LocalExecutor::new(
+                futures,
+                Some(wiring.info.unparker.clone()),
+            )?));
+            let function = crate::async_io::Batched::new(
+                crate::async_io::futures::FutureBatchFunction::<T, U, C>::new(
+                    Rc::clone(&executor),
+                    call,
+                ),
+                batch,
+            );
+            let io: Box<dyn IoHandler> = Box::new(ExecutorIo {
+                executor,
+                inner: io,
+            });
+            let operator =
+                AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
+            let restored = restored_elements::<T>(wiring, position)?;
+            Ok(Box::new(AsyncLink::new(
+                operator,
+                Some(io),
+                next,
+                Arc::clone(&wiring.shared),
+                wiring.stage,
+                position,
+                restored,
+            )))
+        })
+    }
+
     /// `f` of each record and the value state of its key (Flink's `ValueState` in a
     /// keyed `map`): `f` reads, replaces or clears (`None`) the value, and returns the
     /// output. Map state (Flink's `MapState`) is a value that is a map: a
