@@ -1093,7 +1093,9 @@ pub fn record_fields(entry: &StreamEntry) -> Result<(u64, u64, Option<u64>), Str
     let needed = |name: &str| -> Result<u64, String> {
         number(name)?.ok_or_else(|| {
             format!(
-                "entry {} of stream {:?} has no field {name:?}: weir run's main job reads                  entries as `weir produce-stream` writes them (fields id, key and t);                  enrich streams of your own with a job like net/examples/stream_enrich.rs",
+                "entry {} of stream {:?} has no field {name:?}: weir run's main job reads \
+                 entries as `weir produce-stream` writes them (fields id, key and t); \
+                 enrich streams of your own with a job like net/examples/stream_enrich.rs",
                 entry.id, entry.stream
             )
         })
@@ -1941,8 +1943,11 @@ fn execute(
                 restored: Some(_), ..
             }),
         ) => 0,
-        // From streams: what was read and did not arrive.
-        (None, _) if from_streams => report.generated.saturating_sub(unique),
+        // From streams: what was read and did not arrive (an id the input holds twice
+        // arrives twice: a duplicate, not a loss).
+        (None, _) if from_streams => report.generated.saturating_sub(report.received),
+        // Stopped with drain (Ctrl-C): what was generated and did not arrive.
+        (None, _) if settings.stop.requested() => report.generated.saturating_sub(unique),
         (None, _) => records - unique,
     };
     Ok(Finished {

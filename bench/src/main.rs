@@ -352,6 +352,10 @@ struct RunArgs {
     /// checkpoint covers; for streams other consumers share. Consumer: weir.
     #[arg(long, value_name = "GROUP[:CONSUMER]", requires = "source")]
     consumer_group: Option<String>,
+    /// With --source: a stream without entries for this long stops holding back the
+    /// watermark (Flink's idleness), e.g. 5s; default: never idle.
+    #[arg(long, value_parser = parse_positive_duration, requires = "source")]
+    source_idle_timeout: Option<Duration>,
     /// Also append every enriched record to a Redis stream (fields id, key, value as hex,
     /// t): redis-stream://[user:password@]host:port/stream.
     #[arg(long, value_name = "URL", value_parser = parse_stream_url, conflicts_with = "output")]
@@ -785,6 +789,7 @@ fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
             let mut config = StreamSourceConfig::new(url.redis.clone(), url.streams.clone());
             config.bounded = args.bounded;
             config.start = args.source_start;
+            config.idle_timeout = args.source_idle_timeout;
             if let Some(text) = &args.consumer_group {
                 let (group, consumer) = text.split_once(':').unwrap_or((text, "weir"));
                 if group.is_empty() || consumer.is_empty() {
@@ -883,6 +888,21 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         }
         _ => None,
     };
+    if args.processes > 1 && (args.source.is_some() || args.sink.is_some()) {
+        return Err(RunError::Setting(
+            "--source and --sink run in one process: the launcher of --processes neither \
+             counts records read from streams nor forwards Ctrl-C's drain to its processes; \
+             drop --processes (or start each process with --process and --peers)"
+                .into(),
+        ));
+    }
+    if args.processes > 1 && args.metrics_addr.is_some() {
+        return Err(RunError::Setting(
+            "--metrics-addr with --processes: every process would bind the same address; \
+             start each process with --process, --peers and an address of its own"
+                .into(),
+        ));
+    }
     if args.processes > 1 {
         let launch = weir_bench::cluster::Launch {
             processes: args.processes as usize,

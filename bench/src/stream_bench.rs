@@ -636,7 +636,7 @@ pub fn render(value: &Value) -> String {
     }
     out.push_str(&format!(
         "\nFor scale: appending the input before each stream turn (one client, `XADD`s pipelined 1024 a write, one stream after the other) ran at {} entries/s (median): what this Redis takes from one connection on this machine, a bound on the stream → stream rows' sink side, whose two subtasks write through a connection each while Redis also serves the reads.\n\n\
-         The latency of a bounded stream case counts from when each entry was appended, before the run: it is the backlog's age, not the pipeline's delay (see the next table for that).\n",
+         The latency of a bounded stream case counts from the run's start for entries appended before it (all of them here): it is how long the backlog took to drain, not the pipeline's delay (see the next table for that).\n",
         f0(&value["fill_entries_per_s"])
     ));
     let l = &value["latency"];

@@ -388,6 +388,22 @@ fn cluster_flags_that_cannot_work_are_one_line_errors() {
         "127.0.0.1:1,127.0.0.1:2",
     ]));
     assert!(stderr.contains("one or the other"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--processes",
+        "2",
+        "--sink",
+        "redis-stream://127.0.0.1:1/out",
+    ]));
+    assert!(stderr.contains("run in one process"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--processes",
+        "2",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]));
+    assert!(stderr.contains("same address"), "{stderr}");
 }
 
 /// A peer list of two free loopback ports (free when asked: another process may take

@@ -473,9 +473,12 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
             ("stream_source_acknowledged", "Entries acknowledged (XACK)"),
             (
                 "stream_source_reconnects",
-                "Connections lost and made again",
+                "Connections made after the first (failed attempts included)",
             ),
-            ("stream_source_errors", "Errors that failed a source"),
+            (
+                "stream_source_errors",
+                "Connection losses and errors (a loss is retried; any other error fails the source)",
+            ),
             ("stream_source_bytes", "Reply bytes read"),
         ]
         .map(|(name, help)| counter_family::<StreamSourceLabels>(&mut registry, name, help));
@@ -512,7 +515,10 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
                 "stream_sink_transactions",
                 "Exactly-once transactions committed",
             ),
-            ("stream_sink_reconnects", "Connections lost and made again"),
+            (
+                "stream_sink_reconnects",
+                "Connections lost once made (failed attempts to make one again not counted)",
+            ),
             (
                 "stream_sink_errors",
                 "Error replies (transient ones retried)",

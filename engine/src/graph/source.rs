@@ -33,8 +33,8 @@ pub enum SourceEvent<T> {
     },
     /// The source is done.
     End,
-    /// The source cannot go on (its log was deleted under it, a reply it cannot read,
-    /// refused credentials): its subtask fails with this message, and with it the job,
+    /// The source cannot go on (a reply it cannot read, refused credentials, a record
+    /// it cannot decode): its subtask fails with this message, and with it the job,
     /// as for any failed task. A job with checkpoints restarts from the last completed
     /// one and re-reads from the position held there; what the source emitted before
     /// failing stays emitted (nothing is lost, and exactly-once sinks write it once).

@@ -354,9 +354,11 @@ impl StreamConn {
         }
     }
 
+    /// Ready for commands. The back-off is reset only once the server answers
+    /// (`receive`): a connection whose TCP connect is still under way, or that the
+    /// server accepts and closes at once, keeps backing off.
     fn set_up(&mut self) {
         self.state = State::Ready;
-        self.failures = 0;
     }
 
     /// Takes a driver event if it is for this connection.
@@ -385,7 +387,10 @@ impl StreamConn {
 
     /// Decodes every whole reply in `bytes` (after any tail kept from before).
     fn receive(&mut self, bytes: &[u8]) {
-        self.heard = true;
+        if !self.heard {
+            self.heard = true;
+            self.failures = 0;
+        }
         self.received_bytes += bytes.len() as u64;
         let mut inbox = std::mem::take(&mut self.inbox);
         let buffered = !inbox.is_empty();

@@ -44,7 +44,13 @@
 //! Redis does not roll a transaction back when one of its commands fails at run time
 //! (an `XADD` to a key holding a string, say): the rest of it, the marker included, is
 //! applied. The sink fails the job with the server's message in that case; its output
-//! for that checkpoint is then incomplete, and the key must be fixed before a restart.
+//! for that checkpoint is then incomplete for good (the marker moved, so a restart takes
+//! the checkpoint as committed), and the key must be fixed before a restart.
+//!
+//! A restore from a checkpoint older than the marker (a later run committed past it)
+//! deletes the marker before its first commit: this run's checkpoint ids start below
+//! it again, and a marker read after a lost `EXEC` must see only this run's commits.
+//! What the later run wrote stays; what this run writes again is in the stream twice.
 //!
 //! Connection losses, and error replies that say the server cannot take commands *for
 //! now* (`LOADING` while a restarted server reads its data, `BUSY`, `TRYAGAIN`,
@@ -664,6 +670,9 @@ struct Writer {
     /// Every pending transaction up to this checkpoint is to be committed.
     commit_through: u64,
     marker_state: MarkerState,
+    /// Restored with transactions pending up to this checkpoint, the marker not read
+    /// since: a marker found beyond it was moved by a run after that checkpoint.
+    restored_through: Option<u64>,
     /// The first error a command inside the transaction being answered got.
     queued_error: Option<String>,
     failure: Option<RedisError>,
@@ -712,6 +721,7 @@ impl Writer {
             sent_entries: 0,
             commit_through: 0,
             marker_state: MarkerState::Fresh,
+            restored_through: None,
             queued_error: None,
             failure: None,
             retry_at_ns: None,
@@ -925,6 +935,16 @@ impl Writer {
             self.pending.pop_front();
         }
         self.marker_state = MarkerState::Known;
+        if let Some(restored) = self.restored_through.take() {
+            if committed > restored {
+                // Restored from a checkpoint older than the last one committed: this run's
+                // checkpoint ids start below the marker again. It is deleted before the
+                // next commit, so that a marker read later sees only this run's commits
+                // (the later run's output stays in the stream: what this run writes
+                // again is written twice, as a restore to an older checkpoint must).
+                self.marker_state = MarkerState::Fresh;
+            }
+        }
         self.try_commit();
     }
 
@@ -1107,6 +1127,7 @@ impl Writer {
         // marker says they are already.
         if let Some(last) = pending.back() {
             self.commit_through = self.commit_through.max(last.checkpoint);
+            self.restored_through = Some(last.checkpoint);
             self.pending = pending;
             self.marker_state = MarkerState::Stale;
         }

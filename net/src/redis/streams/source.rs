@@ -849,7 +849,19 @@ impl StreamSource {
     /// reply was lost or refused for now.
     fn redo(&mut self, sent: Sent) {
         match sent {
-            Sent::Read { .. } => self.read_in_flight = false,
+            Sent::Read { streams, .. } => {
+                self.read_in_flight = false;
+                if self.config.group.is_some() {
+                    // A `>` read whose reply was lost delivered its entries all the same:
+                    // they are pending for the consumer, after the cursor. Read them from
+                    // the pending list before reading new ones again.
+                    for i in streams {
+                        if !self.streams[i].done {
+                            self.streams[i].pending = true;
+                        }
+                    }
+                }
+            }
             other => self.issue(other),
         }
     }

@@ -47,7 +47,7 @@ pub enum StreamUrlError {
     #[error("the stream URL's db={0:?} is not a number: write ?db=0, ?db=1, …")]
     Database(String),
     /// An option the URL does not take.
-    #[error("the stream URL's option {0:?} is unknown: the options are db=N and protocol=resp2|resp3|auto")]
+    #[error("the stream URL's option {0:?} is not taken: the options are db=N and protocol=resp2")]
     Option(String),
     /// The server part is not a Redis URL's.
     #[error(transparent)]
@@ -79,7 +79,13 @@ impl FromStr for StreamUrl {
                             .map_err(|_| StreamUrlError::Database(n.into()))?,
                     )
                 }
-                Some(("protocol", _)) => options.push(option),
+                Some(("protocol", "resp2")) => options.push(option),
+                Some(("protocol", _)) => {
+                    return Err(StreamUrlError::Option(format!(
+                        "{option} (the stream source and sink speak RESP2: protocol=resp2 or \
+                         nothing)"
+                    )))
+                }
                 _ => return Err(StreamUrlError::Option(option.into())),
             }
         }
