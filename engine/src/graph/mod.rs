@@ -1601,31 +1601,13 @@ impl<'g, T: 'static> Stream<'g, T> {
         M: Fn(&SubtaskInfo) -> (C, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
         AsyncConfig<U>: Send + Sync,
     {
-        let futures = config.capacity().saturating_mul(2).saturating_add(16);
-        self.chain("async_wait", move |wiring, position, next| {
-            let (call, io) = make(&wiring.info);
-            let executor = Rc::new(RefCell::new(LocalExecutor::new(
-                futures,
-                Some(wiring.info.unparker.clone()),
-            )?));
-            let function = FutureFunction::<T, U, C>::new(Rc::clone(&executor), call);
-            let io: Box<dyn IoHandler> = Box::new(ExecutorIo {
-                executor,
-                inner: io,
-            });
-            let operator =
-                AsyncWaitOperator::new(function, config.clone(), wiring.info.unparker.clone())?;
-            let restored = restored_elements::<T>(wiring, position)?;
-            Ok(Box::new(AsyncLink::new(
-                operator,
-                Some(io),
-                next,
-                Arc::clone(&wiring.shared),
-                wiring.stage,
-                position,
-                restored,
-            )))
-        })
+        self.async_on_executor(
+            move |info, executor| {
+                let (call, io) = make(info);
+                (FutureFunction::<T, U, C>::new(executor, call), io)
+            },
+            config,
+        )
     }
 
     /// [`async_wait_batch`](Self::async_wait_batch) with the call written as an `async`
@@ -1647,21 +1629,39 @@ impl<'g, T: 'static> Stream<'g, T> {
         M: Fn(&SubtaskInfo) -> (C, Option<Box<dyn IoHandler>>) + Send + Sync + 'static,
         AsyncConfig<U>: Send + Sync,
     {
-        // A future per batch: the capacity's worth of single-record batches at most.
+        use crate::async_io::futures::FutureBatchFunction;
+        self.async_on_executor(
+            move |info, executor| {
+                let (call, io) = make(info);
+                let function = FutureBatchFunction::<T, U, C>::new(executor, call);
+                (crate::async_io::Batched::new(function, batch), io)
+            },
+            config,
+        )
+    }
+
+    /// An async stage whose function runs its calls as futures on a per-subtask
+    /// executor: `make` builds subtask `i`'s function over the executor, and the task
+    /// polls the executor beside the function's own I/O.
+    fn async_on_executor<F, M>(self, make: M, config: AsyncConfig<F::Out>) -> Stream<'g, F::Out>
+    where
+        T: Codec + Clone,
+        F: AsyncFunction<In = T>,
+        M: Fn(&SubtaskInfo, Rc<RefCell<LocalExecutor>>) -> (F, Option<Box<dyn IoHandler>>)
+            + Send
+            + Sync
+            + 'static,
+        AsyncConfig<F::Out>: Send + Sync,
+    {
+        // A future per call (or batch): twice the capacity leaves room for calls whose
+        // futures finish after their records left.
         let futures = config.capacity().saturating_mul(2).saturating_add(16);
         self.chain("async_wait", move |wiring, position, next| {
-            let (call, io) = make(&wiring.info);
             let executor = Rc::new(RefCell::new(LocalExecutor::new(
                 futures,
                 Some(wiring.info.unparker.clone()),
             )?));
-            let function = crate::async_io::Batched::new(
-                crate::async_io::futures::FutureBatchFunction::<T, U, C>::new(
-                    Rc::clone(&executor),
-                    call,
-                ),
-                batch,
-            );
+            let (function, io) = make(&wiring.info, Rc::clone(&executor));
             let io: Box<dyn IoHandler> = Box::new(ExecutorIo {
                 executor,
                 inner: io,
