@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use smallvec::SmallVec;
 use weir_engine::async_io::AsyncMetrics;
 use weir_engine::async_io::{
-    AsyncConfig, AsyncError, LookupCache, OperatorError, OutputMode, RetryStrategy,
+    AsyncConfig, AsyncError, BatchConfig, LookupCache, OperatorError, OutputMode, RetryStrategy,
 };
 use weir_engine::checkpoint::{AlignmentMode, RestartStrategy, Restarts};
 use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
@@ -47,8 +47,8 @@ use weir_net::redis::streams::{
     StreamSourceConfig,
 };
 use weir_net::redis::{
-    Args, Batching, Lookup as RedisGet, RedisClient, RedisConfig, RedisError, RedisFunction,
-    RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
+    Args, Batching, Lookup as RedisGet, RedisBatchFunction, RedisClient, RedisConfig, RedisError,
+    RedisFunction, RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
 };
 use weir_net::transport::{JobId, TransportConfig};
 use weir_net::{DriverKind, NetError};
@@ -1780,6 +1780,28 @@ fn execute(
         }
     };
     let enriched = match store {
+        // `--mget N`: the operator cuts each turn's lookups into batches of up to N, and
+        // each batch goes as one MGET.
+        Store::Redis(mut config, addr, stats)
+            if matches!(config.batching, Batching::Mget { .. }) =>
+        {
+            let Batching::Mget { max_keys } = config.batching else {
+                unreachable!("matched above")
+            };
+            config.batching = Batching::Off;
+            source.async_wait_batch(
+                move |_| {
+                    let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
+                        .expect("client settings checked up front")
+                        .with_shared_stats(Arc::clone(&stats));
+                    let client = Rc::new(RefCell::new(client));
+                    let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
+                    (RedisBatchFunction::new(client), Some(io))
+                },
+                async_config,
+                BatchConfig::new(max_keys, Duration::ZERO),
+            )
+        }
         Store::Redis(config, addr, stats) => source.async_wait_io(
             move |_| {
                 let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)

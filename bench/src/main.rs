@@ -251,8 +251,9 @@ struct RunArgs {
     /// them first with `weir load-redis`.
     #[arg(long, value_parser = parse_boxed_redis_url)]
     store: Option<Box<RedisUrl>>,
-    /// With --store: batch each driver turn's lookups into MGETs of up to this many
-    /// keys; 0 sends each GET on its own (plain pipelining).
+    /// With --store: batch each task turn's lookups into MGETs of up to this many keys
+    /// (the batched async operator, batch timeout 0); 0 sends each GET on its own
+    /// (plain pipelining).
     #[arg(long, default_value_t = 0)]
     mget: usize,
     /// Injected error-response rate at the embedded service.

@@ -117,6 +117,11 @@ fn every_record_is_enriched_from_redis_exactly_once() {
                 assert_eq!((stats.hits, stats.misses), (hits, misses));
                 assert!(misses > 0 && hits > 0);
                 assert_eq!(stats.failed, 0);
+                if batching != Batching::Off {
+                    // The operator's batches went as MGETs: fewer commands than lookups.
+                    assert!(stats.batches > 0, "{stats:?}");
+                    assert!(stats.commands < stats.calls, "{stats:?}");
+                }
             }
         }
     }

@@ -9,7 +9,8 @@
 //! collects the records' calls into a batch, cut:
 //! - at `max_batch_size` records;
 //! - `batch_timeout` after the batch's first record (the operator's timers call it back
-//!   at that deadline: [`AsyncFunction::pending_deadline`]);
+//!   at that deadline: [`AsyncFunction::pending_deadline`]); with a timeout of 0, at the
+//!   operator's next timer pass: on a worker, the end of the task's turn;
 //! - when a watermark arrives (the records before it go now, so that the watermark is
 //!   not held back a batch timeout);
 //! - when the operator is full (nothing else could free a slot before the timeout);
@@ -76,7 +77,11 @@ pub trait AsyncBatchFunction: 'static {
 pub struct BatchConfig {
     /// Records per batch at most (at least 1).
     pub max_batch_size: usize,
-    /// The longest a batch's first record waits for the batch to fill (positive).
+    /// The longest a batch's first record waits for the batch to fill. Zero: the batch
+    /// is cut at the operator's next timer pass, which on a runtime worker is the end
+    /// of the task's turn: a batch is what the task took in at once, and no record
+    /// waits for one (a thread-per-core engine's natural batch, as a client coalescing
+    /// each turn's requests).
     pub batch_timeout: Duration,
 }
 
@@ -94,11 +99,6 @@ impl BatchConfig {
         if self.max_batch_size == 0 {
             return Err(ConfigError::Inconsistent(
                 "max_batch_size is 0: a batch holds at least one record",
-            ));
-        }
-        if self.batch_timeout.is_zero() {
-            return Err(ConfigError::Inconsistent(
-                "batch_timeout is 0: give the time a batch's first record may wait, e.g. 1 ms",
             ));
         }
         Ok(())

@@ -588,13 +588,51 @@ impl<R: RedisRequest> RedisClient<R> {
 
     /// Starts the lookup `request`; its outcome completes `result`.
     pub fn submit(&mut self, request: R, result: ResultFuture<R::Out>) {
+        let Some((call, lookup)) = self.admit(request, result) else {
+            return;
+        };
+        if let (Lookup::Get, Batching::Mget { max_keys }) = (lookup, self.config.batching) {
+            resp::push_bulk(&mut self.batch.keys, self.args.get(0));
+            self.batch.calls.push(call);
+            if self.batch.calls.len() >= max_keys {
+                self.seal_batch();
+            }
+            return;
+        }
+        self.send_one(call, lookup);
+    }
+
+    /// Starts the lookups of one batch the caller cut (e.g. [`RedisBatchFunction`]):
+    /// their `GET`s go as one `MGET` (a `GET` if there is one), whatever
+    /// [`RedisConfig::batching`] says; other lookups go as their own commands. Each
+    /// outcome completes its request's handle.
+    pub fn submit_batch(&mut self, calls: impl IntoIterator<Item = (R, ResultFuture<R::Out>)>) {
+        // What is open goes first: commands keep the order of the calls.
+        self.seal_batch();
+        for (request, result) in calls {
+            let Some((call, lookup)) = self.admit(request, result) else {
+                continue;
+            };
+            if lookup == Lookup::Get {
+                resp::push_bulk(&mut self.batch.keys, self.args.get(0));
+                self.batch.calls.push(call);
+            } else {
+                self.send_one(call, lookup);
+            }
+        }
+        self.seal_batch();
+    }
+
+    /// Checks `request` (capacity, arity), writing its arguments into `self.args`;
+    /// `None` when it was refused (its handle failed with the reason).
+    fn admit(&mut self, request: R, result: ResultFuture<R::Out>) -> Option<(Call<R>, Lookup)> {
         if self.outstanding >= self.config.capacity {
             self.stats.failed += 1;
             result.complete_err(AsyncError::call(RedisError::Overloaded {
                 outstanding: self.outstanding,
                 capacity: self.config.capacity,
             }));
-            return;
+            return None;
         }
         self.args.clear();
         let lookup = request.lookup(&mut self.args);
@@ -615,19 +653,15 @@ impl<R: RedisRequest> RedisClient<R> {
                 lookup.name(),
                 self.args.len()
             ))));
-            return;
+            return None;
         }
         self.stats.calls += 1;
         self.outstanding += 1;
-        let call = Call { request, result };
-        if let (Lookup::Get, Batching::Mget { max_keys }) = (lookup, self.config.batching) {
-            resp::push_bulk(&mut self.batch.keys, self.args.get(0));
-            self.batch.calls.push(call);
-            if self.batch.calls.len() >= max_keys {
-                self.seal_batch();
-            }
-            return;
-        }
+        Some((Call { request, result }, lookup))
+    }
+
+    /// Sends one call's command (its arguments in `self.args`), after the open batch.
+    fn send_one(&mut self, call: Call<R>, lookup: Lookup) {
         // Commands keep the order of the calls: an open batch goes first.
         self.seal_batch();
         let index = self.pick();
@@ -1213,6 +1247,34 @@ impl<R: RedisRequest + Clone> AsyncFunction for RedisFunction<R> {
     }
 }
 
+/// The [`AsyncBatchFunction`](weir_engine::async_io::AsyncBatchFunction) side of a
+/// [`RedisClient`]: each batch the operator cuts goes as one `MGET` of its `GET`s
+/// ([`RedisClient::submit_batch`]). With a batch timeout of 0 a batch is the records a
+/// task took in one turn: the client's per-turn coalescing
+/// ([`Batching::Mget`]), cut by the operator instead.
+pub struct RedisBatchFunction<R: RedisRequest> {
+    client: std::rc::Rc<std::cell::RefCell<RedisClient<R>>>,
+}
+
+impl<R: RedisRequest> RedisBatchFunction<R> {
+    /// A batch function submitting to `client`.
+    pub fn new(client: std::rc::Rc<std::cell::RefCell<RedisClient<R>>>) -> Self {
+        RedisBatchFunction { client }
+    }
+}
+
+impl<R: RedisRequest + Clone> weir_engine::async_io::AsyncBatchFunction for RedisBatchFunction<R> {
+    type In = R;
+    type Out = R::Out;
+
+    fn invoke_batch(&mut self, inputs: &[R], result: weir_engine::async_io::BatchResult<R::Out>) {
+        let handles = result.into_handles();
+        self.client
+            .borrow_mut()
+            .submit_batch(inputs.iter().cloned().zip(handles));
+    }
+}
+
 /// Connects a shared [`RedisClient`] to its task's worker driver.
 pub struct RedisIo<R: RedisRequest>(pub std::rc::Rc<std::cell::RefCell<RedisClient<R>>>);
 
@@ -1406,6 +1468,75 @@ mod tests {
                 vec![Some(b"x".to_vec()), None, Some(b"z".to_vec())],
             ]
         );
+    }
+
+    /// The batched operator's batches: each batch's GETs as one MGET (whatever the
+    /// client's own batching), other lookups between them in order, the values mapped
+    /// back to their records.
+    #[test]
+    fn the_batched_operator_s_batches_go_as_mgets_in_order() {
+        use weir_engine::async_io::{BatchConfig, Batched};
+        let client = Rc::new(RefCell::new(
+            RedisClient::new(config(Batching::Off)).expect("client"),
+        ));
+        client.borrow_mut().connections[0].state = State::Ready { id: 7 };
+        let mut harness = AsyncHarness::new(
+            Batched::new(
+                RedisBatchFunction::new(Rc::clone(&client)),
+                BatchConfig::new(3, std::time::Duration::ZERO),
+            ),
+            AsyncConfig::new(OutputMode::Ordered, 32),
+        )
+        .expect("harness");
+        for request in [
+            Req::Get(1),
+            Req::HGet(2, "f"),
+            Req::Get(3),
+            Req::Get(4),
+            Req::Get(5),
+        ] {
+            harness.process_record(request, None).expect("submit");
+        }
+        // Records 1, 2 and 3 filled a batch; 4 and 5 go at the timer pass.
+        harness
+            .advance_time(std::time::Duration::ZERO)
+            .expect("cut");
+        let wire = sent(&client);
+        assert_eq!(
+            String::from_utf8_lossy(&wire),
+            "*2\r\n$3\r\nGET\r\n$2\r\nk1\r\n*3\r\n$4\r\nHGET\r\n$2\r\nh2\r\n$1\r\nf\r\n\
+             *2\r\n$3\r\nGET\r\n$2\r\nk3\r\n*3\r\n$4\r\nMGET\r\n$2\r\nk4\r\n$2\r\nk5\r\n"
+        );
+        client.borrow_mut().receive(
+            0,
+            b"$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n*2\r\n$1\r\nd\r\n$-1\r\n",
+        );
+        let values: Vec<Vec<Option<Vec<u8>>>> = outputs_of(&mut harness)
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            values,
+            vec![
+                vec![Some(b"a".to_vec())],
+                vec![Some(b"b".to_vec())],
+                vec![Some(b"c".to_vec())],
+                vec![Some(b"d".to_vec())],
+                vec![None],
+            ]
+        );
+        assert_eq!(client.borrow().stats().batches, 1);
+    }
+
+    fn outputs_of<F: AsyncFunction<Out = (String, Vec<Option<Vec<u8>>>)>>(
+        harness: &mut AsyncHarness<F>,
+    ) -> Vec<(String, Vec<Option<Vec<u8>>>)> {
+        harness.run_mailbox().expect("no failure");
+        harness
+            .take_output()
+            .into_iter()
+            .filter_map(|e| e.as_record().map(|r| r.value.clone()))
+            .collect()
     }
 
     #[test]
