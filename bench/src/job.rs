@@ -1780,39 +1780,40 @@ fn execute(
         }
     };
     let enriched = match store {
-        // `--mget N`: the operator cuts each turn's lookups into batches of up to N, and
-        // each batch goes as one MGET.
-        Store::Redis(mut config, addr, stats)
-            if matches!(config.batching, Batching::Mget { .. }) =>
-        {
-            let Batching::Mget { max_keys } = config.batching else {
-                unreachable!("matched above")
+        Store::Redis(mut config, addr, stats) => {
+            // `--mget N`: the operator cuts each turn's lookups into batches of up to N,
+            // and each batch goes as one MGET; the client itself batches nothing.
+            let mget = match config.batching {
+                Batching::Mget { max_keys } => Some(max_keys),
+                Batching::Off => None,
             };
             config.batching = Batching::Off;
-            source.async_wait_batch(
-                move |_| {
-                    let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
-                        .expect("client settings checked up front")
-                        .with_shared_stats(Arc::clone(&stats));
-                    let client = Rc::new(RefCell::new(client));
-                    let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
-                    (RedisBatchFunction::new(client), Some(io))
-                },
-                async_config,
-                BatchConfig::new(max_keys, Duration::ZERO),
-            )
-        }
-        Store::Redis(config, addr, stats) => source.async_wait_io(
-            move |_| {
+            let client = move || {
                 let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
                     .expect("client settings checked up front")
                     .with_shared_stats(Arc::clone(&stats));
                 let client = Rc::new(RefCell::new(client));
                 let io: Box<dyn IoHandler> = Box::new(RedisIo(Rc::clone(&client)));
-                (RedisFunction::new(client), Some(io))
-            },
-            async_config,
-        ),
+                (client, Some(io))
+            };
+            match mget {
+                Some(max_keys) => source.async_wait_batch(
+                    move |_| {
+                        let (client, io) = client();
+                        (RedisBatchFunction::new(client), io)
+                    },
+                    async_config,
+                    BatchConfig::new(max_keys, Duration::ZERO),
+                ),
+                None => source.async_wait_io(
+                    move |_| {
+                        let (client, io) = client();
+                        (RedisFunction::new(client), io)
+                    },
+                    async_config,
+                ),
+            }
+        }
         Store::Service(client_config) if settings.futures => source.async_wait_futures(
             move |_| {
                 let client = Rc::new(RefCell::new(

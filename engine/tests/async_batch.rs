@@ -475,7 +475,8 @@ fn a_graph_stage_of_batched_calls_answered_elsewhere_delivers_every_record_once(
         .pin(false)
         .build()
         .unwrap();
-    graph.execute(runtime).expect("the job runs");
+    let result = graph.execute(runtime).expect("the job runs");
+    assert_no_lost_wakeup(&result);
     let mut out = collected.records();
     out.sort_unstable();
     assert_eq!(out, (1_000_000..1_020_000).collect::<Vec<u64>>());
@@ -522,9 +523,21 @@ fn batches_written_as_async_blocks_deliver_every_record_once() {
         .pin(false)
         .build()
         .unwrap();
-    graph.execute(runtime).expect("the job runs");
+    let result = graph.execute(runtime).expect("the job runs");
+    assert_no_lost_wakeup(&result);
     let mut out = collected.records();
     out.sort_unstable();
     assert_eq!(out, (0..5_000).map(|n| n * 2).collect::<Vec<u64>>());
     assert!(calls.load(Ordering::Relaxed) < 5_000);
+}
+
+/// The idle safety net never found work nothing had announced: completions from
+/// another thread and the batches' timers woke their tasks themselves.
+fn assert_no_lost_wakeup(result: &weir_engine::graph::JobResult) {
+    for (worker, wakeups) in result.run.wakeups.iter().enumerate() {
+        assert_eq!(
+            wakeups.rescued, 0,
+            "worker {worker}: a lost wake-up was rescued by the safety net ({wakeups:?})"
+        );
+    }
 }

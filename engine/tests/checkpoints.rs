@@ -528,6 +528,12 @@ fn batched_async_calls_restore_their_held_and_in_flight_records() {
     let second = batched_job(settings, &out, records, None)
         .execute(runtime())
         .expect("runs");
+    for wakeups in &second.run.wakeups {
+        assert_eq!(
+            wakeups.rescued, 0,
+            "a lost wake-up was rescued: {wakeups:?}"
+        );
+    }
     assert!(second.checkpoints.and_then(|c| c.restored).is_some());
     assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
 }

@@ -23,13 +23,7 @@ use weir_net::redis::{BlockingConnection, RedisUrl};
 use weir_net::DriverKind;
 
 fn redis(test: &str) -> Option<RedisUrl> {
-    match std::env::var(weir_net::redis::TEST_URL_VAR) {
-        Ok(url) => Some(url.parse().expect("WEIR_REDIS_URL is a redis:// URL")),
-        Err(_) => {
-            eprintln!("note: {test} skipped: WEIR_REDIS_URL is unset (scripts/test.sh sets it)");
-            None
-        }
-    }
+    weir_net::redis::test_server_url(test)
 }
 
 /// Every entry of `stream` as (field, value) pairs, in order, a page at a time.
@@ -167,6 +161,13 @@ fn stream_to_stream_exactly_once_across_failures_and_restarts() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failure.is_none(), "{failure:?}");
     assert_eq!(restarts, 2, "both injected failures restarted the job");
+    for wakeups in &result.run.wakeups {
+        // Replies woke the tasks through the driver, not the idle safety net.
+        assert_eq!(
+            wakeups.rescued, 0,
+            "a lost wake-up was rescued: {wakeups:?}"
+        );
+    }
     assert!(result.checkpoints.and_then(|c| c.restored).is_some());
 
     let out = entries(&url, &output);

@@ -29,17 +29,8 @@ use weir_net::redis::streams::{
 use weir_net::redis::{encode_command, BlockingConnection, RedisServer, RedisUrl, ServerOptions};
 use weir_net::DriverKind;
 
-/// The server of `WEIR_REDIS_URL`, or `None` (with a note) when it is unset.
 fn redis(test: &str) -> Option<RedisUrl> {
-    match std::env::var(weir_net::redis::TEST_URL_VAR) {
-        Ok(url) => Some(url.parse().expect("WEIR_REDIS_URL is a redis:// URL")),
-        Err(_) => {
-            eprintln!(
-                "note: {test} skipped: WEIR_REDIS_URL is unset (scripts/test.sh starts Redis with scripts/redis.sh)"
-            );
-            None
-        }
-    }
+    weir_net::redis::test_server_url(test)
 }
 
 /// A stream name no other test (or run) uses.

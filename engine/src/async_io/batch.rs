@@ -278,7 +278,8 @@ impl<F: AsyncBatchFunction> Batched<F> {
     }
 
     /// Calls the batch function with what is buffered.
-    fn cut(&mut self, now_ns: u64, cut: &AtomicU64) {
+    /// `reason`: the counter of why it is cut.
+    fn cut(&mut self, now_ns: u64, reason: fn(&BatchMetrics) -> &AtomicU64) {
         let Some(first_ns) = self.first_ns.take() else {
             return;
         };
@@ -288,7 +289,7 @@ impl<F: AsyncBatchFunction> Batched<F> {
         m.records.fetch_add(size as u64, Ordering::Relaxed);
         m.wait_ns
             .fetch_add(now_ns.saturating_sub(first_ns), Ordering::Relaxed);
-        cut.fetch_add(1, Ordering::Relaxed);
+        reason(m).fetch_add(1, Ordering::Relaxed);
         m.note_size(size);
         let result = BatchResult {
             handles: std::mem::replace(
@@ -320,8 +321,7 @@ impl<F: AsyncBatchFunction> AsyncFunction for Batched<F> {
         self.handles.push(result);
         self.first_ns.get_or_insert(now_ns);
         if self.inputs.len() >= self.max_batch_size {
-            let metrics = Arc::clone(&self.metrics);
-            self.cut(now_ns, &metrics.cut_full);
+            self.cut(now_ns, |m| &m.cut_full);
         }
     }
 
@@ -335,11 +335,10 @@ impl<F: AsyncBatchFunction> AsyncFunction for Batched<F> {
         let Some(deadline) = self.pending_deadline() else {
             return;
         };
-        let metrics = Arc::clone(&self.metrics);
         if force {
-            self.cut(now_ns, &metrics.cut_forced);
+            self.cut(now_ns, |m| &m.cut_forced);
         } else if now_ns >= deadline {
-            self.cut(now_ns, &metrics.cut_timeout);
+            self.cut(now_ns, |m| &m.cut_timeout);
         }
     }
 

@@ -44,3 +44,21 @@ pub fn check_reply(bytes: &[u8], resp3: bool) -> Result<Option<usize>, String> {
 /// The environment variable naming the Redis server the integration tests use
 /// (`redis://127.0.0.1:PORT`); `scripts/redis.sh start` prints it.
 pub const TEST_URL_VAR: &str = "WEIR_REDIS_URL";
+
+/// The server of [`TEST_URL_VAR`] for an integration test, or `None` with a note that
+/// `test` was skipped (`scripts/test.sh` starts one and sets the variable; CI requires it).
+///
+/// # Panics
+/// If the variable is set but is not a `redis://` URL (a test setup error).
+pub fn test_server_url(test: &str) -> Option<RedisUrl> {
+    match std::env::var(TEST_URL_VAR) {
+        Ok(url) => Some(url.parse().expect("WEIR_REDIS_URL is a redis:// URL")),
+        Err(_) => {
+            eprintln!(
+                "note: {test} skipped: {TEST_URL_VAR} is unset (scripts/test.sh starts Redis \
+                 with scripts/redis.sh)"
+            );
+            None
+        }
+    }
+}
