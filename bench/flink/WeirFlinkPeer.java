@@ -919,6 +919,536 @@ public final class WeirFlinkPeer {
         return cases;
     }
 
+    // ---------------------------------------------------------------- the main job
+
+    /**
+     * A record as the main job's generator makes it: a unique id (0..records), the lookup
+     * key, and its creation time (System.nanoTime() when the generator made it). A POJO
+     * (public no-argument constructor, public fields), so that Flink serialises it with
+     * its PojoSerializer rather than Kryo; mainJobGraph checks that it does.
+     */
+    public static final class LookupRecord {
+        public long id;
+        public long key;
+        public long createdNs;
+
+        public LookupRecord() {}
+
+        public LookupRecord(long id, long key, long createdNs) {
+            this.id = id;
+            this.key = key;
+            this.createdNs = createdNs;
+        }
+    }
+
+    /** The record enriched with the value the lookup service returned for its key. */
+    public static final class Enriched {
+        public long id;
+        public long key;
+        public long createdNs;
+        public byte[] value;
+
+        public Enriched() {}
+
+        public Enriched(LookupRecord record, byte[] value) {
+            this.id = record.id;
+            this.key = record.key;
+            this.createdNs = record.createdNs;
+            this.value = value;
+        }
+    }
+
+    /** The splitmix64 finalizer: the key of record `id` is splitmix64(id) mod keys. */
+    static long splitmix64(long x) {
+        long z = x + 0x9E3779B97F4A7C15L;
+        z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
+        z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
+        return z ^ (z >>> 31);
+    }
+
+    static final com.sun.management.OperatingSystemMXBean OS =
+            (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
+
+    /** CPU time of every thread of this process (user + system), as Weir's `weir run` counts it. */
+    static long processCpuNs() {
+        return OS.getProcessCpuTime();
+    }
+
+    /** Process CPU time when the first record was generated, and when the last sink reached end of input. */
+    static final AtomicLong CPU_AT_FIRST = new AtomicLong(Long.MAX_VALUE);
+
+    static final AtomicLong CPU_AT_LAST = new AtomicLong(Long.MIN_VALUE);
+
+    /**
+     * The main job's generator: record `index` (DataGeneratorSource hands each reader
+     * its share of 0..records) with key splitmix64(index) mod keys, uniform over the keys,
+     * stamped with System.nanoTime() as it is made. Unthrottled (no RateLimiterStrategy):
+     * the reader makes the next record as soon as the chained async operator takes one,
+     * i.e. as fast as the pipeline accepts.
+     */
+    static final class LookupRecords implements GeneratorFunction<Long, LookupRecord> {
+        private final long keys;
+        private transient boolean started;
+
+        LookupRecords(long keys) {
+            this.keys = keys;
+        }
+
+        @Override
+        public LookupRecord map(Long index) {
+            long now = System.nanoTime();
+            if (!started) {
+                started = true;
+                firstInput();
+                CPU_AT_FIRST.accumulateAndGet(processCpuNs(), Math::min);
+            }
+            long id = index;
+            return new LookupRecord(id, Long.remainderUnsigned(splitmix64(id), keys), now);
+        }
+    }
+
+    /**
+     * The lookup, as a Flink user who cares about throughput writes an async client for a
+     * pipelined binary protocol (Weir's lookup service: request `len u32 = 16 | request
+     * id u64 | key u64`, response `len u32 | request id u64 | status u8 | value`, little
+     * endian, answered in any order and matched by request id):
+     *
+     * - One TCP connection per subtask (opened in open(), TCP_NODELAY), pipelined: every
+     *   lookup the operator has in flight (up to its capacity) is outstanding on it at
+     *   once; nothing waits for an answer before the next request goes out.
+     * - Writes are batched, not one syscall per request: asyncInvoke (always on the task
+     *   thread) only appends its 20-byte frame to a pending buffer under a short lock and
+     *   wakes the I/O thread (Selector.wakeup, one eventfd write) only when that buffer
+     *   was empty, i.e. when the I/O thread has already taken everything before it. The
+     *   I/O thread swaps the pending buffer for its own and writes all of it in one
+     *   write(), so the many requests asyncInvoke makes while the I/O thread is busy go
+     *   out together, as Netty's flush consolidation or Weir's own client batch them.
+     * - One dedicated I/O thread per subtask with a java.nio Selector (non-blocking
+     *   channel, level-triggered epoll on Linux) does all the socket work: it writes the
+     *   pending requests (registering OP_WRITE only when the socket buffer is full) and
+     *   reads responses into a 256 KiB direct ByteBuffer, parses every whole frame in
+     *   it and completes each ResultFuture from this thread (Flink hands completions to
+     *   the task's mailbox, so completing from any thread is the intended use).
+     * - Outstanding requests live in an array of a power of two ≥ 4 × capacity slots
+     *   indexed by request id mod its size, the id kept in the entry as the check; no
+     *   map, no boxing. asyncInvoke takes the next id whose slot is free.
+     * - A malformed response (length outside 9..9 + 1 MiB, unknown status, an id not
+     *   outstanding), the service closing the connection or any I/O error fails every
+     *   outstanding lookup (completeExceptionally) and every later one, which fails the
+     *   job (no restart strategy). A status-1 answer fails its lookup with the service's
+     *   message. close() stops the I/O thread and closes the socket.
+     */
+    static final class LookupFunction extends RichAsyncFunction<LookupRecord, Enriched> {
+        static final int MAX_VALUE = 1 << 20;
+        static final int READ_BUFFER = 256 * 1024;
+        static final int REQUEST = 20;
+
+        private final String host;
+        private final int port;
+        private final int capacity;
+
+        private transient SocketChannel channel;
+        private transient Selector selector;
+        private transient SelectionKey selection;
+        private transient Thread io;
+        private transient volatile boolean running;
+        private transient volatile Throwable failure;
+        /** Outstanding lookups by request id mod their number (a power of two). */
+        private transient AtomicReferenceArray<Outstanding> outstanding;
+        private transient int mask;
+        /** The task thread's next request id. */
+        private transient long nextId;
+        /** Guards `pending`. */
+        private transient Object lock;
+        /** Requests not yet taken by the I/O thread (appended by the task thread). */
+        private transient ByteBuffer pending;
+        /** The I/O thread's: requests being written (position..limit left to write). */
+        private transient ByteBuffer writing;
+        /** The I/O thread's: bytes read and not yet parsed (position = end of data). */
+        private transient ByteBuffer reading;
+
+        record Outstanding(long id, LookupRecord input, ResultFuture<Enriched> result) {}
+
+        LookupFunction(String host, int port, int capacity) {
+            this.host = host;
+            this.port = port;
+            this.capacity = capacity;
+        }
+
+        @Override
+        public void open(OpenContext context) throws IOException {
+            int slots = Integer.highestOneBit(Math.max(4 * capacity, 1024) - 1) << 1;
+            outstanding = new AtomicReferenceArray<>(slots);
+            mask = slots - 1;
+            lock = new Object();
+            pending = ByteBuffer.allocateDirect(REQUEST * (capacity + 64)).order(ByteOrder.LITTLE_ENDIAN);
+            writing = ByteBuffer.allocateDirect(REQUEST * (capacity + 64)).order(ByteOrder.LITTLE_ENDIAN);
+            writing.limit(0);
+            reading = ByteBuffer.allocateDirect(READ_BUFFER).order(ByteOrder.LITTLE_ENDIAN);
+            channel = SocketChannel.open();
+            try {
+                channel.setOption(StandardSocketOptions.TCP_NODELAY, true);
+                channel.socket().connect(new InetSocketAddress(host, port), 5_000);
+                channel.configureBlocking(false);
+                selector = Selector.open();
+                selection = channel.register(selector, SelectionKey.OP_READ);
+            } catch (IOException e) {
+                channel.close();
+                throw new IOException("cannot connect to the lookup service at " + host + ":" + port + ": " + e, e);
+            }
+            running = true;
+            io = new Thread(this::ioLoop, "weir-peer-lookup-io-" + getRuntimeContext().getTaskInfo().getIndexOfThisSubtask());
+            io.setDaemon(true);
+            io.start();
+        }
+
+        @Override
+        public void asyncInvoke(LookupRecord input, ResultFuture<Enriched> result) {
+            Throwable failed = failure;
+            if (failed != null) {
+                result.completeExceptionally(failed);
+                return;
+            }
+            // The next id whose slot is free: at most `capacity` lookups are outstanding
+            // (more only where timed-out ones are still unanswered), so this is the next id
+            // but in rare cases.
+            long id = nextId;
+            int slot = (int) id & mask;
+            for (int probes = 0; outstanding.get(slot) != null; probes++) {
+                if (probes > mask) {
+                    result.completeExceptionally(
+                            new IllegalStateException("more than " + (mask + 1) + " lookups outstanding"));
+                    return;
+                }
+                id++;
+                slot = (int) id & mask;
+            }
+            nextId = id + 1;
+            Outstanding entry = new Outstanding(id, input, result);
+            outstanding.set(slot, entry);
+            boolean wake;
+            synchronized (lock) {
+                ByteBuffer p = pending;
+                if (p.remaining() < REQUEST) {
+                    ByteBuffer bigger = ByteBuffer.allocateDirect(p.capacity() * 2).order(ByteOrder.LITTLE_ENDIAN);
+                    p.flip();
+                    bigger.put(p);
+                    pending = p = bigger;
+                }
+                wake = p.position() == 0;
+                p.putInt(16).putLong(id).putLong(input.key);
+            }
+            if (wake) {
+                selector.wakeup();
+            }
+            // Lost the race with a failure of the connection: fail this lookup too.
+            if (failure != null && outstanding.compareAndSet(slot, entry, null)) {
+                result.completeExceptionally(failure);
+            }
+        }
+
+        private void ioLoop() {
+            try {
+                while (running) {
+                    selector.select();
+                    if (!running) {
+                        break;
+                    }
+                    boolean readable = selection.isValid() && !selector.selectedKeys().isEmpty() && selection.isReadable();
+                    selector.selectedKeys().clear();
+                    flush();
+                    if (readable) {
+                        read();
+                    }
+                }
+            } catch (Throwable t) {
+                if (running) {
+                    fail(t);
+                }
+            }
+        }
+
+        /** Writes what is pending, as few writes as the socket buffer allows. */
+        private void flush() throws IOException {
+            boolean full = false;
+            while (true) {
+                if (!writing.hasRemaining()) {
+                    synchronized (lock) {
+                        if (pending.position() == 0) {
+                            break;
+                        }
+                        ByteBuffer taken = pending;
+                        writing.clear();
+                        pending = writing;
+                        writing = taken;
+                    }
+                    writing.flip();
+                }
+                channel.write(writing);
+                if (writing.hasRemaining()) {
+                    full = true;
+                    break;
+                }
+            }
+            int ops = full ? SelectionKey.OP_READ | SelectionKey.OP_WRITE : SelectionKey.OP_READ;
+            if (selection.interestOps() != ops) {
+                selection.interestOps(ops);
+            }
+        }
+
+        /** Reads what the socket has and completes every whole response in it. */
+        private void read() throws IOException {
+            if (channel.read(reading) < 0) {
+                throw new EOFException("the lookup service at " + host + ":" + port + " closed the connection");
+            }
+            ByteBuffer r = reading;
+            r.flip();
+            int needed = 0;
+            while (r.remaining() >= 4) {
+                int at = r.position();
+                long length = Integer.toUnsignedLong(r.getInt(at));
+                if (length < 9 || length > 9 + MAX_VALUE) {
+                    throw new IOException("malformed response from the lookup service: length " + length);
+                }
+                if (r.remaining() < 4 + length) {
+                    needed = (int) (4 + length);
+                    break;
+                }
+                long id = r.getLong(at + 4);
+                byte status = r.get(at + 12);
+                byte[] value = new byte[(int) length - 9];
+                r.get(at + 13, value);
+                r.position(at + 4 + (int) length);
+                complete(id, status, value);
+            }
+            r.compact();
+            if (needed > r.capacity()) {
+                ByteBuffer bigger = ByteBuffer.allocateDirect(needed).order(ByteOrder.LITTLE_ENDIAN);
+                r.flip();
+                bigger.put(r);
+                reading = bigger;
+            }
+        }
+
+        private void complete(long id, byte status, byte[] value) throws IOException {
+            if (status != 0 && status != 1) {
+                throw new IOException("malformed response from the lookup service: status " + status);
+            }
+            int slot = (int) id & mask;
+            Outstanding entry = outstanding.get(slot);
+            if (entry == null || entry.id() != id) {
+                throw new IOException("the lookup service answered request " + id + ", which is not outstanding");
+            }
+            if (!outstanding.compareAndSet(slot, entry, null)) {
+                return;
+            }
+            if (status == 0) {
+                entry.result().complete(Collections.singleton(new Enriched(entry.input(), value)));
+            } else {
+                entry.result().completeExceptionally(
+                        new IOException("the lookup service failed key " + entry.input().key + ": "
+                                + new String(value, StandardCharsets.UTF_8)));
+            }
+        }
+
+        /** Fails every outstanding lookup and every later one; drops the connection. */
+        private void fail(Throwable cause) {
+            Throwable failed = cause instanceof IOException
+                    ? cause
+                    : new IOException("lookup client failed: " + cause, cause);
+            failure = failed;
+            for (int i = 0; i <= mask; i++) {
+                Outstanding entry = outstanding.getAndSet(i, null);
+                if (entry != null) {
+                    entry.result().completeExceptionally(failed);
+                }
+            }
+            try {
+                channel.close();
+            } catch (IOException ignored) {
+                // Already failing.
+            }
+        }
+
+        @Override
+        public void close() throws Exception {
+            running = false;
+            if (selector != null) {
+                selector.wakeup();
+            }
+            if (io != null) {
+                io.join(5_000);
+            }
+            if (channel != null) {
+                channel.close();
+            }
+            if (selector != null) {
+                selector.close();
+            }
+        }
+    }
+
+    /** The key of an enriched record: its lookup key. */
+    static final class EnrichedKey implements KeySelector<Enriched, Long> {
+        @Override
+        public Long getKey(Enriched record) {
+            return record.key;
+        }
+    }
+
+    /** What one main-job sink subtask saw of the ids: a bitset of 0..records. */
+    static final class IdCheck {
+        final long[] seen;
+        final long records;
+        long arrivals;
+        long outOfRange;
+        long badValues;
+
+        IdCheck(long records) {
+            this.records = records;
+            seen = new long[(int) ((records + 63) / 64)];
+        }
+    }
+
+    /** The main job's sinks' bitsets, published when their writers close. */
+    static final ConcurrentLinkedQueue<IdCheck> CHECKS = new ConcurrentLinkedQueue<>();
+
+    /**
+     * The main job's sink: counts records, marks each id in a bitset (merged over the
+     * subtasks afterwards: unique, duplicated, lost), checks the value's length, and
+     * records each record's latency (arrival − creation, both System.nanoTime()).
+     */
+    static final class CheckingSink implements Sink<Enriched> {
+        private final long records;
+        private final int parallelism;
+        private final int valueSize;
+
+        CheckingSink(long records, int parallelism, int valueSize) {
+            this.records = records;
+            this.parallelism = parallelism;
+            this.valueSize = valueSize;
+        }
+
+        @Override
+        public SinkWriter<Enriched> createWriter(WriterInitContext context) {
+            IdCheck check = new IdCheck(records);
+            ProbeWriter<Enriched> writer = new ProbeWriter<>() {
+                @Override
+                public void write(Enriched record, Context context) {
+                    long now = System.nanoTime();
+                    Probe p = probe;
+                    if (p.count++ == 0) {
+                        p.first = now;
+                    }
+                    p.last = now;
+                    p.sum += record.id;
+                    p.latency(now - record.createdNs);
+                    IdCheck c = check;
+                    c.arrivals++;
+                    long id = record.id;
+                    if (id < 0 || id >= c.records) {
+                        c.outOfRange++;
+                    } else {
+                        c.seen[(int) (id >>> 6)] |= 1L << id;
+                    }
+                    if (record.value == null || record.value.length != valueSize) {
+                        c.badValues++;
+                    }
+                }
+
+                @Override
+                public void flush(boolean endOfInput) {
+                    if (endOfInput) {
+                        CPU_AT_LAST.accumulateAndGet(processCpuNs(), Math::max);
+                    }
+                    super.flush(endOfInput);
+                }
+
+                @Override
+                public void close() {
+                    super.close();
+                    CHECKS.add(check);
+                }
+            };
+            // Room for this subtask's share and then some, so that the latencies are not
+            // copied while the job runs.
+            writer.probe.latency = new long[(int) Math.min(records / parallelism + records / 8 + 1024, Integer.MAX_VALUE - 8)];
+            return writer;
+        }
+    }
+
+    /** The mainjob suite's settings. */
+    record MainJob(
+            long records,
+            int capacity,
+            long keys,
+            String host,
+            int port,
+            String latency,
+            int valueSize,
+            long bufferTimeoutMs,
+            int parallelism,
+            long timeoutMs) {
+        String name() {
+            return "main job (lookup service, " + latency + ")";
+        }
+
+        String addr() {
+            return host + ":" + port;
+        }
+
+        /** Little's limit, parallelism × capacity ÷ latency, where the latency is fixed:<duration>. */
+        Double limit() {
+            java.util.regex.Matcher m =
+                    java.util.regex.Pattern.compile("fixed:([0-9.]+)(ns|us|µs|ms|s)").matcher(latency);
+            if (!m.matches()) {
+                return null;
+            }
+            double seconds = Double.parseDouble(m.group(1)) * switch (m.group(2)) {
+                case "ns" -> 1e-9;
+                case "us", "µs" -> 1e-6;
+                case "ms" -> 1e-3;
+                default -> 1.0;
+            };
+            return seconds > 0 ? parallelism * capacity / seconds : null;
+        }
+
+        String describe() {
+            return "DataGeneratorSource(records {id, key, created_ns}, key = splitmix64(id) mod " + keys
+                    + " (uniform), unthrottled, parallelism " + parallelism + ") → AsyncDataStream.unorderedWait("
+                    + "timeout " + timeoutMs + " ms, capacity " + capacity + "; RichAsyncFunction over one pipelined "
+                    + "TCP connection per subtask to the lookup service at " + addr() + ", writes batched on one "
+                    + "NIO I/O thread per subtask) → keyBy(key) → sink(parallelism " + parallelism + ": counts, "
+                    + "bitset of ids, latency now − created_ns), buffer timeout " + bufferTimeoutMs + " ms";
+        }
+    }
+
+    static void mainJobGraph(StreamExecutionEnvironment env, MainJob job, long n) {
+        env.setParallelism(job.parallelism());
+        env.setBufferTimeout(job.bufferTimeoutMs());
+        TypeInformation<LookupRecord> recordType = TypeInformation.of(LookupRecord.class);
+        TypeInformation<Enriched> enrichedType = TypeInformation.of(Enriched.class);
+        if (!(recordType instanceof PojoTypeInfo) || !(enrichedType instanceof PojoTypeInfo)) {
+            throw new IllegalStateException("the main job's records are not Flink POJOs: " + recordType + ", " + enrichedType);
+        }
+        DataGeneratorSource<LookupRecord> generator =
+                new DataGeneratorSource<>(new LookupRecords(job.keys()), n, recordType);
+        DataStream<LookupRecord> records =
+                env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records");
+        DataStream<Enriched> enriched =
+                AsyncDataStream.unorderedWait(
+                                records,
+                                new LookupFunction(job.host(), job.port(), job.capacity()),
+                                job.timeoutMs(),
+                                TimeUnit.MILLISECONDS,
+                                job.capacity())
+                        .returns(enrichedType)
+                        .name("lookup");
+        enriched.keyBy(new EnrichedKey(), Types.LONG)
+                .sinkTo(new CheckingSink(n, job.parallelism(), job.valueSize()))
+                .name("sink");
+    }
+
     // ---------------------------------------------------------------- the harness
 
     record Turn(
@@ -1355,6 +1885,337 @@ public final class WeirFlinkPeer {
             // Not Linux: unknown.
         }
         return "unknown";
+    }
+
+    // ---------------------------------------------------------------- the main job's harness
+
+    /** One run of the main job. */
+    record MainRun(
+            long records,
+            long unique,
+            long duplicated,
+            long lost,
+            long outOfRange,
+            long badValues,
+            double elapsedNs,
+            double startupNs,
+            double finishNs,
+            long cpuNs,
+            long cpuSteadyNs,
+            long[] latency) {
+        double throughput() {
+            return records / (elapsedNs / 1e9);
+        }
+
+        long quantileNs(double q) {
+            return quantile(latency, q);
+        }
+
+        long maxNs() {
+            return latency[latency.length - 1];
+        }
+
+        double cpuPerRecordNs() {
+            return (double) cpuNs / records;
+        }
+
+        String describe() {
+            return String.format(
+                    Locale.ROOT,
+                    "%9d records %10.0f records/s  p50 %6.3f ms  p99 %7.3f ms  max %8.3f ms  cpu %6.0f ns/record  start-up %4.0f ms  lost %d dup %d",
+                    records,
+                    throughput(),
+                    quantileNs(0.5) / 1e6,
+                    quantileNs(0.99) / 1e6,
+                    maxNs() / 1e6,
+                    cpuPerRecordNs(),
+                    startupNs / 1e6,
+                    lost,
+                    duplicated);
+        }
+    }
+
+    /**
+     * Runs the main job once on `cluster` with `n` records and checks it: every id
+     * 0..n arrived exactly once, with a value of the service's size. The time is from the
+     * first record generated (or the last sink's start, if later) to the last record at
+     * a sink, start-up excluded and reported apart, as the other suites; the process CPU
+     * time is over the whole job (submission to result, start-up included), and apart
+     * over the same window as the time (`cpuSteadyNs`).
+     */
+    static MainRun runMain(MiniCluster cluster, MainJob job, long n) throws Exception {
+        Configuration jobConf = new Configuration();
+        jobConf.set(ExecutionOptions.RUNTIME_MODE, RuntimeExecutionMode.STREAMING);
+        // A failed lookup fails the run rather than being retried by a restart.
+        jobConf.set(RestartStrategyOptions.RESTART_STRATEGY, "disable");
+        StreamExecutionEnvironment env = new StreamExecutionEnvironment(jobConf);
+        env.getConfig().enableObjectReuse();
+        mainJobGraph(env, job, n);
+        JobGraph graph = env.getStreamGraph().getJobGraph();
+        PROBES.clear();
+        CHECKS.clear();
+        FIRST_INPUT.set(Long.MAX_VALUE);
+        SINKS_READY.set(Long.MIN_VALUE);
+        CPU_AT_FIRST.set(Long.MAX_VALUE);
+        CPU_AT_LAST.set(Long.MIN_VALUE);
+        long cpuBefore = processCpuNs();
+        long submitted = System.nanoTime();
+        JobID id = cluster.submitJob(graph).get().getJobID();
+        // A generous bound (2 minutes plus 20 µs a record) so that a stuck job fails the run
+        // instead of hanging it; the lookups' own 1 s timeout fails a job whose service
+        // stops answering long before.
+        long boundS = 120 + n / 50_000;
+        JobResult result;
+        try {
+            result = cluster.requestJobResult(id).get(boundS, TimeUnit.SECONDS);
+        } catch (java.util.concurrent.TimeoutException stuck) {
+            cluster.cancelJob(id).get();
+            throw new IllegalStateException(job.name() + ": the job did not finish within " + boundS + " s");
+        }
+        long done = System.nanoTime();
+        long cpuAfter = processCpuNs();
+        if (!result.isSuccess()) {
+            Throwable cause =
+                    result.getSerializedThrowable()
+                            .map(t -> t.deserializeError(WeirFlinkPeer.class.getClassLoader()))
+                            .orElse(new IllegalStateException("job failed"));
+            throw new IllegalStateException(job.name() + ": job failed", cause);
+        }
+        long count = 0;
+        long first = Long.MAX_VALUE;
+        long last = Long.MIN_VALUE;
+        int latencies = 0;
+        for (Probe p : PROBES) {
+            count += p.count;
+            if (p.count > 0) {
+                first = Math.min(first, p.first);
+                last = Math.max(last, p.last);
+            }
+            latencies += p.latencies;
+        }
+        long[] seen = new long[(int) ((n + 63) / 64)];
+        long arrivals = 0;
+        long outOfRange = 0;
+        long badValues = 0;
+        for (IdCheck c : CHECKS) {
+            for (int i = 0; i < seen.length; i++) {
+                seen[i] |= c.seen[i];
+            }
+            arrivals += c.arrivals;
+            outOfRange += c.outOfRange;
+            badValues += c.badValues;
+        }
+        long unique = 0;
+        for (long word : seen) {
+            unique += Long.bitCount(word);
+        }
+        long duplicated = arrivals - outOfRange - unique;
+        long lost = n - unique;
+        if (count == 0) {
+            throw new IllegalStateException(job.name() + ": no record reached the sinks");
+        }
+        long[] latency = new long[latencies];
+        int at = 0;
+        for (Probe p : PROBES) {
+            System.arraycopy(p.latency, 0, latency, at, p.latencies);
+            at += p.latencies;
+        }
+        Arrays.sort(latency);
+        // As runOnce: from the first record entering the job, or the last sink's start if
+        // that is later, to the last record at a sink.
+        long start = Math.max(FIRST_INPUT.get(), SINKS_READY.get());
+        if (start == Long.MAX_VALUE || start > first) {
+            start = first;
+        }
+        long steady = CPU_AT_LAST.get() != Long.MIN_VALUE && CPU_AT_FIRST.get() != Long.MAX_VALUE
+                ? CPU_AT_LAST.get() - CPU_AT_FIRST.get()
+                : cpuAfter - cpuBefore;
+        MainRun run = new MainRun(
+                n, unique, duplicated, lost, outOfRange, badValues,
+                last - start, start - submitted, done - last,
+                cpuAfter - cpuBefore, steady, latency);
+        if (lost != 0 || duplicated != 0 || outOfRange != 0 || badValues != 0) {
+            throw new IllegalStateException(String.format(
+                    Locale.ROOT,
+                    "%s: records lost or duplicated: %d records, %d arrived, %d unique, %d duplicated, %d lost, %d ids out of range, %d values not %d bytes",
+                    job.name(), n, arrivals, unique, duplicated, lost, outOfRange, badValues, job.valueSize()));
+        }
+        return run;
+    }
+
+    /** Fails at once, with the address, where nothing listens there. */
+    static void checkReachable(MainJob job) {
+        try (SocketChannel probe = SocketChannel.open()) {
+            probe.socket().connect(new InetSocketAddress(job.host(), job.port()), 5_000);
+        } catch (IOException e) {
+            throw new IllegalStateException(
+                    "the lookup service at " + job.addr() + " is not reachable (" + e.getMessage() + "); start it with "
+                            + "target/measure/weir serve-lookup --addr " + job.addr() + " --latency " + job.latency()
+                            + " --value-size " + job.valueSize(),
+                    e);
+        }
+    }
+
+    static String latencyJson(MainRun r) {
+        return "{\"p50\": " + r.quantileNs(0.5)
+                + ", \"p90\": " + r.quantileNs(0.9)
+                + ", \"p99\": " + r.quantileNs(0.99)
+                + ", \"p99.9\": " + r.quantileNs(0.999)
+                + ", \"max\": " + r.maxNs()
+                + ", \"count\": " + r.latency().length + "}";
+    }
+
+    /**
+     * The mainjob suite: per round one warm-up run (a fifth of the records; `warmup` 0:
+     * none) and one measured run, in this JVM on one MiniCluster (1 task manager, 2
+     * slots) started once; the JSON has every measured round and the medians.
+     */
+    static void mainJob(MainJob job, int rounds, int warmup, double scale, String json, String command) throws Exception {
+        long n = ops(job.records() * scale);
+        long warm = ops(n * 0.2);
+        checkReachable(job);
+        long clusterStart = System.nanoTime();
+        Configuration conf = new Configuration();
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
+        MiniClusterConfiguration config =
+                new MiniClusterConfiguration.Builder()
+                        .setConfiguration(conf)
+                        .setNumTaskManagers(1)
+                        .setNumSlotsPerTaskManager(job.parallelism())
+                        .withRandomPorts()
+                        .build();
+        List<MainRun> runs = new ArrayList<>();
+        List<MainRun> warmups = new ArrayList<>();
+        List<Double> roundSeconds = new ArrayList<>();
+        double clusterStartMs;
+        try (MiniCluster cluster = new MiniCluster(config)) {
+            cluster.start();
+            clusterStartMs = (System.nanoTime() - clusterStart) / 1e6;
+            System.err.printf(
+                    Locale.ROOT,
+                    "flink %s: MiniCluster of 1 task manager with %d slots up in %.0f ms; %s%n",
+                    EnvironmentInformation.getVersion(),
+                    job.parallelism(),
+                    clusterStartMs,
+                    job.describe());
+            for (int round = 1; round <= rounds; round++) {
+                long roundStart = System.nanoTime();
+                if (warmup > 0) {
+                    MainRun w = runMain(cluster, job, warm);
+                    warmups.add(w);
+                    System.err.println("warm-up  " + w.describe());
+                }
+                MainRun r = runMain(cluster, job, n);
+                runs.add(r);
+                double seconds = (System.nanoTime() - roundStart) / 1e9;
+                roundSeconds.add(seconds);
+                System.err.printf(Locale.ROOT, "round %-2d %s  (round %.1f s)%n", round, r.describe(), seconds);
+            }
+        }
+
+        Double limit = job.limit();
+        StringBuilder out = new StringBuilder("{\n");
+        out.append("  \"peer\": \"Apache Flink\",\n");
+        out.append("  \"suite\": \"mainjob\",\n");
+        out.append("  \"command\": ").append(str(command)).append(",\n");
+        out.append("  \"flink_version\": ").append(str(EnvironmentInformation.getVersion())).append(",\n");
+        out.append("  \"java_version\": ")
+                .append(str(System.getProperty("java.vm.name") + " " + System.getProperty("java.runtime.version")))
+                .append(",\n");
+        out.append("  \"rounds\": ").append(rounds).append(",\n");
+        out.append("  \"scale\": ").append(num(scale)).append(",\n");
+        out.append("  \"job\": ").append(str(job.describe())).append(",\n");
+        out.append("  \"settings\": {\"records\": ").append(n)
+                .append(", \"warmup_records\": ").append(warmup > 0 ? warm : 0)
+                .append(", \"keys\": ").append(job.keys())
+                .append(", \"capacity\": ").append(job.capacity())
+                .append(", \"parallelism\": ").append(job.parallelism())
+                .append(", \"mode\": \"unordered\"")
+                .append(", \"timeout_ms\": ").append(job.timeoutMs())
+                .append(", \"buffer_timeout_ms\": ").append(job.bufferTimeoutMs())
+                .append(", \"lookup_addr\": ").append(str(job.addr()))
+                .append(", \"lookup_latency\": ").append(str(job.latency()))
+                .append(", \"value_size\": ").append(job.valueSize())
+                .append("},\n");
+        out.append("  \"limit_records_per_s\": ").append(limit == null ? "null" : num(limit)).append(",\n");
+        out.append("  \"cluster_start_ms\": ").append(num(clusterStartMs)).append(",\n");
+        out.append("  \"setup\": ")
+                .append(str("one in-process MiniCluster (1 task manager, " + job.parallelism() + " slots, "
+                        + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments), object reuse on, "
+                        + "no checkpointing, no restart strategy, streaming mode; the lookup service is an external "
+                        + "process (weir serve-lookup), so its CPU is not in cpu_per_record_ns; per round one warm-up "
+                        + "run of " + (warmup > 0 ? warm : 0) + " records, then the measured run; elapsed_s and the "
+                        + "throughput are from the first record generated (or the last sink's start, if later) to "
+                        + "the last record at a sink, start-up (submission to first record) reported apart as "
+                        + "startup_ms; latency is sink arrival − created_ns (System.nanoTime() when the generator made "
+                        + "the record), exact percentiles over every record (the ceil(q·n)-th smallest); "
+                        + "cpu_per_record_ns is the process CPU time (getProcessCpuTime, all threads) from submission "
+                        + "to the job's result ÷ records, cpu_per_record_ns_steady the same over the window of "
+                        + "elapsed_s (first record generated to the last sink's end of input)"))
+                .append(",\n");
+        out.append("  \"machine\": {\"cpu\": ")
+                .append(str(firstLine(Path.of("/proc/cpuinfo"), "model name")))
+                .append(", \"cores\": ")
+                .append(Runtime.getRuntime().availableProcessors())
+                .append(", \"kernel\": ")
+                .append(str(firstLine(Path.of("/proc/sys/kernel/osrelease"), "")))
+                .append("},\n");
+        out.append("  \"results\": [");
+        for (int i = 0; i < runs.size(); i++) {
+            MainRun r = runs.get(i);
+            out.append(i > 0 ? "," : "").append("\n    {\n");
+            out.append("      \"name\": ").append(str(job.name())).append(",\n");
+            out.append("      \"round\": ").append(i + 1).append(",\n");
+            out.append("      \"is_weir\": false,\n");
+            out.append("      \"records\": ").append(r.records()).append(",\n");
+            out.append("      \"unique\": ").append(r.unique()).append(",\n");
+            out.append("      \"duplicated\": ").append(r.duplicated()).append(",\n");
+            out.append("      \"lost\": ").append(r.lost()).append(",\n");
+            out.append("      \"elapsed_s\": ").append(num(r.elapsedNs() / 1e9)).append(",\n");
+            out.append("      \"throughput_records_per_s\": ").append(num(r.throughput())).append(",\n");
+            out.append("      \"fraction_of_limit\": ").append(limit == null ? "null" : num(r.throughput() / limit)).append(",\n");
+            out.append("      \"latency_ns\": ").append(latencyJson(r)).append(",\n");
+            out.append("      \"cpu_per_record_ns\": ").append(num(r.cpuPerRecordNs())).append(",\n");
+            out.append("      \"cpu_per_record_ns_steady\": ").append(num((double) r.cpuSteadyNs() / r.records())).append(",\n");
+            out.append("      \"cpu_s\": ").append(num(r.cpuNs() / 1e9)).append(",\n");
+            out.append("      \"startup_ms\": ").append(num(r.startupNs() / 1e6)).append(",\n");
+            out.append("      \"finish_ms\": ").append(num(r.finishNs() / 1e6)).append(",\n");
+            out.append("      \"round_s\": ").append(num(roundSeconds.get(i))).append(",\n");
+            if (i < warmups.size()) {
+                MainRun w = warmups.get(i);
+                out.append("      \"warmup\": {\"records\": ").append(w.records())
+                        .append(", \"throughput_records_per_s\": ").append(num(w.throughput()))
+                        .append(", \"latency_ns\": ").append(latencyJson(w))
+                        .append(", \"cpu_per_record_ns\": ").append(num(w.cpuPerRecordNs()))
+                        .append("},\n");
+            }
+            out.append("      \"capacity\": ").append(job.capacity()).append(",\n");
+            out.append("      \"parallelism\": ").append(job.parallelism()).append("\n");
+            out.append("    }");
+        }
+        out.append("\n  ],\n");
+        out.append("  \"median\": {\"name\": ").append(str(job.name()))
+                .append(", \"rounds\": ").append(runs.size())
+                .append(", \"throughput_records_per_s\": ")
+                .append(num(median(runs.stream().map(MainRun::throughput).toList())))
+                .append(", \"latency_ns\": {\"p50\": ")
+                .append(num(median(runs.stream().map(r -> (double) r.quantileNs(0.5)).toList())))
+                .append(", \"p99\": ")
+                .append(num(median(runs.stream().map(r -> (double) r.quantileNs(0.99)).toList())))
+                .append("}, \"cpu_per_record_ns\": ")
+                .append(num(median(runs.stream().map(MainRun::cpuPerRecordNs).toList())))
+                .append("}\n}\n");
+        if (json != null) {
+            Path path = Path.of(json);
+            if (path.getParent() != null) {
+                Files.createDirectories(path.getParent());
+            }
+            Files.writeString(path, out.toString(), StandardCharsets.UTF_8);
+        } else {
+            System.out.print(out);
+        }
     }
 
     public static void main(String[] args) throws Exception {

@@ -47,7 +47,7 @@ use weir_net::redis::streams::{
     StreamSourceConfig,
 };
 use weir_net::redis::{
-    Args, Batching, Lookup as RedisGet, RedisBatchFunction, RedisClient, RedisConfig, RedisError,
+    Args, Lookup as RedisGet, RedisBatchFunction, RedisClient, RedisConfig, RedisError,
     RedisFunction, RedisIo, RedisRequest, RedisUrl, Reply, SharedStats,
 };
 use weir_net::transport::{JobId, TransportConfig};
@@ -397,8 +397,9 @@ impl RedisRequest for Lookup {
 pub struct RedisStore {
     /// The server.
     pub url: RedisUrl,
-    /// `MGET` batching of each turn's lookups, or plain pipelining.
-    pub batching: Batching,
+    /// Keys per `MGET` when the batched async operator cuts each turn's lookups into
+    /// `MGET`s (`--mget N`); `None`: each `GET` on its own (plain pipelining).
+    pub mget: Option<usize>,
     /// The clients' counters, summed over the workers.
     pub stats: Arc<SharedStats>,
 }
@@ -411,7 +412,6 @@ impl RedisStore {
         let mut config = RedisConfig::new(self.url.clone());
         config.connections = settings.connections;
         config.capacity = settings.capacity * 4 + 64;
-        config.batching = self.batching;
         config.request_timeout = settings.attempt_timeout().max(Duration::from_millis(1));
         config.connect_timeout = config.connect_timeout.min(config.request_timeout);
         config
@@ -1565,7 +1565,12 @@ pub fn run_redis_to_end_cached(
     // client cannot fail.
     let addr = config.check().map_err(RunError::Store)?;
     let stats = Arc::clone(&store.stats);
-    execute_restarting(settings, cache, progress, Store::Redis(config, addr, stats))
+    execute_restarting(
+        settings,
+        cache,
+        progress,
+        Store::Redis(config, addr, stats, store.mget),
+    )
 }
 
 /// Runs the job, and when it fails (a task's error or panic, failed checkpoints)
@@ -1628,8 +1633,9 @@ fn execute_restarting(
 enum Store {
     /// The lookup service.
     Service(ClientConfig),
-    /// Redis at the resolved address, its clients adding to the shared counters.
-    Redis(RedisConfig, SocketAddr, Arc<SharedStats>),
+    /// Redis at the resolved address, its clients adding to the shared counters, and
+    /// the keys per `MGET` when the lookups are batched.
+    Redis(RedisConfig, SocketAddr, Arc<SharedStats>, Option<usize>),
 }
 
 /// Builds the job's graph with its lookups going to `store`, and runs it to its end.
@@ -1780,14 +1786,9 @@ fn execute(
         }
     };
     let enriched = match store {
-        Store::Redis(mut config, addr, stats) => {
+        Store::Redis(config, addr, stats, mget) => {
             // `--mget N`: the operator cuts each turn's lookups into batches of up to N,
-            // and each batch goes as one MGET; the client itself batches nothing.
-            let mget = match config.batching {
-                Batching::Mget { max_keys } => Some(max_keys),
-                Batching::Off => None,
-            };
-            config.batching = Batching::Off;
+            // and each batch goes as one MGET.
             let client = move || {
                 let client = RedisClient::<Lookup>::with_addr(config.clone(), addr)
                     .expect("client settings checked up front")

@@ -19,7 +19,7 @@ use weir_net::redis::streams::{
     ConsumerGroup, Guarantee, StartFrom, StreamSinkConfig, StreamSourceConfig, StreamUrl,
     StreamUrlError,
 };
-use weir_net::redis::{Batching, RedisUrl};
+use weir_net::redis::RedisUrl;
 use weir_net::DriverKind;
 
 #[derive(Parser)]
@@ -976,10 +976,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     };
     let redis = args.store.as_ref().map(|url| job::RedisStore {
         url: (**url).clone(),
-        batching: match args.mget {
-            0 => Batching::Off,
-            max_keys => Batching::Mget { max_keys },
-        },
+        mget: (args.mget > 0).then_some(args.mget),
         stats: Arc::default(),
     });
     let progress = Arc::new(JobProgress::default());
@@ -1137,10 +1134,9 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         Some(store) => format!(
             "lookups in Redis at {} ({}), keys {}<key>",
             store.url,
-            match store.batching {
-                Batching::Off => "GETs, plain pipelining".to_string(),
-                Batching::Mget { max_keys } =>
-                    format!("GETs batched into MGETs of up to {max_keys}"),
+            match store.mget {
+                None => "GETs, plain pipelining".to_string(),
+                Some(max_keys) => format!("GETs batched into MGETs of up to {max_keys}"),
             },
             job::REDIS_KEY_PREFIX
         ),
@@ -1310,10 +1306,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 let stats = store.stats.snapshot();
                 serde_json::json!({
                     "url": store.url.to_string(),
-                    "mget_max_keys": match store.batching {
-                        Batching::Off => None,
-                        Batching::Mget { max_keys } => Some(max_keys),
-                    },
+                    "mget_max_keys": store.mget,
                     "hits": stats.hits,
                     "misses": stats.misses,
                     "error_replies": stats.errors,

@@ -34,13 +34,15 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use weir_engine::async_io::{AsyncConfig, AsyncWaitOperator, OutputMode};
+use weir_engine::async_io::{
+    AsyncConfig, AsyncFunction, AsyncWaitOperator, BatchConfig, Batched, OutputMode,
+};
 use weir_engine::element::{Collector, StreamElement};
 use weir_engine::limits::LATENCY_SAMPLE_EVERY;
 use weir_engine::park::Parker;
 use weir_net::redis::{
-    load_keys_with, Args, Batching, Lookup, RedisClient, RedisConfig, RedisFunction, RedisRequest,
-    RedisServer, RedisUrl, Reply, ServerOptions,
+    load_keys_with, Args, Lookup, RedisBatchFunction, RedisClient, RedisConfig, RedisFunction,
+    RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions,
 };
 use weir_net::DriverKind;
 
@@ -57,7 +59,7 @@ pub fn key(out: &mut Vec<u8>, n: u64) {
     use std::io::Write as _;
     let _ = write!(out, "key:{n:012}");
 }
-/// Keys per `MGET` when batching.
+/// Keys per `MGET` when batching (the batched operator's `max_batch_size`).
 pub const MGET_MAX_KEYS: usize = 512;
 /// How long Weir's worker polls before it parks in these workloads: longer than a
 /// loopback round trip, so a worker waiting for one reply takes it without the
@@ -107,8 +109,10 @@ impl Collector<(u64, usize)> for Count {
 }
 
 /// `n` GETs through Weir's unordered operator (capacity `c`) over its Redis client on
-/// this thread with `driver`, batched into `MGET`s or not, polling for `spin` before
-/// blocking in the driver (the runtime worker's loop, on this thread).
+/// this thread with `driver`, polling for `spin` before blocking in the driver (the
+/// runtime worker's loop, on this thread). With `mget`, the batched async operator
+/// (`Batched`, batch timeout 0) cuts each turn's lookups into batches of up to
+/// [`MGET_MAX_KEYS`], each sent as one `MGET`, as `weir run --mget` does.
 pub fn weir(
     driver: DriverKind,
     url: &RedisUrl,
@@ -124,23 +128,37 @@ pub fn weir(
     config.capacity = c * 2 + 16;
 
     config.request_timeout = Duration::from_secs(30);
-    config.batching = if mget {
-        Batching::Mget {
-            max_keys: MGET_MAX_KEYS,
-        }
-    } else {
-        Batching::Off
-    };
     let client = Rc::new(RefCell::new(
         RedisClient::<Get>::new(config).expect("client"),
     ));
     let parker = Parker::current();
-    let mut operator = AsyncWaitOperator::new(
-        RedisFunction::new(Rc::clone(&client)),
-        AsyncConfig::new(OutputMode::Unordered, c),
-        parker.unparker(),
-    )
-    .expect("operator");
+    let async_config = AsyncConfig::new(OutputMode::Unordered, c);
+    if mget {
+        let function = Batched::new(
+            RedisBatchFunction::new(Rc::clone(&client)),
+            BatchConfig::new(MGET_MAX_KEYS, Duration::ZERO),
+        );
+        let operator =
+            AsyncWaitOperator::new(function, async_config, parker.unparker()).expect("operator");
+        drive(operator, &client, driver.as_mut(), spin, n)
+    } else {
+        let function = RedisFunction::new(Rc::clone(&client));
+        let operator =
+            AsyncWaitOperator::new(function, async_config, parker.unparker()).expect("operator");
+        drive(operator, &client, driver.as_mut(), spin, n)
+    }
+}
+
+/// The worker's loop for [`weir`]: takes records while there is room, fires what is
+/// due (the batched operator's cut at the end of the turn), flushes the client and
+/// turns the driver.
+fn drive<F: AsyncFunction<In = Get, Out = (u64, usize)>>(
+    mut operator: AsyncWaitOperator<F>,
+    client: &Rc<RefCell<RedisClient<Get>>>,
+    driver: &mut dyn weir_engine::runtime::Driver,
+    spin: Duration,
+    n: u64,
+) -> Measurement {
     let epoch = Instant::now();
     let spin_ns = spin.as_nanos() as u64;
     let mut progress_ns = 0;
@@ -155,10 +173,15 @@ pub fn weir(
                 .expect("no failure");
             next += 1;
         }
+        while operator
+            .fire_due_timer(now, &mut out)
+            .expect("no failure")
+            .is_some()
+        {}
         if next > submitted {
             progress_ns = now;
         }
-        client.borrow_mut().flush(driver.as_mut(), now);
+        client.borrow_mut().flush(driver, now);
         let wait = if operator.has_completions() || now.saturating_sub(progress_ns) < spin_ns {
             Duration::ZERO
         } else {

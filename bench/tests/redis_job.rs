@@ -15,7 +15,7 @@ use weir_bench::job::{self, Enriched, JobSettings, RedisStore};
 use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_engine::async_io::OutputMode;
 use weir_engine::runtime::Cores;
-use weir_net::redis::{load_keys, value_of, Batching, RedisServer, RedisUrl, ServerOptions};
+use weir_net::redis::{load_keys, value_of, RedisServer, RedisUrl, ServerOptions};
 use weir_net::DriverKind;
 
 fn server(test: &str) -> Option<RedisServer> {
@@ -61,10 +61,10 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
     }
 }
 
-fn store(url: RedisUrl, batching: Batching) -> RedisStore {
+fn store(url: RedisUrl, mget: Option<usize>) -> RedisStore {
     RedisStore {
         url,
-        batching,
+        mget,
         stats: Arc::default(),
     }
 }
@@ -104,7 +104,7 @@ fn every_record_is_enriched_from_redis_exactly_once() {
     load_keys(&server.url(), 1000, 64, job::REDIS_KEY_PREFIX, |_| {}).expect("load");
     for driver in drivers() {
         for workers in [1, 2] {
-            for batching in [Batching::Off, Batching::Mget { max_keys: 128 }] {
+            for batching in [None, Some(128)] {
                 let settings = settings(workers, driver, 1500);
                 let store = store(server.url(), batching);
                 let (report, _) =
@@ -117,7 +117,7 @@ fn every_record_is_enriched_from_redis_exactly_once() {
                 assert_eq!((stats.hits, stats.misses), (hits, misses));
                 assert!(misses > 0 && hits > 0);
                 assert_eq!(stats.failed, 0);
-                if batching != Batching::Off {
+                if batching.is_some() {
                     // The operator's batches went as MGETs: fewer commands than lookups.
                     assert!(stats.batches > 0, "{stats:?}");
                     assert!(stats.commands < stats.calls, "{stats:?}");
@@ -139,7 +139,7 @@ fn a_value_bigger_than_a_segment_crosses_the_exchange_whole() {
     for driver in drivers() {
         let mut settings = settings(2, driver, 8);
         settings.records = 500;
-        let store = store(server.url(), Batching::Mget { max_keys: 16 });
+        let store = store(server.url(), Some(16));
         let (report, _) =
             job::run_redis(&settings, &store, Arc::new(JobProgress::default())).expect("job runs");
         assert_eq!((report.missing, report.duplicates), (0, 0));
@@ -183,7 +183,7 @@ fn a_server_restart_mid_run_loses_and_duplicates_nothing() {
         settings.retries = 200;
         settings.retry_delay = Duration::from_millis(10);
         settings.timeout = Duration::from_secs(20);
-        let store = store(url.clone(), Batching::Off);
+        let store = store(url.clone(), None);
         let (report, _) =
             job::run_redis(&settings, &store, Arc::new(JobProgress::default())).expect("job runs");
         on_kill

@@ -16,14 +16,16 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use weir_engine::async_io::{
-    AsyncConfig, AsyncError, AsyncWaitOperator, OperatorError, OutputMode, RetryStrategy,
+    AsyncConfig, AsyncError, AsyncFunction, AsyncWaitOperator, BatchConfig, Batched, OperatorError,
+    OutputMode, RetryStrategy,
 };
 use weir_engine::element::StreamElement;
 use weir_engine::park::Parker;
 use weir_engine::runtime::Driver;
 use weir_net::redis::{
-    value_of, Args, Batching, BlockingConnection, Lookup, RedisClient, RedisConfig, RedisError,
-    RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions, REPLY_DEPTH_MAX,
+    value_of, Args, BlockingConnection, Lookup, RedisBatchFunction, RedisClient, RedisConfig,
+    RedisError, RedisFunction, RedisRequest, RedisServer, RedisUrl, Reply, ServerOptions,
+    REPLY_DEPTH_MAX,
 };
 use weir_net::DriverKind;
 
@@ -94,9 +96,18 @@ impl RedisRequest for Req {
 
 type Client = Rc<RefCell<RedisClient<Req>>>;
 
-fn client(url: &RedisUrl, batching: Batching) -> Client {
+/// How the operator hands its lookups to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batching {
+    /// One call per record: each `GET` its own command.
+    Off,
+    /// The batched operator (batch timeout 0) cuts each turn's records into batches of
+    /// up to this many, each batch's `GET`s one `MGET`.
+    Mget(usize),
+}
+
+fn client(url: &RedisUrl) -> Client {
     let mut config = RedisConfig::new(url.clone());
-    config.batching = batching;
     config.request_timeout = Duration::from_secs(2);
     Rc::new(RefCell::new(RedisClient::new(config).expect("client")))
 }
@@ -112,8 +123,37 @@ fn run(
     config: AsyncConfig<Out>,
     hook: impl FnMut(usize),
 ) -> Result<Vec<Out>, OperatorError> {
+    run_batched(driver, client, Batching::Off, requests, config, hook)
+}
+
+/// [`run`] with the lookups handed to the client as `batching` says.
+fn run_batched(
+    driver: DriverKind,
+    client: &Client,
+    batching: Batching,
+    requests: Vec<Req>,
+    config: AsyncConfig<Out>,
+    hook: impl FnMut(usize),
+) -> Result<Vec<Out>, OperatorError> {
     let mut driver = weir_net::build_driver(driver).expect("driver");
-    run_on(driver.as_mut(), client, requests, config, hook)
+    let parker = Parker::current();
+    match batching {
+        Batching::Off => {
+            let function = RedisFunction::new(Rc::clone(client));
+            let operator =
+                AsyncWaitOperator::new(function, config, parker.unparker()).expect("operator");
+            drive(operator, driver.as_mut(), client, requests, hook)
+        }
+        Batching::Mget(max_keys) => {
+            let function = Batched::new(
+                RedisBatchFunction::new(Rc::clone(client)),
+                BatchConfig::new(max_keys, Duration::ZERO),
+            );
+            let operator =
+                AsyncWaitOperator::new(function, config, parker.unparker()).expect("operator");
+            drive(operator, driver.as_mut(), client, requests, hook)
+        }
+    }
 }
 
 /// [`run`] on `driver`, which lives on after it.
@@ -122,15 +162,28 @@ fn run_on(
     client: &Client,
     requests: Vec<Req>,
     config: AsyncConfig<Out>,
-    mut hook: impl FnMut(usize),
+    hook: impl FnMut(usize),
 ) -> Result<Vec<Out>, OperatorError> {
     let parker = Parker::current();
-    let mut operator = AsyncWaitOperator::new(
+    let operator = AsyncWaitOperator::new(
         RedisFunction::new(Rc::clone(client)),
         config,
         parker.unparker(),
     )
     .expect("operator");
+    drive(operator, driver, client, requests, hook)
+}
+
+/// The worker's loop: takes records while there is room, fires what is due (the
+/// batched operator's cut at the end of the turn), flushes the client, turns the
+/// driver, until every request came out or the operator failed.
+fn drive<F: AsyncFunction<In = Req, Out = Out>>(
+    mut operator: AsyncWaitOperator<F>,
+    driver: &mut dyn Driver,
+    client: &Client,
+    requests: Vec<Req>,
+    mut hook: impl FnMut(usize),
+) -> Result<Vec<Out>, OperatorError> {
     let epoch = Instant::now();
     let total = requests.len();
     let mut requests = requests.into_iter();
@@ -229,15 +282,16 @@ fn gets_hit_and_miss_on_both_drivers_pipelined_and_batched() {
     let loaded = 3_000;
     weir_net::redis::load_keys(&url, loaded, 100, &prefix, |_| {}).expect("load");
     for driver in drivers() {
-        for batching in [Batching::Off, Batching::Mget { max_keys: 64 }] {
+        for batching in [Batching::Off, Batching::Mget(64)] {
             for protocol in ["resp2", "resp3"] {
                 let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
-                let client = client(&url, batching);
+                let client = client(&url);
                 let requests: Vec<Req> = (0..2 * loaded)
                     .map(|n| Req::Get(prefix.clone(), n))
                     .collect();
                 let outputs =
-                    run(driver, &client, requests, unordered(256), |_| {}).expect("no failure");
+                    run_batched(driver, &client, batching, requests, unordered(256), |_| {})
+                        .expect("no failure");
                 check_gets(&outputs, 2 * loaded, loaded, 100);
                 let stats = client.borrow().stats();
                 assert_eq!((stats.hits, stats.misses), (loaded, loaded));
@@ -270,7 +324,7 @@ fn hash_lookups_and_error_replies() {
         .command(&[b"SET", string_key.as_bytes(), b"x"])
         .expect("SET");
     for driver in drivers() {
-        let client = client(&url, Batching::Mget { max_keys: 16 });
+        let client = client(&url);
         let fields = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let requests = vec![
             Req::HGet(key.clone(), "name".into()),
@@ -280,7 +334,15 @@ fn hash_lookups_and_error_replies() {
             Req::HMGet("no-such-hash".into(), fields(&["a", "b"])),
         ];
         let config = AsyncConfig::new(OutputMode::Ordered, 8);
-        let outputs = run(driver, &client, requests, config, |_| {}).expect("no failure");
+        let outputs = run_batched(
+            driver,
+            &client,
+            Batching::Mget(16),
+            requests,
+            config,
+            |_| {},
+        )
+        .expect("no failure");
         let values: Vec<Vec<Option<Vec<u8>>>> = outputs.into_iter().map(|(_, v)| v).collect();
         let some = |s: &str| Some(s.as_bytes().to_vec());
         assert_eq!(
@@ -295,7 +357,7 @@ fn hash_lookups_and_error_replies() {
         );
         // An error reply fails the call with the server's message. (A client stays on
         // the driver it started on: a fresh one for the fresh driver.)
-        let client = self::client(&url, Batching::Off);
+        let client = self::client(&url);
         let requests = vec![Req::HGet(string_key.clone(), "f".into())];
         let error = run(driver, &client, requests, unordered(4), |_| {}).expect_err("WRONGTYPE");
         let error = redis_error(error);
@@ -315,10 +377,11 @@ fn a_reply_bigger_than_a_receive_buffer_arrives_whole() {
     let size = (1 << 20) + 3;
     weir_net::redis::load_keys(&url, 3, size, &prefix, |_| {}).expect("load");
     for driver in drivers() {
-        for batching in [Batching::Off, Batching::Mget { max_keys: 8 }] {
-            let client = client(&url, batching);
+        for batching in [Batching::Off, Batching::Mget(8)] {
+            let client = client(&url);
             let requests: Vec<Req> = (0..6).map(|n| Req::Get(prefix.clone(), n)).collect();
-            let outputs = run(driver, &client, requests, unordered(6), |_| {}).expect("no failure");
+            let outputs = run_batched(driver, &client, batching, requests, unordered(6), |_| {})
+                .expect("no failure");
             check_gets(&outputs, 6, 3, size);
         }
     }
@@ -357,14 +420,8 @@ fn credentials_and_databases_are_checked_at_set_up() {
                     format!("redis://{credentials}@127.0.0.1:{port}/3?protocol={protocol}")
                         .parse()
                         .unwrap();
-                let outputs = run(
-                    driver,
-                    &client(&url, Batching::Off),
-                    get(),
-                    unordered(1),
-                    |_| {},
-                )
-                .expect("authenticated");
+                let outputs =
+                    run(driver, &client(&url), get(), unordered(1), |_| {}).expect("authenticated");
                 assert_eq!(outputs[0].1, vec![Some(b"in-db-3".to_vec())]);
             }
             // Wrong or missing credentials, a database the server lacks.
@@ -384,7 +441,7 @@ fn credentials_and_databases_are_checked_at_set_up() {
                 ),
             ] {
                 let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
-                let client = client(&url, Batching::Off);
+                let client = client(&url);
                 let error =
                     run(driver, &client, get(), unordered(1), |_| {}).expect_err(&url.to_string());
                 let error = redis_error(error);
@@ -416,8 +473,8 @@ fn a_server_restart_mid_run_loses_and_duplicates_nothing() {
     admin(&url).command(&[b"SAVE"]).expect("SAVE");
     let total = 60_000u64;
     for driver in drivers() {
-        for batching in [Batching::Off, Batching::Mget { max_keys: 64 }] {
-            let client = client(&url, batching);
+        for batching in [Batching::Off, Batching::Mget(64)] {
+            let client = client(&url);
             let requests: Vec<Req> = (0..total)
                 .map(|n| Req::Get(prefix.clone(), n % loaded))
                 .collect();
@@ -435,19 +492,27 @@ fn a_server_restart_mid_run_loses_and_duplicates_nothing() {
                 );
             let mut phase = 0;
             let mut killed_at = Instant::now();
-            let outputs = run(driver, &client, requests, config, |emitted| match phase {
-                0 if emitted as u64 >= total / 3 => {
-                    server.kill();
-                    killed_at = Instant::now();
-                    phase = 1;
-                }
-                1 if killed_at.elapsed() > Duration::from_millis(150) => {
-                    server.restart().expect("restart");
-                    phase = 2;
-                }
-                _ => {}
-            })
-            .expect("no failure");
+            let outputs =
+                run_batched(
+                    driver,
+                    &client,
+                    batching,
+                    requests,
+                    config,
+                    |emitted| match phase {
+                        0 if emitted as u64 >= total / 3 => {
+                            server.kill();
+                            killed_at = Instant::now();
+                            phase = 1;
+                        }
+                        1 if killed_at.elapsed() > Duration::from_millis(150) => {
+                            server.restart().expect("restart");
+                            phase = 2;
+                        }
+                        _ => {}
+                    },
+                )
+                .expect("no failure");
             assert_eq!(phase, 2, "the server was restarted mid-run");
             let mut seen = vec![0u32; total as usize];
             let mut expected = Vec::new();
@@ -482,7 +547,7 @@ fn a_refused_connection_is_a_typed_error() {
     for driver in drivers() {
         for protocol in ["resp2", "auto"] {
             let url: RedisUrl = format!("{url}?protocol={protocol}").parse().unwrap();
-            let client = client(&url, Batching::Off);
+            let client = client(&url);
             let requests = vec![Req::Get("k".into(), 0)];
             let error = redis_error(
                 run(driver, &client, requests, unordered(1), |_| {}).expect_err("refused"),
@@ -518,7 +583,7 @@ fn a_misbehaving_peer_fails_the_calls_with_typed_errors() {
             let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol=resp2")
                 .parse()
                 .unwrap();
-            let client = client(&url, Batching::Off);
+            let client = client(&url);
             let requests = vec![Req::Get("k".into(), 0)];
             let error = redis_error(
                 run(driver, &client, requests, unordered(1), |_| {}).expect_err("fails"),
@@ -732,7 +797,7 @@ fn a_deeply_nested_reply_fails_the_connection_not_the_stack() {
                 b"HELLO" => HELLO_REPLY.to_vec(),
                 _ => nested_reply(100_000),
             });
-            let client = client(&fake.url(protocol), Batching::Off);
+            let client = client(&fake.url(protocol));
             let requests = (0..3).map(|n| Req::Get("k".into(), n)).collect();
             let error = redis_error(
                 run(driver, &client, requests, unordered(3), |_| {}).expect_err("too deep"),
@@ -870,7 +935,7 @@ fn a_dropped_client_ends_its_connection() {
             let url: RedisUrl = format!("redis://127.0.0.1:{port}?protocol={protocol}")
                 .parse()
                 .expect("url");
-            let client = client(&url, Batching::Off);
+            let client = client(&url);
             let mut driver = weir_net::build_driver(kind).expect("driver");
             let requests = (0..3).map(|n| Req::Get("k".into(), n)).collect();
             let outputs = run_on(driver.as_mut(), &client, requests, unordered(3), |_| {})

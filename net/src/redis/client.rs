@@ -7,9 +7,11 @@
 //! which are parsed in bulk and matched to the calls in order (Redis answers each
 //! connection's commands in the order sent), completing them on the same thread.
 //!
-//! With [`Batching::Mget`], the `GET`s of one turn are coalesced into `MGET`s of up to
-//! `max_keys` keys: one command for the server to parse and dispatch instead of many.
-//! A call of another kind closes the open batch first, so replies keep their order.
+//! Batches are the batched async operator's: [`RedisBatchFunction`] hands each batch
+//! the operator cuts to [`RedisClient::submit_batch`], whose `GET`s go as one `MGET`
+//! (one command for the server to parse and dispatch instead of many); a lookup of
+//! another kind in the batch goes as its own command between them, so replies keep the
+//! order of the calls. There is no batching of the client's own.
 //!
 //! Connection set-up: a non-blocking connect registered with the driver at once (a
 //! `crate::connect::Link`, as the lookup client's connections are), then `HELLO 3`
@@ -180,30 +182,6 @@ pub trait RedisRequest: 'static {
     fn complete(self, reply: Reply<'_>) -> Self::Out;
 }
 
-/// Whether the `GET`s of a turn are coalesced.
-///
-/// Which wins where (`weir compare redis`: one worker, one connection, `GET`s of
-/// 100-byte values from 100,000 keys, server on the other core of a 2-core VM, medians
-/// of 3 rounds): with 1 lookup in flight the two are the same (a batch of one key goes
-/// as a `GET`; 23 µs a lookup on epoll either way); with 16 in flight `MGET` is
-/// 1.0–1.1× plain pipelining; with 256, 1.4–1.5× (1.8–2.2 M against 1.25–1.5 M
-/// lookups/s); with 1024, 1.5–1.6× (4.5–5.1 M against 3.0–3.2 M/s). The server's work
-/// per key is what `MGET` saves: one command to parse and dispatch instead of many.
-///
-/// Keep it off against a Redis Cluster (an `MGET`'s keys must share a hash slot) and
-/// where a key may hold something else than a string: `GET` of a hash fails with
-/// `WRONGTYPE`, while `MGET` answers nil for it, a miss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Batching {
-    /// Each `GET` is its own command (plain pipelining).
-    Off,
-    /// The `GET`s of one turn go as `MGET`s of up to `max_keys` keys.
-    Mget {
-        /// Keys per `MGET` at most.
-        max_keys: usize,
-    },
-}
-
 /// How long to wait before making a failed connection again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -223,8 +201,6 @@ pub struct RedisConfig {
     /// Calls outstanding at most (beyond: the call fails with
     /// [`RedisError::Overloaded`]).
     pub capacity: usize,
-    /// `MGET` batching of `GET`s.
-    pub batching: Batching,
     /// Connect plus `HELLO`/`AUTH`/`SELECT` within this, or the attempt fails. (A
     /// connection with no set-up command, RESP2 without credentials on database 0, is
     /// used at once: the request timeout covers its connect.)
@@ -266,7 +242,6 @@ impl RedisConfig {
             url,
             connections: 1,
             capacity: 4096,
-            batching: Batching::Off,
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
@@ -289,8 +264,6 @@ impl RedisConfig {
             Some("connections must be at least 1")
         } else if self.capacity == 0 {
             Some("capacity must be at least 1")
-        } else if self.batching == (Batching::Mget { max_keys: 0 }) {
-            Some("MGET batching needs max_keys of at least 1; use Batching::Off for none")
         } else if self.connect_timeout.is_zero()
             || self.request_timeout.is_zero()
             || self.response_timeout.is_zero()
@@ -591,24 +564,14 @@ impl<R: RedisRequest> RedisClient<R> {
         let Some((call, lookup)) = self.admit(request, result) else {
             return;
         };
-        if let (Lookup::Get, Batching::Mget { max_keys }) = (lookup, self.config.batching) {
-            resp::push_bulk(&mut self.batch.keys, self.args.get(0));
-            self.batch.calls.push(call);
-            if self.batch.calls.len() >= max_keys {
-                self.seal_batch();
-            }
-            return;
-        }
         self.send_one(call, lookup);
     }
 
     /// Starts the lookups of one batch the caller cut (e.g. [`RedisBatchFunction`]):
-    /// their `GET`s go as one `MGET` (a `GET` if there is one), whatever
-    /// [`RedisConfig::batching`] says; other lookups go as their own commands. Each
-    /// outcome completes its request's handle.
+    /// their `GET`s go as one `MGET` (a `GET` if there is one); other lookups go as
+    /// their own commands, in order between them. Each outcome completes its request's
+    /// handle.
     pub fn submit_batch(&mut self, calls: impl IntoIterator<Item = (R, ResultFuture<R::Out>)>) {
-        // What is open goes first: commands keep the order of the calls.
-        self.seal_batch();
         for (request, result) in calls {
             let Some((call, lookup)) = self.admit(request, result) else {
                 continue;
@@ -660,7 +623,8 @@ impl<R: RedisRequest> RedisClient<R> {
         Some((Call { request, result }, lookup))
     }
 
-    /// Sends one call's command (its arguments in `self.args`), after the open batch.
+    /// Sends one call's command (its arguments in `self.args`), after the open batch
+    /// (within [`submit_batch`](Self::submit_batch)).
     fn send_one(&mut self, call: Call<R>, lookup: Lookup) {
         // Commands keep the order of the calls: an open batch goes first.
         self.seal_batch();
@@ -739,7 +703,6 @@ impl<R: RedisRequest> RedisClient<R> {
     /// connections, the outboxes; fails connections past their timeouts.
     pub fn flush(&mut self, driver: &mut dyn Driver, now_ns: u64) {
         self.now_ns = now_ns;
-        self.seal_batch();
         for id in self.to_close.drain(..) {
             driver.close(id);
         }
@@ -1250,8 +1213,18 @@ impl<R: RedisRequest + Clone> AsyncFunction for RedisFunction<R> {
 /// The [`AsyncBatchFunction`](weir_engine::async_io::AsyncBatchFunction) side of a
 /// [`RedisClient`]: each batch the operator cuts goes as one `MGET` of its `GET`s
 /// ([`RedisClient::submit_batch`]). With a batch timeout of 0 a batch is the records a
-/// task took in one turn: the client's per-turn coalescing
-/// ([`Batching::Mget`]), cut by the operator instead.
+/// task took in one turn, up to `max_batch_size`.
+///
+/// Which wins where (`weir compare redis`: one worker, one connection, `GET`s of
+/// 100-byte values from 100,000 keys, server on the other core of a 2-core VM): with 1
+/// lookup in flight the two are the same (a batch of one key goes as a `GET`); with 16
+/// in flight `MGET` is 1.0–1.1× plain pipelining; with 256, 1.4–1.5×; with 1024,
+/// 1.5–1.6×. The server's work per key is what `MGET` saves: one command to parse and
+/// dispatch instead of many.
+///
+/// Keep it off against a Redis Cluster (an `MGET`'s keys must share a hash slot) and
+/// where a key may hold something else than a string: `GET` of a hash fails with
+/// `WRONGTYPE`, while `MGET` answers nil for it, a miss.
 pub struct RedisBatchFunction<R: RedisRequest> {
     client: std::rc::Rc<std::cell::RefCell<RedisClient<R>>>,
 }
@@ -1343,18 +1316,15 @@ mod tests {
 
     type Shared = Rc<RefCell<RedisClient<Req>>>;
 
-    fn config(batching: Batching) -> RedisConfig {
+    fn config() -> RedisConfig {
         let mut config = RedisConfig::new("redis://127.0.0.1:9".parse().expect("url"));
-        config.batching = batching;
         config.capacity = 64;
         config
     }
 
     /// A client whose connection 0 is set up (id 7), and an ordered operator on it.
-    fn ready(batching: Batching) -> (Shared, AsyncHarness<RedisFunction<Req>>) {
-        let client = Rc::new(RefCell::new(
-            RedisClient::new(config(batching)).expect("client"),
-        ));
+    fn ready() -> (Shared, AsyncHarness<RedisFunction<Req>>) {
+        let client = Rc::new(RefCell::new(RedisClient::new(config()).expect("client")));
         client.borrow_mut().connections[0].state = State::Ready { id: 7 };
         let harness = AsyncHarness::new(
             RedisFunction::new(Rc::clone(&client)),
@@ -1367,7 +1337,6 @@ mod tests {
     /// What the client would send now.
     fn sent(client: &Shared) -> Vec<u8> {
         let mut client = client.borrow_mut();
-        client.seal_batch();
         std::mem::take(&mut client.connections[0].outbox)
     }
 
@@ -1394,50 +1363,104 @@ mod tests {
 
     #[test]
     fn gets_are_pipelined_and_matched_in_order_at_any_split() {
-        for batching in [Batching::Off, Batching::Mget { max_keys: 3 }] {
-            for split in [1, 2, 5, 13, 1000] {
-                let (client, mut harness) = ready(batching);
-                for n in 0..5 {
-                    harness.process_record(Req::Get(n), None).expect("submit");
-                }
-                let wire = sent(&client);
-                let expected: &[u8] = match batching {
-                    Batching::Off => b"*2\r\n$3\r\nGET\r\n$2\r\nk0\r\n*2\r\n$3\r\nGET\r\n$2\r\nk1\r\n*2\r\n$3\r\nGET\r\n$2\r\nk2\r\n*2\r\n$3\r\nGET\r\n$2\r\nk3\r\n*2\r\n$3\r\nGET\r\n$2\r\nk4\r\n",
-                    _ => b"*4\r\n$4\r\nMGET\r\n$2\r\nk0\r\n$2\r\nk1\r\n$2\r\nk2\r\n*3\r\n$4\r\nMGET\r\n$2\r\nk3\r\n$2\r\nk4\r\n",
-                };
-                assert_eq!(
-                    String::from_utf8_lossy(&wire),
-                    String::from_utf8_lossy(expected)
-                );
-                let replies: &[u8] = match batching {
-                    Batching::Off => b"$2\r\nv0\r\n$-1\r\n$2\r\nv2\r\n$0\r\n\r\n$2\r\nv4\r\n",
-                    _ => b"*3\r\n$2\r\nv0\r\n$-1\r\n$2\r\nv2\r\n*2\r\n$0\r\n\r\n$2\r\nv4\r\n",
-                };
-                for chunk in replies.chunks(split) {
-                    client.borrow_mut().receive(0, chunk);
-                }
-                let values: Vec<Option<Vec<u8>>> = outputs(&mut harness)
-                    .into_iter()
-                    .map(|(_, v)| v[0].clone())
-                    .collect();
-                let want: Vec<Option<Vec<u8>>> = vec![
-                    Some(b"v0".to_vec()),
-                    None,
-                    Some(b"v2".to_vec()),
-                    Some(Vec::new()),
-                    Some(b"v4".to_vec()),
-                ];
-                assert_eq!(values, want, "{batching:?} split {split}");
-                let stats = client.borrow().stats();
-                assert_eq!((stats.hits, stats.misses, stats.calls), (4, 1, 5));
-                assert_eq!(client.borrow().outstanding(), 0);
+        for split in [1, 2, 5, 13, 1000] {
+            let (client, mut harness) = ready();
+            for n in 0..5 {
+                harness.process_record(Req::Get(n), None).expect("submit");
             }
+            let wire = sent(&client);
+            assert_eq!(
+                String::from_utf8_lossy(&wire),
+                "*2\r\n$3\r\nGET\r\n$2\r\nk0\r\n*2\r\n$3\r\nGET\r\n$2\r\nk1\r\n*2\r\n$3\r\nGET\r\n$2\r\nk2\r\n*2\r\n$3\r\nGET\r\n$2\r\nk3\r\n*2\r\n$3\r\nGET\r\n$2\r\nk4\r\n"
+            );
+            let replies: &[u8] = b"$2\r\nv0\r\n$-1\r\n$2\r\nv2\r\n$0\r\n\r\n$2\r\nv4\r\n";
+            for chunk in replies.chunks(split) {
+                client.borrow_mut().receive(0, chunk);
+            }
+            let values: Vec<Option<Vec<u8>>> = outputs(&mut harness)
+                .into_iter()
+                .map(|(_, v)| v[0].clone())
+                .collect();
+            let want: Vec<Option<Vec<u8>>> = vec![
+                Some(b"v0".to_vec()),
+                None,
+                Some(b"v2".to_vec()),
+                Some(Vec::new()),
+                Some(b"v4".to_vec()),
+            ];
+            assert_eq!(values, want, "split {split}");
+            let stats = client.borrow().stats();
+            assert_eq!((stats.hits, stats.misses, stats.calls), (4, 1, 5));
+            assert_eq!(client.borrow().outstanding(), 0);
+        }
+    }
+
+    /// A batched operator over the client: batches of up to `max_batch_size` records,
+    /// cut at the end of each turn (the harness's timer pass).
+    fn batched(
+        max_batch_size: usize,
+    ) -> (
+        Shared,
+        AsyncHarness<weir_engine::async_io::Batched<RedisBatchFunction<Req>>>,
+    ) {
+        use weir_engine::async_io::{BatchConfig, Batched};
+        let client = Rc::new(RefCell::new(RedisClient::new(config()).expect("client")));
+        client.borrow_mut().connections[0].state = State::Ready { id: 7 };
+        let harness = AsyncHarness::new(
+            Batched::new(
+                RedisBatchFunction::new(Rc::clone(&client)),
+                BatchConfig::new(max_batch_size, std::time::Duration::ZERO),
+            ),
+            AsyncConfig::new(OutputMode::Ordered, 32),
+        )
+        .expect("harness");
+        (client, harness)
+    }
+
+    #[test]
+    fn a_batch_s_gets_go_as_mgets_matched_in_order_at_any_split() {
+        for split in [1, 2, 5, 13, 1000] {
+            let (client, mut harness) = batched(3);
+            for n in 0..5 {
+                harness.process_record(Req::Get(n), None).expect("submit");
+            }
+            harness
+                .advance_time(std::time::Duration::ZERO)
+                .expect("cut");
+            let wire = sent(&client);
+            assert_eq!(
+                String::from_utf8_lossy(&wire),
+                "*4\r\n$4\r\nMGET\r\n$2\r\nk0\r\n$2\r\nk1\r\n$2\r\nk2\r\n*3\r\n$4\r\nMGET\r\n$2\r\nk3\r\n$2\r\nk4\r\n"
+            );
+            let replies: &[u8] =
+                b"*3\r\n$2\r\nv0\r\n$-1\r\n$2\r\nv2\r\n*2\r\n$0\r\n\r\n$2\r\nv4\r\n";
+            for chunk in replies.chunks(split) {
+                client.borrow_mut().receive(0, chunk);
+            }
+            let values: Vec<Option<Vec<u8>>> = outputs_of(&mut harness)
+                .into_iter()
+                .map(|(_, v)| v[0].clone())
+                .collect();
+            let want: Vec<Option<Vec<u8>>> = vec![
+                Some(b"v0".to_vec()),
+                None,
+                Some(b"v2".to_vec()),
+                Some(Vec::new()),
+                Some(b"v4".to_vec()),
+            ];
+            assert_eq!(values, want, "split {split}");
+            let stats = client.borrow().stats();
+            assert_eq!(
+                (stats.hits, stats.misses, stats.calls, stats.batches),
+                (4, 1, 5, 2)
+            );
+            assert_eq!(client.borrow().outstanding(), 0);
         }
     }
 
     #[test]
-    fn other_lookups_close_the_open_batch_so_replies_keep_their_order() {
-        let (client, mut harness) = ready(Batching::Mget { max_keys: 100 });
+    fn other_lookups_in_a_batch_go_between_its_mgets_so_replies_keep_their_order() {
+        let (client, mut harness) = batched(100);
         harness.process_record(Req::Get(1), None).expect("submit");
         harness.process_record(Req::Get(2), None).expect("submit");
         harness
@@ -1447,6 +1470,9 @@ mod tests {
         harness
             .process_record(Req::HMGet(5, vec!["a", "b", "c"]), None)
             .expect("submit");
+        harness
+            .advance_time(std::time::Duration::ZERO)
+            .expect("cut");
         let wire = sent(&client);
         assert_eq!(
             String::from_utf8_lossy(&wire),
@@ -1456,7 +1482,7 @@ mod tests {
             0,
             b"*2\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n$1\r\nd\r\n*3\r\n$1\r\nx\r\n$-1\r\n$1\r\nz\r\n",
         );
-        let out = outputs(&mut harness);
+        let out = outputs_of(&mut harness);
         let values: Vec<Vec<Option<Vec<u8>>>> = out.into_iter().map(|(_, v)| v).collect();
         assert_eq!(
             values,
@@ -1470,24 +1496,11 @@ mod tests {
         );
     }
 
-    /// The batched operator's batches: each batch's GETs as one MGET (whatever the
-    /// client's own batching), other lookups between them in order, the values mapped
-    /// back to their records.
+    /// The batched operator's batches: each batch's GETs as one MGET, other lookups
+    /// between them in order, the values mapped back to their records.
     #[test]
     fn the_batched_operator_s_batches_go_as_mgets_in_order() {
-        use weir_engine::async_io::{BatchConfig, Batched};
-        let client = Rc::new(RefCell::new(
-            RedisClient::new(config(Batching::Off)).expect("client"),
-        ));
-        client.borrow_mut().connections[0].state = State::Ready { id: 7 };
-        let mut harness = AsyncHarness::new(
-            Batched::new(
-                RedisBatchFunction::new(Rc::clone(&client)),
-                BatchConfig::new(3, std::time::Duration::ZERO),
-            ),
-            AsyncConfig::new(OutputMode::Ordered, 32),
-        )
-        .expect("harness");
+        let (client, mut harness) = batched(3);
         for request in [
             Req::Get(1),
             Req::HGet(2, "f"),
@@ -1541,7 +1554,7 @@ mod tests {
 
     #[test]
     fn an_error_reply_fails_its_call_only() {
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         harness.process_record(Req::Get(1), None).expect("submit");
         harness
             .process_record(Req::HGet(2, "f"), None)
@@ -1572,7 +1585,7 @@ mod tests {
             b"$1\r\na\r\n*1\r\n*0\r\n",
         ];
         for reply in replies {
-            let (client, mut harness) = ready(Batching::Off);
+            let (client, mut harness) = ready();
             harness.process_record(Req::Get(1), None).expect("submit");
             harness.process_record(Req::Get(2), None).expect("submit");
             let _ = sent(&client);
@@ -1588,7 +1601,7 @@ mod tests {
             assert_eq!(client.connections[0].state, State::Down);
         }
         // A reply to no command closes the connection too.
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         harness.process_record(Req::Get(1), None).expect("submit");
         let _ = sent(&client);
         client.borrow_mut().receive(0, b"$1\r\na\r\n$1\r\nb\r\n");
@@ -1599,7 +1612,7 @@ mod tests {
 
     #[test]
     fn bad_requests_and_overload_fail_with_typed_errors() {
-        let (_client, mut harness) = ready(Batching::Off);
+        let (_client, mut harness) = ready();
         let error = redis_error(
             harness
                 .process_record(Req::NoKey, None)
@@ -1607,7 +1620,7 @@ mod tests {
         );
         assert!(error.to_string().contains("GET takes a key"), "{error}");
 
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         client.borrow_mut().config.capacity = 2;
         harness.process_record(Req::Get(0), None).expect("submit");
         harness.process_record(Req::Get(1), None).expect("submit");
@@ -1627,11 +1640,10 @@ mod tests {
                 "connections",
             ),
             (|c| c.capacity = 0, "capacity"),
-            (|c| c.batching = Batching::Mget { max_keys: 0 }, "max_keys"),
             (|c| c.request_timeout = Duration::ZERO, "timeouts"),
             (|c| c.response_timeout = Duration::ZERO, "response timeouts"),
         ] {
-            let mut config = config(Batching::Off);
+            let mut config = config();
             change(&mut config);
             let error = RedisClient::<Req>::new(config).err().expect("invalid");
             assert!(error.to_string().contains(hint), "{error}");
@@ -1640,7 +1652,7 @@ mod tests {
 
     /// A connection in set-up, id 7, as `connect` leaves it.
     fn setting_up(url: &str) -> (Shared, AsyncHarness<RedisFunction<Req>>) {
-        let mut config = config(Batching::Off);
+        let mut config = config();
         config.url = url.parse().expect("url");
         let client = Rc::new(RefCell::new(RedisClient::new(config).expect("client")));
         {
@@ -1767,7 +1779,7 @@ mod tests {
         );
         assert_eq!(client.borrow().connections[0].state, State::Down);
 
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         harness.process_record(Req::Get(1), None).expect("submit");
         client.borrow_mut().flush(&mut driver, 4 * second);
         assert!(harness.run_mailbox().is_ok(), "within the request timeout");
@@ -1785,7 +1797,7 @@ mod tests {
     fn the_oldest_command_must_be_answered_whole_within_the_response_timeout() {
         let mut driver = weir_engine::runtime::NoIo::new();
         let second = 1_000_000_000;
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         client.borrow_mut().config.response_timeout = Duration::from_secs(3);
         harness.process_record(Req::Get(1), None).expect("submit");
         // Unsent: only the request timeout (5 s from the submit at 0) applies.
@@ -1828,7 +1840,7 @@ mod tests {
     #[test]
     fn a_reply_nested_too_deep_fails_the_connection_and_its_calls() {
         for resp3 in [false, true] {
-            let (client, mut harness) = ready(Batching::Off);
+            let (client, mut harness) = ready();
             client.borrow_mut().connections[0].resp3 = resp3;
             harness.process_record(Req::Get(1), None).expect("submit");
             harness.process_record(Req::Get(2), None).expect("submit");
@@ -1853,7 +1865,7 @@ mod tests {
     /// byte more closes the connection with a malformed-reply error naming the setting.
     #[test]
     fn replies_are_capped_at_64_mib_by_default() {
-        let (client, mut harness) = ready(Batching::Off);
+        let (client, mut harness) = ready();
         assert_eq!(client.borrow().config.max_reply_bytes, 64 << 20);
         harness.process_record(Req::Get(1), None).expect("submit");
         let _ = sent(&client);
@@ -1877,7 +1889,7 @@ mod tests {
 
     #[test]
     fn failed_attempts_back_off_doubling_to_the_maximum() {
-        let (client, _harness) = ready(Batching::Off);
+        let (client, _harness) = ready();
         let mut c = client.borrow_mut();
         let error = RedisError::Closed {
             addr: "x".into(),

@@ -19,8 +19,8 @@ pub mod url;
 
 pub use blocking::{key_name, load_keys, load_keys_with, value_of, BlockingConnection, Loaded};
 pub use client::{
-    Args, Backoff, Batching, Fields, Lookup, RedisBatchFunction, RedisClient, RedisConfig,
-    RedisFunction, RedisIo, RedisRequest, RedisStats, Reply, SharedStats, MAX_REPLY_BYTES_DEFAULT,
+    Args, Backoff, Fields, Lookup, RedisBatchFunction, RedisClient, RedisConfig, RedisFunction,
+    RedisIo, RedisRequest, RedisStats, Reply, SharedStats, MAX_REPLY_BYTES_DEFAULT,
 };
 pub use error::{RedisError, UrlError};
 pub use process::{RedisServer, ServerOptions};
