@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
-# `weir compare remote`, and of Weir's checkpoints: installs what is missing (Java 17
-# from the Debian packages, Flink's jars from the PyPI package apache-flink-libraries
-# into target/flink-venv), compiles bench/flink/WeirFlinkPeer.java and runs the same
-# configurations as Flink jobs on an in-process MiniCluster (for remote: 2 task managers,
-# the producers on one and the consumers on the other), start-up excluded and reported
-# apart. Writes the same JSON as `weir compare --json`:
+# `weir compare remote`, of Weir's checkpoints and of Weir's main job (`weir run`):
+# installs what is missing (Java 17 from the Debian packages, Flink's jars from the PyPI
+# package apache-flink-libraries into target/flink-venv), compiles
+# bench/flink/WeirFlinkPeer.java and runs the same configurations as Flink jobs on an
+# in-process MiniCluster (for remote: 2 task managers, the producers on one and the
+# consumers on the other), start-up excluded and reported apart. Writes the same JSON as `weir compare --json`:
 #
 #   results/report/flink-async.json, flink-exchange.json, flink-remote.json,
-#   flink-checkpoints.json
+#   flink-checkpoints.json, flink-mainjob.json
 #
 # checkpoints: the job DataGeneratorSource (64-byte records, parallelism 2) → keyBy →
 # counting sink (parallelism 2) without checkpoints and with aligned or unaligned
@@ -20,10 +20,34 @@
 # persisted in-flight data and state size, from the finished job's checkpoint
 # statistics. --quick checkpoints every 100 ms instead, and says so in the JSON.
 #
-#   scripts/flink-peer.sh                  all four at full size, 7 rounds
+# mainjob (only when named: it needs a running lookup service): the job of `weir run`,
+# DataGeneratorSource (records {id, key, created_ns}, keys uniform over 1,000,000,
+# unthrottled, parallelism 2) → AsyncDataStream.unorderedWait(timeout 1 s, capacity C)
+# with a RichAsyncFunction that looks each key up in Weir's lookup service over one
+# pipelined TCP connection per subtask (writes batched on one NIO I/O thread) → keyBy(key)
+# → a sink (parallelism 2) that counts, checks every id arrives once (a bitset) and
+# records each record's latency; buffer timeout 1 ms as `weir run`'s. 2 JVM warm-up runs
+# (at least 1,000,000 records each), then per round one warm-up run (a fifth of the
+# records) and one measured run of 2,000,000 records: throughput, latency
+# p50/p90/p99/p99.9/max, process CPU per record, unique/duplicated/lost; and the medians
+# over the rounds. Compare it with `weir run --lookup-addr` against the same service (the
+# service's CPU is then outside both). Start the service first, e.g.
+#
+#   target/measure/weir serve-lookup --addr 127.0.0.1:7979 --latency fixed:1ms --value-size 32 &
+#   scripts/flink-peer.sh --quick mainjob
+#
+# FLINK_LOOKUP_ADDR=host:port (default 127.0.0.1:7979) is where it listens,
+# FLINK_CAPACITY=C the async capacity per subtask (default 1000), FLINK_RECORDS=N the
+# records per measured run (default 2,000,000, times 0.15 with --quick) and
+# FLINK_LOOKUP_LATENCY the service's --latency (default fixed:1ms; it names the row and
+# gives Little's limit, 2 × C ÷ latency). Where nothing listens there the suite fails at
+# once (exit 1, the JSON says why), as it does when the service goes away mid-run.
+#
+#   scripts/flink-peer.sh                  async, exchange, remote and checkpoints at full
+#                                          size, 7 rounds
 #   scripts/flink-peer.sh --quick          3 rounds at 0.15 of the size
 #   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange,
-#                                          remote, checkpoints)
+#                                          remote, checkpoints, mainjob)
 #
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the
@@ -41,20 +65,23 @@ if [ "${1:-}" = "--quick" ]; then
   quick=" --quick"
   shift
 fi
+# FLINK_ROUNDS=N overrides the rounds (e.g. 1, for a script that interleaves Flink's
+# rounds with Weir's own runs).
+rounds=${FLINK_ROUNDS:-$rounds}
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
   suites=(async exchange remote checkpoints)
 fi
 for suite in "${suites[@]}"; do
   case "$suite" in
-    async | exchange | remote | checkpoints) ;;
+    async | exchange | remote | checkpoints | mainjob) ;;
     *)
-      echo "flink-peer: unknown suite $suite (async, exchange, remote, checkpoints)" >&2
+      echo "flink-peer: unknown suite $suite (async, exchange, remote, checkpoints, mainjob)" >&2
       exit 2
       ;;
   esac
 done
-if [ ${#suites[@]} -lt 4 ]; then
+if [ "${suites[*]}" != "async exchange remote checkpoints" ]; then
   quick="$quick ${suites[*]}"
 fi
 data=${FLINK_PEER_DATA:-results/report}
@@ -150,11 +177,16 @@ for suite in "${suites[@]}"; do
   echo "== flink $suite" >&2
   json=$data/flink-$suite.json
   rm -f "$json"
-  command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale)"
+  extra=()
+  if [ "$suite" = mainjob ]; then
+    extra=(--lookup-addr "${FLINK_LOOKUP_ADDR:-127.0.0.1:7979}" --capacity "${FLINK_CAPACITY:-1000}"
+      --records "${FLINK_RECORDS:-2000000}" --lookup-latency "${FLINK_LOOKUP_LATENCY:-fixed:1ms}")
+  fi
+  command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale${extra[*]:+ ${extra[*]}})"
   if ! "$jdk/java" -Xms1g -Xmx1g "${opens[@]}" \
     -Dlog4j.configurationFile=bench/flink/log4j2.properties \
     -cp "$classes:$lib/*" WeirFlinkPeer \
-    --suite "$suite" --rounds "$rounds" --scale "$scale" --json "$json" --command "$command" \
+    --suite "$suite" --rounds "$rounds" --scale "$scale" "${extra[@]}" --json "$json" --command "$command" \
     2>&1 | tee "$data/flink-$suite.txt" >&2; then
     reason="the Flink job failed: $(grep -v WARN "$data/flink-$suite.txt" | tail -n 3)"
     printf '{\n  "peer": "Apache Flink",\n  "command": "%s",\n  "unavailable": "%s",\n  "results": []\n}\n' \

@@ -5,7 +5,7 @@
 # suites (scripts/flink-peer.sh), the main job, and an open-loop latency sweep, each
 # written as JSON to results/report/ first.
 #
-#   scripts/report.sh           full run (about 18 minutes on 2 cores: Redis 3, Flink 4, the stream benchmark 1.5)
+#   scripts/report.sh           full run (about 20 minutes on 2 cores: Redis 3, Flink 4, the main job beside Flink 1.5, the stream benchmark 1.5)
 #   scripts/report.sh --quick   fewer rounds and less work per turn (about a minute and a half)
 #
 # Run it with nothing else heavy on the machine.
@@ -49,7 +49,42 @@ echo "== Apache Flink (async, exchange and remote)" >&2
 # it cannot run, so the report says why; a failed Flink job does not stop the report.
 scripts/flink-peer.sh $quick || echo "scripts/flink-peer.sh failed; the report says so" >&2
 echo "== main job" >&2
-"$weir" run --records "$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")" --quiet --json "$data/job.json" > "$data/job.txt" 2>&1
+# Three runs on its defaults (job.json, job-1.json, job-2.json): the targets take their
+# medians.
+job_records=$(awk "BEGIN { printf \"%d\", 1000000 * $seconds }")
+for i in 0 1 2; do
+  name=job
+  [ "$i" -gt 0 ] && name=job-$i
+  "$weir" run --records "$job_records" --quiet --json "$data/$name.json" > "$data/$name.txt" 2>&1
+done
+echo "== main job beside Apache Flink's" >&2
+# The same job in Flink (scripts/flink-peer.sh mainjob) and `weir run --lookup-addr`,
+# against one external lookup service (1 ms, 32-byte values), so that neither process's
+# CPU includes the service's; a Weir run and a Flink round in turn, 3 times.
+service_log=$data/mainjob-service.txt
+"$weir" serve-lookup --addr 127.0.0.1:0 --latency fixed:1ms --value-size 32 > "$service_log" 2>&1 &
+service=$!
+service_addr=""
+for _ in $(seq 50); do
+  service_addr=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$service_log")
+  [ -n "$service_addr" ] && break
+  sleep 0.1
+done
+if [ -n "$service_addr" ]; then
+  for i in 0 1 2; do
+    "$weir" run --lookup-addr "$service_addr" --records "$job_records" --quiet \
+      --json "$data/mainjob-weir-$i.json" > "$data/mainjob-weir-$i.txt" 2>&1 ||
+      echo "weir run against the external service failed (round $i)" >&2
+    FLINK_ROUNDS=1 FLINK_RECORDS=$job_records FLINK_LOOKUP_ADDR=$service_addr \
+      scripts/flink-peer.sh mainjob || echo "the Flink main job failed (round $i); the report says so" >&2
+    mv -f "$data/flink-mainjob.json" "$data/flink-mainjob-$i.json" 2>/dev/null || true
+    mv -f "$data/flink-mainjob.txt" "$data/flink-mainjob-$i.txt" 2>/dev/null || true
+  done
+else
+  echo "the lookup service did not start; the main job is not measured beside Flink" >&2
+fi
+kill "$service" 2>/dev/null || true
+wait "$service" 2>/dev/null || true
 echo "== latency vs load" >&2
 # ... and at half the closed-loop run's throughput, where the engine's added latency
 # under load is read (the report's "half the closed-loop run" line).

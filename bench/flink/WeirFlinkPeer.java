@@ -1,5 +1,5 @@
 // Apache Flink as a peer of `weir compare async`, `weir compare exchange` and
-// `weir compare remote`, and of Weir's checkpoints.
+// `weir compare remote`, of Weir's checkpoints, and of Weir's main job (`weir run`).
 //
 // Runs the same configurations as those suites as Flink DataStream jobs on an
 // in-process MiniCluster (started once, reused by every job), and writes the same JSON
@@ -47,6 +47,19 @@
 //   duration (first to last barrier) of any subtask, the in-flight data persisted
 //   (unaligned) and the state size; the JSON gives p50 and max over all checkpoints of
 //   the measured runs. Flink reports these in whole milliseconds.
+// - mainjob: the job of `weir run`, against Weir's lookup service running apart
+//   (`weir serve-lookup`, --lookup-addr): DataGeneratorSource (records {id, key,
+//   created_ns}, key = splitmix64(id) mod 1,000,000, unthrottled, parallelism 2) →
+//   AsyncDataStream.unorderedWait(timeout 1 s, capacity C, default 1000) with a
+//   RichAsyncFunction (LookupFunction: one pipelined TCP connection per subtask, writes
+//   batched and reads done by one NIO I/O thread per subtask; see its comment) → keyBy(key)
+//   → a sink (parallelism 2) that counts records, marks every id in a bitset (unique,
+//   duplicated, lost) and records each record's latency, sink arrival − created_ns;
+//   buffer timeout 1 ms, as `weir run`'s default. First 2 JVM warm-up runs (at least
+//   1,000,000 records each), then per round one warm-up run (a fifth of the records) and
+//   the measured run, all on one MiniCluster started once; each row is one
+//   measured round (throughput over the window below, exact latency percentiles over
+//   every record, process CPU per record), and "median" has the medians over the rounds.
 //
 // Every job is configured for throughput as Flink's documentation describes: object
 // reuse on, no checkpointing (outside the checkpoints suite), streaming mode, 128 MiB of
@@ -59,10 +72,18 @@
 // medians of those. Each run checks that every record arrived once (count and sum of
 // sequence numbers) before it reports a time.
 
+import java.io.EOFException;
 import java.io.IOException;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.VarHandle;
+import java.lang.management.ManagementFactory;
+import java.net.InetSocketAddress;
+import java.net.StandardSocketOptions;
+import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
+import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -78,6 +99,7 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReferenceArray;
 import java.util.concurrent.locks.LockSupport;
 
 import org.apache.flink.api.common.JobID;
@@ -85,6 +107,7 @@ import org.apache.flink.api.common.RuntimeExecutionMode;
 import org.apache.flink.api.common.eventtime.WatermarkStrategy;
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
+import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.api.connector.sink2.Sink;
 import org.apache.flink.api.connector.sink2.SinkWriter;
@@ -93,10 +116,12 @@ import org.apache.flink.api.connector.sink2.SupportsWriterState;
 import org.apache.flink.api.connector.sink2.WriterInitContext;
 import org.apache.flink.api.connector.source.SourceReaderContext;
 import org.apache.flink.api.java.functions.KeySelector;
+import org.apache.flink.api.java.typeutils.PojoTypeInfo;
 import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.ExecutionOptions;
 import org.apache.flink.configuration.MemorySize;
+import org.apache.flink.configuration.RestartStrategyOptions;
 import org.apache.flink.configuration.StateBackendOptions;
 import org.apache.flink.configuration.TaskManagerOptions;
 import org.apache.flink.configuration.WebOptions;
@@ -1066,6 +1091,11 @@ public final class WeirFlinkPeer {
         private transient ByteBuffer writing;
         /** The I/O thread's: bytes read and not yet parsed (position = end of data). */
         private transient ByteBuffer reading;
+        /** Counts for ClientStats: the task thread's (requests, wakeups) and the I/O thread's. */
+        private transient long requests;
+        private transient long wakeups;
+        private transient long writes;
+        private transient long reads;
 
         record Outstanding(long id, LookupRecord input, ResultFuture<Enriched> result) {}
 
@@ -1138,7 +1168,9 @@ public final class WeirFlinkPeer {
                 wake = p.position() == 0;
                 p.putInt(16).putLong(id).putLong(input.key);
             }
+            requests++;
             if (wake) {
+                wakeups++;
                 selector.wakeup();
             }
             // Lost the race with a failure of the connection: fail this lookup too.
@@ -1185,6 +1217,7 @@ public final class WeirFlinkPeer {
                     writing.flip();
                 }
                 channel.write(writing);
+                writes++;
                 if (writing.hasRemaining()) {
                     full = true;
                     break;
@@ -1198,6 +1231,7 @@ public final class WeirFlinkPeer {
 
         /** Reads what the socket has and completes every whole response in it. */
         private void read() throws IOException {
+            reads++;
             if (channel.read(reading) < 0) {
                 throw new EOFException("the lookup service at " + host + ":" + port + " closed the connection");
             }
@@ -1278,6 +1312,11 @@ public final class WeirFlinkPeer {
             }
             if (io != null) {
                 io.join(5_000);
+                CLIENT_STATS.requests.addAndGet(requests);
+                CLIENT_STATS.wakeups.addAndGet(wakeups);
+                CLIENT_STATS.writes.addAndGet(writes);
+                CLIENT_STATS.reads.addAndGet(reads);
+                CLIENT_STATS.connections.incrementAndGet();
             }
             if (channel != null) {
                 channel.close();
@@ -1287,6 +1326,28 @@ public final class WeirFlinkPeer {
             }
         }
     }
+
+    /**
+     * What the lookup clients did in a run (summed over the subtasks when they close): the
+     * evidence that writes are batched.
+     */
+    static final class ClientStats {
+        final AtomicLong requests = new AtomicLong();
+        final AtomicLong writes = new AtomicLong();
+        final AtomicLong wakeups = new AtomicLong();
+        final AtomicLong reads = new AtomicLong();
+        final AtomicLong connections = new AtomicLong();
+
+        void clear() {
+            requests.set(0);
+            writes.set(0);
+            wakeups.set(0);
+            reads.set(0);
+            connections.set(0);
+        }
+    }
+
+    static final ClientStats CLIENT_STATS = new ClientStats();
 
     /** The key of an enriched record: its lookup key. */
     static final class EnrichedKey implements KeySelector<Enriched, Long> {
@@ -1902,7 +1963,12 @@ public final class WeirFlinkPeer {
             double finishNs,
             long cpuNs,
             long cpuSteadyNs,
-            long[] latency) {
+            long[] latency,
+            long requests,
+            long writes,
+            long wakeups,
+            long reads,
+            long connections) {
         double throughput() {
             return records / (elapsedNs / 1e9);
         }
@@ -1922,7 +1988,7 @@ public final class WeirFlinkPeer {
         String describe() {
             return String.format(
                     Locale.ROOT,
-                    "%9d records %10.0f records/s  p50 %6.3f ms  p99 %7.3f ms  max %8.3f ms  cpu %6.0f ns/record  start-up %4.0f ms  lost %d dup %d",
+                    "%9d records %10.0f records/s  p50 %6.3f ms  p99 %7.3f ms  max %8.3f ms  cpu %6.0f ns/record  start-up %4.0f ms  lost %d dup %d  %.1f requests/write",
                     records,
                     throughput(),
                     quantileNs(0.5) / 1e6,
@@ -1931,7 +1997,8 @@ public final class WeirFlinkPeer {
                     cpuPerRecordNs(),
                     startupNs / 1e6,
                     lost,
-                    duplicated);
+                    duplicated,
+                    (double) requests / Math.max(writes, 1));
         }
     }
 
@@ -1958,6 +2025,7 @@ public final class WeirFlinkPeer {
         SINKS_READY.set(Long.MIN_VALUE);
         CPU_AT_FIRST.set(Long.MAX_VALUE);
         CPU_AT_LAST.set(Long.MIN_VALUE);
+        CLIENT_STATS.clear();
         long cpuBefore = processCpuNs();
         long submitted = System.nanoTime();
         JobID id = cluster.submitJob(graph).get().getJobID();
@@ -2033,7 +2101,9 @@ public final class WeirFlinkPeer {
         MainRun run = new MainRun(
                 n, unique, duplicated, lost, outOfRange, badValues,
                 last - start, start - submitted, done - last,
-                cpuAfter - cpuBefore, steady, latency);
+                cpuAfter - cpuBefore, steady, latency,
+                CLIENT_STATS.requests.get(), CLIENT_STATS.writes.get(), CLIENT_STATS.wakeups.get(),
+                CLIENT_STATS.reads.get(), CLIENT_STATS.connections.get());
         if (lost != 0 || duplicated != 0 || outOfRange != 0 || badValues != 0) {
             throw new IllegalStateException(String.format(
                     Locale.ROOT,
@@ -2066,13 +2136,15 @@ public final class WeirFlinkPeer {
     }
 
     /**
-     * The mainjob suite: per round one warm-up run (a fifth of the records; `warmup` 0:
-     * none) and one measured run, in this JVM on one MiniCluster (1 task manager, 2
+     * The mainjob suite: `warmup` runs of at least 1,000,000 records for the JIT, then per
+     * round one warm-up run (a fifth of the records; none if `warmup` is 0) and one
+     * measured run, in this JVM on one MiniCluster (1 task manager, 2
      * slots) started once; the JSON has every measured round and the medians.
      */
     static void mainJob(MainJob job, int rounds, int warmup, double scale, String json, String command) throws Exception {
         long n = ops(job.records() * scale);
         long warm = ops(n * 0.2);
+        long jvmWarm = Math.max(n, Math.min(1_000_000, 10 * n));
         checkReachable(job);
         long clusterStart = System.nanoTime();
         Configuration conf = new Configuration();
@@ -2100,6 +2172,13 @@ public final class WeirFlinkPeer {
                     job.parallelism(),
                     clusterStartMs,
                     job.describe());
+            // The JIT first: `warmup` (2) runs of at least 1,000,000 records before the first
+            // round (a fifth of 300,000 records per round leaves the first rounds of --quick
+            // at a third of the steady rate), as the other suites' 2 warm-up rounds.
+            for (int i = 0; i < warmup; i++) {
+                MainRun w = runMain(cluster, job, jvmWarm);
+                System.err.println("JVM warm-up " + w.describe());
+            }
             for (int round = 1; round <= rounds; round++) {
                 long roundStart = System.nanoTime();
                 if (warmup > 0) {
@@ -2129,6 +2208,8 @@ public final class WeirFlinkPeer {
         out.append("  \"job\": ").append(str(job.describe())).append(",\n");
         out.append("  \"settings\": {\"records\": ").append(n)
                 .append(", \"warmup_records\": ").append(warmup > 0 ? warm : 0)
+                .append(", \"jvm_warmup_runs\": ").append(warmup)
+                .append(", \"jvm_warmup_records\": ").append(jvmWarm)
                 .append(", \"keys\": ").append(job.keys())
                 .append(", \"capacity\": ").append(job.capacity())
                 .append(", \"parallelism\": ").append(job.parallelism())
@@ -2145,8 +2226,9 @@ public final class WeirFlinkPeer {
                 .append(str("one in-process MiniCluster (1 task manager, " + job.parallelism() + " slots, "
                         + NETWORK_MEMORY.getMebiBytes() + " MiB network memory, 32 KiB segments), object reuse on, "
                         + "no checkpointing, no restart strategy, streaming mode; the lookup service is an external "
-                        + "process (weir serve-lookup), so its CPU is not in cpu_per_record_ns; per round one warm-up "
-                        + "run of " + (warmup > 0 ? warm : 0) + " records, then the measured run; elapsed_s and the "
+                        + "process (weir serve-lookup), so its CPU is not in cpu_per_record_ns; first " + warmup + " JVM warm-up "
+                        + "runs of " + jvmWarm + " records (JIT), then per round one warm-up run of "
+                        + (warmup > 0 ? warm : 0) + " records and the measured run; elapsed_s and the "
                         + "throughput are from the first record generated (or the last sink's start, if later) to "
                         + "the last record at a sink, start-up (submission to first record) reported apart as "
                         + "startup_ms; latency is sink arrival − created_ns (System.nanoTime() when the generator made "
@@ -2183,6 +2265,14 @@ public final class WeirFlinkPeer {
             out.append("      \"startup_ms\": ").append(num(r.startupNs() / 1e6)).append(",\n");
             out.append("      \"finish_ms\": ").append(num(r.finishNs() / 1e6)).append(",\n");
             out.append("      \"round_s\": ").append(num(roundSeconds.get(i))).append(",\n");
+            out.append("      \"lookup_client\": {\"connections\": ").append(r.connections())
+                    .append(", \"requests\": ").append(r.requests())
+                    .append(", \"writes\": ").append(r.writes())
+                    .append(", \"requests_per_write\": ").append(num((double) r.requests() / Math.max(r.writes(), 1)))
+                    .append(", \"io_thread_wakeups\": ").append(r.wakeups())
+                    .append(", \"reads\": ").append(r.reads())
+                    .append(", \"responses_per_read\": ").append(num((double) r.requests() / Math.max(r.reads(), 1)))
+                    .append("},\n");
             if (i < warmups.size()) {
                 MainRun w = warmups.get(i);
                 out.append("      \"warmup\": {\"records\": ").append(w.records())
@@ -2225,8 +2315,23 @@ public final class WeirFlinkPeer {
         double scale = 1.0;
         String json = null;
         String command = "scripts/flink-peer.sh";
+        // The mainjob suite's.
+        long records = 2_000_000;
+        int capacity = 1000;
+        long keys = 1_000_000;
+        String lookupAddr = "127.0.0.1:7979";
+        String lookupLatency = "fixed:1ms";
+        int valueSize = 32;
+        long bufferTimeoutMs = 1;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
+                case "--records" -> records = Long.parseLong(args[++i]);
+                case "--capacity" -> capacity = Integer.parseInt(args[++i]);
+                case "--keys" -> keys = Long.parseLong(args[++i]);
+                case "--lookup-addr" -> lookupAddr = args[++i];
+                case "--lookup-latency" -> lookupLatency = args[++i];
+                case "--value-size" -> valueSize = Integer.parseInt(args[++i]);
+                case "--buffer-timeout-ms" -> bufferTimeoutMs = Long.parseLong(args[++i]);
                 case "--suite" -> suite = args[++i];
                 case "--rounds" -> rounds = Integer.parseInt(args[++i]);
                 case "--warmup" -> warmup = Integer.parseInt(args[++i]);
@@ -2235,6 +2340,42 @@ public final class WeirFlinkPeer {
                 case "--command" -> command = args[++i];
                 default -> throw new IllegalArgumentException("unknown argument " + args[i]);
             }
+        }
+        if (suite.equals("mainjob")) {
+            int colon = lookupAddr.lastIndexOf(':');
+            if (colon < 0 || records < 1 || capacity < 1 || keys < 1) {
+                throw new IllegalArgumentException(
+                        "--lookup-addr needs host:port, --records, --capacity and --keys at least 1");
+            }
+            MainJob job = new MainJob(
+                    records,
+                    capacity,
+                    keys,
+                    lookupAddr.substring(0, colon),
+                    Integer.parseInt(lookupAddr.substring(colon + 1)),
+                    lookupLatency,
+                    valueSize,
+                    bufferTimeoutMs,
+                    SLOTS,
+                    1_000);
+            try {
+                mainJob(job, rounds, warmup, scale, json, command);
+            } catch (Throwable failed) {
+                // Exit for certain (no thread left behind keeps the JVM up): the script
+                // reports the failure.
+                failed.printStackTrace();
+                // One line with every cause's message, last: the script quotes the tail.
+                StringBuilder why = new StringBuilder();
+                for (Throwable t = failed; t != null; t = t.getCause() == t ? null : t.getCause()) {
+                    String message = t.getMessage() != null ? t.getMessage() : t.toString();
+                    if (why.indexOf(message) < 0) {
+                        why.append(why.length() > 0 ? " ← " : "").append(message);
+                    }
+                }
+                System.err.println("mainjob failed: " + why);
+                System.exit(1);
+            }
+            System.exit(0);
         }
         List<Case> cases =
                 switch (suite) {

@@ -7,6 +7,9 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde_json::Value;
 
+mod flink_job;
+mod targets;
+
 /// One row of a comparison JSON.
 #[derive(Debug, Clone)]
 struct Row {
@@ -313,6 +316,7 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
         machine["kernel"].as_str().unwrap_or("?")
     );
     let _ = writeln!(md, "\nEvery comparison runs Weir and its peer in alternating turns in one process and reports medians over the rounds; \"peer ÷ Weir time\" above 1 means Weir is faster: on a Weir row it is the time of the best peer doing the same work in the same way (plain with plain, batched with batched, parking with parking) over that row's, on a peer's row that row's time over the best Weir row of the same kind, on a ceiling's or a reference's row its time over the best Weir row's (a ceiling is the same work with no framework, not a peer); \"compared with\" names the other row of each ratio. This VM's host moves vCPUs between cores, so cross-core figures swing between runs: read the ratios, not the absolute numbers.\n");
+    targets::section(&mut md, data);
     let suites = [
         ("ring", "SPSC mail ring"),
         ("pool", "Segment pool"),
@@ -453,24 +457,36 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
                 job["cause"].as_str().unwrap_or("no cause recorded")
             );
         }
-        let _ = writeln!(md, "| records | throughput records/s | CPU µs/record (service share) | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
-        let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-        let l = &job["latency_ns"];
-        let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+        let _ = writeln!(md, "| run | records | throughput records/s | of Little's limit | CPU µs/record (service share) | lost | duplicated | p50 µs | p99 µs | p99.9 µs | max µs | drivers |");
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
-            job["records_out"],
-            job["throughput_records_per_s"].as_f64().unwrap_or(0.0),
-            cpu_text(&job),
-            job["lost"],
-            job["duplicated"],
-            us("p50"),
-            us("p99"),
-            us("p99.9"),
-            us("max"),
-            job["drivers"]
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
+        let runs = std::iter::once(job.clone())
+            .chain((1..10).filter_map(|i| read(data, &format!("job-{i}.json"))));
+        for (run, job) in runs.enumerate() {
+            let l = &job["latency_ns"];
+            let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+            let throughput = job["throughput_records_per_s"].as_f64().unwrap_or(0.0);
+            let little = job["workers"].as_f64().unwrap_or(f64::NAN)
+                * job["settings"]["capacity"].as_f64().unwrap_or(f64::NAN)
+                / (job["lookup_mean_latency_ms"].as_f64().unwrap_or(f64::NAN) / 1e3);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {throughput:.0} | {:.1}% | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                run + 1,
+                job["records_out"],
+                throughput / little * 100.0,
+                cpu_text(&job),
+                job["lost"],
+                job["duplicated"],
+                us("p50"),
+                us("p99"),
+                us("p99.9"),
+                us("max"),
+                job["drivers"]
+            );
+        }
     } else {
         let _ = writeln!(md, "Not measured in this run.");
     }
@@ -560,6 +576,7 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             let _ = writeln!(md, "\nThroughput at a p99 bound of 5 ms: {bound:.0} records/s (highest offered load that met it).");
         }
     }
+    flink_job::section(&mut md, data);
     // The soak run is long (10 minutes), so scripts/soak.sh runs it on its own and
     // leaves its section beside the report.
     match std::fs::read_to_string(out.join("soak.md")) {
