@@ -26,7 +26,8 @@
 # with a RichAsyncFunction that looks each key up in Weir's lookup service over one
 # pipelined TCP connection per subtask (writes batched on one NIO I/O thread) → keyBy(key)
 # → a sink (parallelism 2) that counts, checks every id arrives once (a bitset) and
-# records each record's latency; buffer timeout 1 ms as `weir run`'s. 2 JVM warm-up runs
+# records each record's latency; buffer timeout 1 ms (Flink sets it in whole
+# milliseconds: compare with `weir run --buffer-timeout 1ms`). 2 JVM warm-up runs
 # (at least 1,000,000 records each), then per round one warm-up run (a fifth of the
 # records) and one measured run of 2,000,000 records: throughput, latency
 # p50/p90/p99/p99.9/max, process CPU per record, unique/duplicated/lost; and the medians

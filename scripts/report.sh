@@ -72,7 +72,7 @@ for _ in $(seq 50); do
 done
 if [ -n "$service_addr" ]; then
   for i in 0 1 2; do
-    "$weir" run --lookup-addr "$service_addr" --records "$job_records" --quiet \
+    "$weir" run --lookup-addr "$service_addr" --buffer-timeout 1ms --records "$job_records" --quiet \
       --json "$data/mainjob-weir-$i.json" > "$data/mainjob-weir-$i.txt" 2>&1 ||
       echo "weir run against the external service failed (round $i)" >&2
     FLINK_ROUNDS=1 FLINK_RECORDS=$job_records FLINK_LOOKUP_ADDR=$service_addr \

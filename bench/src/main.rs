@@ -259,8 +259,13 @@ struct RunArgs {
     /// Injected error-response rate at the embedded service.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
-    /// Exchange buffer timeout (0 = flush every record).
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    /// Exchange buffer timeout: how long a record may wait in a partly filled buffer
+    /// before the buffer is flushed to its reader (0 = flush every record). The default,
+    /// 100 µs, keeps the wait well under the 1 ms lookup; at full load buffers fill long
+    /// before it, so it costs no throughput, and at low load it costs a reader's wake-up
+    /// per flush (e.g. 1ms instead: p50 about 0.3 ms higher, CPU per record at 50 k
+    /// records/s about a fifth lower).
+    #[arg(long, default_value = "100us", value_parser = parse_duration)]
     buffer_timeout: Duration,
     /// Write the report as JSON here (checked before the run; a failed job writes its
     /// outcome and cause too).

@@ -100,7 +100,7 @@ pub fn section(md: &mut String, data: &Path) {
     }
     let _ = writeln!(
         md,
-        "The same job on both engines, against one external lookup service (`weir serve-lookup --latency fixed:1ms --value-size 32`, its own process, so neither side's CPU includes it): a generator of {} records (keys uniform over 1,000,000) on 2 subtasks, an unordered async lookup of capacity 1000 per subtask with a 1 s timeout, a key-by exchange with a 1 ms buffer timeout, and a sink that counts, checks every id once and records each record's latency from its creation. A Weir run and a Flink round in turn, {} of each; medians. Little's limit is 2 × 1000 ÷ 1 ms = 2 M records/s for both.\n",
+        "The same job on both engines, against one external lookup service (`weir serve-lookup --latency fixed:1ms --value-size 32`, its own process, so neither side's CPU includes it): a generator of {} records (keys uniform over 1,000,000) on 2 subtasks, an unordered async lookup of capacity 1000 per subtask with a 1 s timeout, a key-by exchange with a 1 ms buffer timeout (Flink's is set in whole milliseconds, and 1 ms is its lowest above flushing every record, so Weir runs at 1 ms here too, not its default of 100 µs), and a sink that counts, checks every id once and records each record's latency from its creation. A Weir run and a Flink round in turn, {} of each; medians. Little's limit is 2 × 1000 ÷ 1 ms = 2 M records/s for both.\n",
         weir_files
             .first()
             .and_then(|j| j["settings"]["records"].as_u64())

@@ -278,7 +278,7 @@ pub fn section(md: &mut String, data: &Path) {
                 target: "≥ 90%, p50 ≤ 1.3 ms",
                 measured: format!("{:.1}%, p50 {:.2} ms", fraction * 100.0, p50 / 1e6),
                 met: Some(fraction >= 0.9 && p50 <= 1.3e6),
-                bound: "A slot is held for the lookup's 1 ms plus the time until its answer is taken and its record leaves: the answer waits for the worker's next turn, and a record then waits up to the key-by exchange's 1 ms buffer timeout before its downstream task sees it, which the p50 includes (Little's limit counts the lookup only). Next: the worker's answer-to-emit time per turn in the run's wake-up counters, and a flush of the exchange when its producer goes idle.".into(),
+                bound: "A slot is held for the lookup's 1 ms plus the time until its answer is taken and its record leaves: the answer waits for the worker's next turn, and a record then waits up to the key-by exchange's buffer timeout (100 µs by default) before its downstream task sees it, which the p50 includes (Little's limit counts the lookup only). Next: the worker's answer-to-emit time per turn in the run's wake-up counters.".into(),
             });
         }
         if let Some(cpu) = cpu {
