@@ -51,6 +51,7 @@ fn pipeline(c: &mut Criterion) {
                         keys: KeyDistribution::Uniform { keys: 1 << 20 },
                         buffer_timeout: Some(Duration::from_millis(1)),
                         futures: false,
+                        lookup_batch: None,
                         key_iter: None,
                         collect: None,
                         cluster: None,

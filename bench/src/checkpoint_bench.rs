@@ -120,6 +120,7 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
         keys: KeyDistribution::Uniform { keys: 1_000_000 },
         buffer_timeout: Some(Duration::from_millis(1)),
         futures: false,
+        lookup_batch: None,
         key_iter: None,
         collect: None,
         cluster: None,

@@ -40,7 +40,8 @@ use weir_engine::runtime::Controller;
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError, TaskError, Wakeups};
 use weir_net::cluster::TransportChannels;
 use weir_net::lookup::{
-    format_duration, ClientConfig, ClientIo, LookupClient, LookupFunction, LookupRequest,
+    format_duration, ClientConfig, ClientIo, LookupBatchFunction, LookupClient, LookupFunction,
+    LookupRequest,
 };
 use weir_net::redis::streams::{
     stream_sink, stream_source, Fields, StreamEntry, StreamSink, StreamSinkConfig, StreamSource,
@@ -556,6 +557,10 @@ pub struct JobSettings {
     pub buffer_timeout: Option<Duration>,
     /// Write the lookup as an `async` block (futures adapter) instead of a callback.
     pub futures: bool,
+    /// Lookups at the service as batch requests of up to this many keys (the batched
+    /// async operator, batch timeout 0: each task turn's records); `None`: a request
+    /// per record.
+    pub lookup_batch: Option<usize>,
     /// An iterator source instead of the generator (`records` = what it yields in all).
     pub key_iter: Option<KeyIterFactory>,
     /// A collecting sink (tests).
@@ -1835,6 +1840,21 @@ fn execute(
             },
             async_config,
         ),
+        Store::Service(client_config) if settings.lookup_batch.is_some() => {
+            let max = settings.lookup_batch.unwrap_or(1);
+            source.async_wait_batch(
+                move |_| {
+                    let client = Rc::new(RefCell::new(
+                        LookupClient::<Lookup>::new(client_config.clone())
+                            .expect("client settings validated up front"),
+                    ));
+                    let io: Box<dyn IoHandler> = Box::new(ClientIo(Rc::clone(&client)));
+                    (LookupBatchFunction::new(client), Some(io))
+                },
+                async_config,
+                BatchConfig::new(max, Duration::ZERO),
+            )
+        }
         Store::Service(client_config) => source.async_wait_io(
             move |_| {
                 let client = Rc::new(RefCell::new(
@@ -2207,6 +2227,7 @@ pub fn settings_json(settings: &JobSettings) -> Value {
         "attempt_timeout_ms": settings.attempt_timeout().as_secs_f64() * 1e3,
         "connections": settings.connections,
         "buffer_timeout_ms": settings.buffer_timeout.map(|t| t.as_secs_f64() * 1e3),
+        "lookup_batch": settings.lookup_batch,
     })
 }
 

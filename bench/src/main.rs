@@ -256,6 +256,12 @@ struct RunArgs {
     /// (plain pipelining).
     #[arg(long, default_value_t = 0)]
     mget: usize,
+    /// Send the lookup service's lookups as batch requests of up to this many keys (the
+    /// batched async operator cuts each task turn's lookups into batches, batch
+    /// timeout 0; the service answers each batch after one latency, as a batch API
+    /// does); 0 sends a request per record.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=4096))]
+    lookup_batch: u64,
     /// Injected error-response rate at the embedded service.
     #[arg(long, default_value_t = 0.0)]
     error_rate: f64,
@@ -956,6 +962,16 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             "--mget batches Redis lookups; use it with --store".into(),
         ));
     }
+    if args.store.is_some() && args.lookup_batch > 0 {
+        return Err(RunError::Setting(
+            "--lookup-batch batches the lookup service's requests; with --store use --mget".into(),
+        ));
+    }
+    if args.futures && args.lookup_batch > 0 {
+        return Err(RunError::Setting(
+            "--lookup-batch and --futures are two ways to write the lookup; pick one".into(),
+        ));
+    }
     if args.store.is_some() && args.futures {
         return Err(RunError::Setting(
             "--futures applies to the lookup service; drop it with --store".into(),
@@ -1069,6 +1085,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         keys,
         buffer_timeout: Some(args.buffer_timeout),
         futures: args.futures,
+        lookup_batch: (args.lookup_batch > 0).then_some(args.lookup_batch as usize),
         key_iter: None,
         collect: None,
         cluster,
@@ -1146,11 +1163,15 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             job::REDIS_KEY_PREFIX
         ),
         None => format!(
-            "lookup service {service} ({})",
+            "lookup service {service} ({}){}",
             match server.as_ref().map(|s| s.core()) {
                 None => "external".to_string(),
                 Some(Some(core)) => format!("embedded, on its own core {core}"),
                 Some(None) => "embedded, sharing the workers' cores".to_string(),
+            },
+            match args.lookup_batch {
+                0 => String::new(),
+                max => format!(", batch requests of up to {max} keys"),
             }
         ),
     };

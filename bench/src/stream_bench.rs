@@ -119,6 +119,7 @@ impl Bench {
             keys: KeyDistribution::Uniform { keys: KEYS },
             buffer_timeout: Some(Duration::from_millis(1)),
             futures: false,
+            lookup_batch: None,
             key_iter: None,
             collect: None,
             cluster: None,

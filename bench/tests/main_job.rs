@@ -39,6 +39,7 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         keys: KeyDistribution::Uniform { keys: 1000 },
         buffer_timeout: Some(Duration::from_millis(1)),
         futures: false,
+        lookup_batch: None,
         key_iter: None,
         collect: None,
         cluster: None,

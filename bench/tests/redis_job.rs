@@ -51,6 +51,7 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
         keys: KeyDistribution::Uniform { keys },
         buffer_timeout: Some(Duration::from_millis(1)),
         futures: false,
+        lookup_batch: None,
         key_iter: None,
         collect: Some(Arc::new(Mutex::new(Vec::new()))),
         cluster: None,

@@ -123,6 +123,98 @@ fn values_round_trip_on_every_driver() {
     }
 }
 
+/// Batches cut by the batched operator go to the service as batch requests (over
+/// several connections, at several batch sizes) and come back as one batch response
+/// each: every key once with its own value; with injected errors, the failed keys are
+/// exactly those the service counted as errors, and every other key has its value.
+#[test]
+fn batch_requests_round_trip_on_every_driver() {
+    use weir_engine::async_io::{BatchConfig, Batched};
+    use weir_net::lookup::{Faults, LookupBatchFunction};
+    for error_rate in [0.0, 0.2] {
+        let server = LookupServer::start(ServerConfig {
+            value_size: 20,
+            faults: Faults {
+                error_rate,
+                ..Faults::default()
+            },
+            ..ServerConfig::default()
+        })
+        .unwrap();
+        for mut driver in drivers() {
+            for max in [2, 64, 5000] {
+                let config = ClientConfig {
+                    addr: server.addr(),
+                    connections: 2,
+                    capacity: 4096,
+                    request_timeout: Duration::from_secs(5),
+                    connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
+                };
+                let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
+                let keys: Vec<u64> = (0..3000).map(|k| k * 7919).collect();
+                let parker = Parker::current();
+                // No retries: the first failed lookup stops the operator.
+                let config = AsyncConfig::new(OutputMode::Ordered, keys.len());
+                let mut operator = AsyncWaitOperator::new(
+                    Batched::new(
+                        LookupBatchFunction::new(Rc::clone(&client)),
+                        BatchConfig::new(max, Duration::ZERO),
+                    ),
+                    config,
+                    parker.unparker(),
+                )
+                .unwrap();
+                let mut out: Output = Vec::new();
+                let mut failed = 0;
+                for &key in &keys {
+                    operator
+                        .process_record(Key(key), None, 0, &mut out)
+                        .unwrap();
+                }
+                while operator.fire_due_timer(0, &mut out).unwrap().is_some() {}
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while operator.in_flight() > 0 {
+                    assert!(Instant::now() < deadline, "lookups hang");
+                    client.borrow_mut().flush(driver.as_mut());
+                    driver
+                        .turn(Some(Duration::from_millis(5)), &mut |event| {
+                            client.borrow_mut().on_event(&event);
+                        })
+                        .unwrap();
+                    if let Err(error) = operator.drain(0, &mut out) {
+                        assert!(error_rate > 0.0, "{}: {error}", driver.name());
+                        assert!(error.to_string().contains("injected error"), "{error}");
+                        failed += 1;
+                        break;
+                    }
+                }
+                let stats = client.borrow().stats();
+                if error_rate == 0.0 {
+                    assert_eq!(out.len(), keys.len(), "{} max {max}", driver.name());
+                    for (element, &key) in out.iter().zip(&keys) {
+                        let (got, value) = element.as_record().unwrap().value.clone();
+                        let expected: Vec<u8> = (0..20).map(|i| key.to_le_bytes()[i % 8]).collect();
+                        assert_eq!((got, value), (key, expected), "{} max {max}", driver.name());
+                    }
+                    assert_eq!(stats.values, keys.len() as u64);
+                    let batches = keys.len().div_ceil(max.min(keys.len())) as u64;
+                    if max > 1 {
+                        assert_eq!(stats.batches, batches, "{} max {max}", driver.name());
+                    }
+                } else {
+                    // The first failed record stops the operator; its error is the
+                    // service's, and every record before it in order had its value.
+                    assert_eq!(failed, 1, "{} max {max}", driver.name());
+                    for (element, &key) in out.iter().zip(&keys) {
+                        assert_eq!(element.as_record().unwrap().value.0, key);
+                    }
+                    assert!(stats.failed > 0 && stats.values > 0, "{stats:?}");
+                }
+            }
+        }
+    }
+}
+
 /// A peer that answers correctly on its second connection and with garbage on its first.
 fn misbehaving_peer() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

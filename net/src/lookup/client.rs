@@ -55,7 +55,8 @@ use weir_engine::async_io::{AsyncError, AsyncFunction, ResultFuture};
 use weir_engine::slab::{Key, Slab};
 
 use super::protocol::{
-    decode_response, encode_request, response_size, Malformed, Response, STATUS_OK,
+    batch_outcomes, decode_response, encode_batch_request, encode_request, response_size,
+    Malformed, Response, BATCH_KEYS_MAX, STATUS_BATCH, STATUS_OK,
 };
 use crate::connect::{Connect, Link};
 use crate::error::NetError;
@@ -113,8 +114,10 @@ impl ClientConfig {
 /// What a client did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientStats {
-    /// Requests sent.
+    /// Lookups sent (a batch request's keys each count).
     pub requests: u64,
+    /// Batch requests sent.
+    pub batches: u64,
     /// Values received.
     pub values: u64,
     /// Error answers, closed connections and expiries, per failed request.
@@ -156,6 +159,8 @@ enum Sink<R: LookupRequest> {
     },
     /// A future from [`LookupClient::get`] for `key`: fill its slot and wake it.
     Wait { key: u64, slot: Rc<Slot> },
+    /// A batch request's calls, in key order ([`LookupClient::submit_batch`]).
+    Batch(Vec<(R, ResultFuture<R::Out>)>),
 }
 
 /// An outstanding request (kept small: one is written and read per lookup). Its key is
@@ -212,6 +217,7 @@ impl<R: LookupRequest> Sink<R> {
         match self {
             Sink::Call { request, .. } => request.key(),
             Sink::Wait { key, .. } => *key,
+            Sink::Batch(calls) => calls.first().map_or(0, |(request, _)| request.key()),
         }
     }
 }
@@ -223,19 +229,52 @@ fn sink_failed<R: LookupRequest>(sink: Sink<R>, error: AsyncError) {
     match sink {
         Sink::Call { result, .. } => result.complete_err(error),
         Sink::Wait { slot, .. } => slot.fill(Err(error)),
+        Sink::Batch(calls) => {
+            for (_, result) in calls {
+                result.complete_err(duplicate(&error));
+            }
+        }
+    }
+}
+
+/// The same failure again, for each call of a batch: a [`NetError`] keeps its variant
+/// (so that retry predicates that look at it still apply), anything else its message.
+fn duplicate(error: &AsyncError) -> AsyncError {
+    match error {
+        AsyncError::Timeout => AsyncError::Timeout,
+        AsyncError::Dropped => AsyncError::Dropped,
+        AsyncError::Call(inner) => match inner.downcast_ref::<NetError>() {
+            Some(net) => AsyncError::call(net.duplicate()),
+            None => AsyncError::call(inner.to_string()),
+        },
+        other => AsyncError::call(other.to_string()),
     }
 }
 
 impl<R: LookupRequest> Pending<R> {
+    /// Completes a single lookup with `value` (a batch is answered by its outcomes: see
+    /// `LookupClient::deliver`).
     fn succeed(self, value: &[u8]) {
         match self.sink {
             Sink::Call { request, result } => result.complete_one(request.complete(value)),
             Sink::Wait { slot, .. } => slot.fill(Ok(value.to_vec())),
+            Sink::Batch(calls) => sink_failed::<R>(
+                Sink::Batch(calls),
+                AsyncError::call("the lookup service answered a batch request with a single value"),
+            ),
         }
     }
 
     fn fail(self, error: AsyncError) {
         sink_failed(self.sink, error);
+    }
+
+    /// The lookups it stands for: a batch's keys, else one.
+    fn lookups(&self) -> u64 {
+        match &self.sink {
+            Sink::Batch(calls) => calls.len() as u64,
+            _ => 1,
+        }
     }
 }
 
@@ -326,6 +365,49 @@ impl<R: LookupRequest> LookupClient<R> {
     pub fn submit(&mut self, request: R, result: ResultFuture<R::Out>) {
         let key = request.key();
         self.start(key, move || Sink::Call { request, result });
+    }
+
+    /// Starts the lookups of one batch the caller cut (e.g. [`LookupBatchFunction`]) as
+    /// one batch request: one frame for all their keys, one response with their
+    /// outcomes in order, each completing its call (a value, or an error of its own).
+    /// A batch of one goes as a plain request; one of more than [`BATCH_KEYS_MAX`]
+    /// keys as several batch requests. The batch holds one slot of the client's
+    /// capacity (it is one frame waiting for the service).
+    pub fn submit_batch(&mut self, calls: impl IntoIterator<Item = (R, ResultFuture<R::Out>)>) {
+        let mut calls: Vec<(R, ResultFuture<R::Out>)> = calls.into_iter().collect();
+        while calls.len() > BATCH_KEYS_MAX {
+            let rest = calls.split_off(BATCH_KEYS_MAX);
+            self.submit_batch(std::mem::replace(&mut calls, rest));
+        }
+        if calls.len() <= 1 {
+            if let Some((request, result)) = calls.pop() {
+                self.submit(request, result);
+            }
+            return;
+        }
+        let connection = self.next;
+        let number = self.connections[connection].sent;
+        let deadline_ns = self.now_ns.saturating_add(self.timeout_ns);
+        let keys: Vec<u64> = calls.iter().map(|(request, _)| request.key()).collect();
+        let mut calls = Some(calls);
+        match self.pending.insert_with(|| Pending {
+            connection: connection as u32,
+            number,
+            sink: Sink::Batch(calls.take().expect("made once")),
+            deadline_ns,
+        }) {
+            Ok(slot) => {
+                self.next = (connection + 1) % self.connections.len();
+                let outbox = &mut self.connections[connection];
+                encode_batch_request(&mut outbox.outbox, slot.to_u64(), &keys);
+                outbox.sent += 1;
+                self.stats.requests += keys.len() as u64;
+                self.stats.batches += 1;
+            }
+            Err(_) => self.overloaded(Sink::Batch(
+                calls.take().expect("not made: the client was full"),
+            )),
+        }
     }
 
     /// Starts a lookup of `key` whose value a future awaits: for functions written as
@@ -515,7 +597,7 @@ impl<R: LookupRequest> LookupClient<R> {
             let Some(pending) = self.pending.remove(slot) else {
                 continue;
             };
-            self.stats.failed += 1;
+            self.stats.failed += pending.lookups();
             let index = pending.connection as usize;
             debug_assert!(is_before(pending.number, self.connections[index].sent));
             let read = is_before(pending.number, self.connections[index].read_until);
@@ -615,9 +697,22 @@ impl<R: LookupRequest> LookupClient<R> {
         if is_before(connection.read_until, next) {
             connection.read_until = next;
         }
+        if let Sink::Batch(calls) = pending.sink {
+            return self.deliver_batch(pending.connection as usize, calls, response);
+        }
         if response.status == STATUS_OK {
             self.stats.values += 1;
             pending.succeed(response.value);
+        } else if response.status == STATUS_BATCH {
+            // A batch response to a single request: the service is broken.
+            let index = pending.connection as usize;
+            pending.fail(AsyncError::call(
+                "the lookup service answered a single request with a batch",
+            ));
+            self.malformed(
+                index,
+                Malformed("a batch response to a single request".into()),
+            );
         } else {
             self.stats.failed += 1;
             let error = NetError::Service {
@@ -626,6 +721,72 @@ impl<R: LookupRequest> LookupClient<R> {
             };
             pending.fail(AsyncError::call(error));
         }
+    }
+
+    /// Completes a batch request's calls from its response: each with its outcome, or
+    /// all with the error that answered the whole batch. A batch response that does not
+    /// hold one outcome per key is malformed: its calls fail and the connection closes.
+    #[cold]
+    fn deliver_batch(
+        &mut self,
+        index: usize,
+        calls: Vec<(R, ResultFuture<R::Out>)>,
+        response: Response<'_>,
+    ) {
+        match response.status {
+            STATUS_BATCH => {
+                let outcomes = match batch_outcomes(response.value) {
+                    Ok(outcomes) if outcomes.len() == calls.len() => outcomes,
+                    Ok(outcomes) => {
+                        let reason = format!(
+                            "a batch response of {} outcomes to a batch of {} keys",
+                            outcomes.len(),
+                            calls.len()
+                        );
+                        return self.fail_batch(index, calls, reason);
+                    }
+                    Err(malformed) => return self.fail_batch(index, calls, malformed.0),
+                };
+                for ((request, result), (status, value)) in calls.into_iter().zip(outcomes) {
+                    if status == STATUS_OK {
+                        self.stats.values += 1;
+                        result.complete_one(request.complete(value));
+                    } else {
+                        self.stats.failed += 1;
+                        result.complete_err(AsyncError::call(NetError::Service {
+                            key: request.key(),
+                            message: String::from_utf8_lossy(value).into_owned(),
+                        }));
+                    }
+                }
+            }
+            STATUS_OK => {
+                let reason = "a single value in answer to a batch request".to_string();
+                self.fail_batch(index, calls, reason);
+            }
+            _ => {
+                self.stats.failed += calls.len() as u64;
+                let message = String::from_utf8_lossy(response.value).into_owned();
+                for (request, result) in calls {
+                    result.complete_err(AsyncError::call(NetError::Service {
+                        key: request.key(),
+                        message: message.clone(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Fails a batch's calls for a malformed answer, and closes its connection.
+    #[cold]
+    fn fail_batch(&mut self, index: usize, calls: Vec<(R, ResultFuture<R::Out>)>, reason: String) {
+        self.stats.failed += calls.len() as u64;
+        let error = NetError::Malformed {
+            peer: self.config.addr.to_string(),
+            reason: reason.clone(),
+        };
+        sink_failed::<R>(Sink::Batch(calls), AsyncError::call(error));
+        self.malformed(index, Malformed(reason));
     }
 
     /// Closes connection `index` for a malformed frame, failing its requests.
@@ -652,7 +813,7 @@ impl<R: LookupRequest> LookupClient<R> {
             .collect();
         for slot in slots {
             if let Some(pending) = self.take(slot) {
-                self.stats.failed += 1;
+                self.stats.failed += pending.lookups();
                 pending.fail(AsyncError::call(error.duplicate()));
             }
         }
@@ -689,6 +850,36 @@ impl<R: LookupRequest + Clone> AsyncFunction for LookupFunction<R> {
 
     fn key(&self, input: &R) -> u64 {
         input.key()
+    }
+}
+
+/// The [`AsyncBatchFunction`](weir_engine::async_io::AsyncBatchFunction) side of a
+/// [`LookupClient`]: each batch the operator cuts goes as one batch request
+/// ([`LookupClient::submit_batch`]), its outcomes mapped back to the batch's records
+/// one by one (an error answers only its own record). With a batch timeout of 0 a
+/// batch is the records a task took in one turn, up to `max_batch_size`.
+pub struct LookupBatchFunction<R: LookupRequest> {
+    client: Rc<RefCell<LookupClient<R>>>,
+}
+
+impl<R: LookupRequest> LookupBatchFunction<R> {
+    /// A batch function submitting to `client`.
+    pub fn new(client: Rc<RefCell<LookupClient<R>>>) -> Self {
+        LookupBatchFunction { client }
+    }
+}
+
+impl<R: LookupRequest + Clone> weir_engine::async_io::AsyncBatchFunction
+    for LookupBatchFunction<R>
+{
+    type In = R;
+    type Out = R::Out;
+
+    fn invoke_batch(&mut self, inputs: &[R], result: weir_engine::async_io::BatchResult<R::Out>) {
+        let handles = result.into_handles();
+        self.client
+            .borrow_mut()
+            .submit_batch(inputs.iter().cloned().zip(handles));
     }
 }
 
@@ -881,6 +1072,164 @@ mod tests {
         client.borrow_mut().receive(0, &bytes);
         assert_eq!(client.borrow().outstanding(), 0);
         assert_eq!(client.borrow().stats().values, 2);
+    }
+
+    /// A batched operator over `client`: batches of up to `max` records, cut at the end
+    /// of each turn (the harness's timer pass).
+    fn batched(
+        client: &Rc<RefCell<LookupClient<Key64>>>,
+        max: usize,
+        mode: weir_engine::async_io::OutputMode,
+    ) -> weir_engine::async_io::AsyncHarness<
+        weir_engine::async_io::Batched<LookupBatchFunction<Key64>>,
+    > {
+        use weir_engine::async_io::{AsyncConfig, AsyncHarness, BatchConfig, Batched};
+        AsyncHarness::new(
+            Batched::new(
+                LookupBatchFunction::new(Rc::clone(client)),
+                BatchConfig::new(max, Duration::ZERO),
+            ),
+            AsyncConfig::new(mode, 64),
+        )
+        .expect("harness")
+    }
+
+    /// The batch requests in `outbox`: each one's id and keys.
+    fn batch_requests(outbox: &[u8]) -> Vec<(u64, Vec<u64>)> {
+        use crate::lookup::protocol::{batch_keys, decode_request_frame, RequestFrame};
+        let mut offset = 0;
+        let mut batches = Vec::new();
+        while let Some((frame, used)) = decode_request_frame(&outbox[offset..]).expect("valid") {
+            offset += used;
+            match frame {
+                RequestFrame::Batch { request_id, keys } => {
+                    batches.push((request_id, batch_keys(keys).collect()))
+                }
+                RequestFrame::One(request) => batches.push((request.request_id, vec![request.key])),
+            }
+        }
+        assert_eq!(offset, outbox.len());
+        batches
+    }
+
+    /// A batch response: key `k`'s value is `k % 40` bytes, or an error where `fail`.
+    fn batch_response(out: &mut Vec<u8>, id: u64, keys: &[u64], fail: impl Fn(u64) -> bool) {
+        use crate::lookup::protocol::{
+            begin_batch_response, finish_batch_response, push_batch_outcome,
+        };
+        let start = begin_batch_response(out, id, keys.len());
+        for &key in keys {
+            if fail(key) {
+                push_batch_outcome(out, STATUS_ERROR, b"bad key");
+            } else {
+                push_batch_outcome(out, STATUS_OK, &vec![key as u8; (key % 40) as usize]);
+            }
+        }
+        finish_batch_response(out, start);
+    }
+
+    /// Each batch the operator cuts goes as one batch request (a batch of one as a plain
+    /// request), and its response, answered out of order and cut at any size, completes
+    /// each record with its own value, in the operator's order.
+    #[test]
+    fn batches_go_as_batch_requests_and_map_back_to_their_records() {
+        use weir_engine::async_io::OutputMode;
+        for split in [1, 3, 17, 100_000] {
+            let client = Rc::new(RefCell::new(unconnected_client()));
+            let mut harness = batched(&client, 4, OutputMode::Ordered);
+            for key in 0..9 {
+                harness.process_record(Key64(key), None).expect("room");
+            }
+            harness.advance_time(Duration::ZERO).expect("cut");
+            let outbox = std::mem::take(&mut client.borrow_mut().connections[0].outbox);
+            let batches = batch_requests(&outbox);
+            let keys: Vec<Vec<u64>> = batches.iter().map(|(_, k)| k.clone()).collect();
+            assert_eq!(keys, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8]]);
+            let mut bytes = Vec::new();
+            for (id, keys) in batches.iter().rev() {
+                if keys.len() == 1 {
+                    let value = vec![keys[0] as u8; (keys[0] % 40) as usize];
+                    encode_response(&mut bytes, *id, STATUS_OK, &value);
+                } else {
+                    batch_response(&mut bytes, *id, keys, |_| false);
+                }
+            }
+            for piece in bytes.chunks(split) {
+                client.borrow_mut().receive(0, piece);
+            }
+            harness.run_mailbox().expect("no failure");
+            let lengths: Vec<usize> = harness
+                .take_output()
+                .into_iter()
+                .filter_map(|e| e.as_record().map(|r| r.value))
+                .collect();
+            assert_eq!(lengths, (0..9).collect::<Vec<usize>>(), "split {split}");
+            let stats = client.borrow().stats();
+            assert_eq!((stats.requests, stats.batches, stats.values), (9, 2, 9));
+            assert_eq!(client.borrow().outstanding(), 0);
+        }
+    }
+
+    /// An error outcome in a batch response fails its own record only, with the
+    /// service's message and that record's key.
+    #[test]
+    fn an_error_outcome_fails_only_its_record() {
+        use weir_engine::async_io::{AsyncError, OperatorError, OutputMode};
+        let client = Rc::new(RefCell::new(unconnected_client()));
+        let mut harness = batched(&client, 8, OutputMode::Unordered);
+        for key in [10, 11, 12] {
+            harness.process_record(Key64(key), None).expect("room");
+        }
+        harness.advance_time(Duration::ZERO).expect("cut");
+        let outbox = std::mem::take(&mut client.borrow_mut().connections[0].outbox);
+        let batches = batch_requests(&outbox);
+        assert_eq!(batches.len(), 1);
+        let mut bytes = Vec::new();
+        batch_response(&mut bytes, batches[0].0, &batches[0].1, |k| k == 11);
+        client.borrow_mut().receive(0, &bytes);
+        let error = harness
+            .run_mailbox()
+            .expect_err("key 11 failed, no retries");
+        match error {
+            OperatorError::Async(AsyncError::Call(inner)) => match inner.downcast_ref::<NetError>()
+            {
+                Some(NetError::Service { key, message }) => {
+                    assert_eq!((*key, message.as_str()), (11, "bad key"))
+                }
+                other => panic!("not a service error: {other:?}"),
+            },
+            other => panic!("not a call error: {other}"),
+        }
+        let stats = client.borrow().stats();
+        assert_eq!((stats.values, stats.failed), (2, 1));
+    }
+
+    /// A batch response with the wrong number of outcomes, or a single value for a
+    /// batch, is malformed: the batch's records fail and the connection closes.
+    #[test]
+    fn a_batch_answered_wrongly_fails_its_records_and_the_connection() {
+        for wrong in ["count", "single"] {
+            let client = Rc::new(RefCell::new(unconnected_client()));
+            let mut harness = batched(&client, 8, weir_engine::async_io::OutputMode::Unordered);
+            for key in [1, 2, 3] {
+                harness.process_record(Key64(key), None).expect("room");
+            }
+            harness.advance_time(Duration::ZERO).expect("cut");
+            let outbox = std::mem::take(&mut client.borrow_mut().connections[0].outbox);
+            let (id, keys) = batch_requests(&outbox).remove(0);
+            let mut bytes = Vec::new();
+            match wrong {
+                "count" => batch_response(&mut bytes, id, &keys[..2], |_| false),
+                _ => encode_response(&mut bytes, id, STATUS_OK, b"v"),
+            }
+            client.borrow_mut().receive(0, &bytes);
+            let error = harness.run_mailbox().expect_err("malformed");
+            assert!(error.to_string().contains("malformed"), "{wrong}: {error}");
+            let client = client.borrow();
+            assert_eq!(client.stats().malformed, 1, "{wrong}");
+            assert_eq!(client.outstanding(), 0, "{wrong}");
+            assert!(client.connections[0].close, "{wrong}");
+        }
     }
 
     /// A malformed length prefix split across receives closes the connection and fails

@@ -21,7 +21,8 @@ use weir_engine::timer::TimerWheel;
 
 use super::latency::{Latency, Rng};
 use super::protocol::{
-    decode_request, encode_response, Malformed, Request, REQUEST_LEN, STATUS_ERROR, STATUS_OK,
+    batch_keys, begin_batch_response, decode_request_frame, encode_response, finish_batch_response,
+    push_batch_outcome, request_size, Malformed, RequestFrame, STATUS_ERROR, STATUS_OK,
     VALUE_LEN_MAX,
 };
 use crate::error::NetError;
@@ -187,6 +188,7 @@ impl LookupServer {
             value: Vec::new(),
             value_key: None,
             cpu_answered: 0,
+            batches: slab::Slab::new(),
         };
         event_loop
             .poll
@@ -367,7 +369,9 @@ struct Waiting {
     token: usize,
     generation: u64,
     request_id: u64,
+    /// The key; for a batch, its keys' index in `EventLoop::batches`.
     key: u64,
+    batch: bool,
 }
 
 /// The answers waiting for their time, earliest first.
@@ -456,6 +460,8 @@ struct EventLoop {
     value_key: Option<u64>,
     /// The last `Counters::cpu_asked` answered (the service's copy of `cpu_answered`).
     cpu_answered: u64,
+    /// The keys of the batch requests waiting for their answer.
+    batches: slab::Slab<Vec<u64>>,
 }
 
 impl EventLoop {
@@ -507,14 +513,8 @@ impl EventLoop {
                 }
             }
             let now = self.now_ns();
-            while let Some(Waiting {
-                token,
-                generation,
-                request_id,
-                key,
-            }) = self.answers.pop_due(now)
-            {
-                self.answer(token, generation, request_id, key);
+            while let Some(waiting) = self.answers.pop_due(now) {
+                self.answer(waiting);
             }
             let mut tokens = std::mem::take(&mut self.scratch_tokens);
             tokens.clear();
@@ -660,31 +660,50 @@ impl EventLoop {
         let generation = connection.generation;
         let mut rest = bytes;
         if !connection.inbox.is_empty() {
-            debug_assert!(connection.inbox.len() < REQUEST_LEN);
-            let head = (REQUEST_LEN - connection.inbox.len()).min(rest.len());
-            connection.inbox.extend_from_slice(&rest[..head]);
+            // The length prefix first, then the rest of the frame it announces.
+            let mut inbox = std::mem::take(&mut connection.inbox);
+            let head = 4usize.saturating_sub(inbox.len()).min(rest.len());
+            inbox.extend_from_slice(&rest[..head]);
             rest = &rest[head..];
-            if connection.inbox.len() < REQUEST_LEN {
+            let size = match request_size(&inbox) {
+                Ok(Some(size)) => size,
+                Ok(None) => {
+                    connection.inbox = inbox;
+                    return true;
+                }
+                Err(malformed) => return self.malformed(token, malformed),
+            };
+            let body = (size - inbox.len()).min(rest.len());
+            inbox.extend_from_slice(&rest[..body]);
+            rest = &rest[body..];
+            if inbox.len() < size {
+                connection.inbox = inbox;
                 return true;
             }
-            let decoded = decode_request(&connection.inbox);
-            connection.inbox.clear();
-            match decoded {
-                Ok(Some((request, _))) => {
-                    if !self.request(token, generation, now, request) {
+            match decode_request_frame(&inbox) {
+                Ok(Some((frame, _))) => {
+                    if !self.request(token, generation, now, frame) {
                         return false;
                     }
                 }
                 Ok(None) => unreachable!("the inbox holds a whole request"),
                 Err(malformed) => return self.malformed(token, malformed),
             }
+            inbox.clear();
+            if let Some(connection) = self
+                .connections
+                .get_mut(token.wrapping_sub(FIRST_CONNECTION))
+            {
+                // Kept for its capacity.
+                connection.inbox = inbox;
+            }
         }
         let mut offset = 0;
         loop {
-            match decode_request(&rest[offset..]) {
-                Ok(Some((request, used))) => {
+            match decode_request_frame(&rest[offset..]) {
+                Ok(Some((frame, used))) => {
                     offset += used;
-                    if !self.request(token, generation, now, request) {
+                    if !self.request(token, generation, now, frame) {
                         return false;
                     }
                 }
@@ -704,36 +723,62 @@ impl EventLoop {
         }
     }
 
-    /// Takes one request read at `now`: answers it at once, schedules its answer, or
-    /// injects a fault. Returns whether the connection is still open.
-    fn request(&mut self, token: usize, generation: u64, now: u64, request: Request) -> bool {
-        self.local.requests += 1;
+    /// Takes one request frame read at `now`: answers it at once, schedules its answer,
+    /// or injects a fault (a batch is answered, reset or stalled whole, after one
+    /// latency, as a batch API answers; errors are drawn per key). Returns whether the
+    /// connection is still open.
+    fn request(
+        &mut self,
+        token: usize,
+        generation: u64,
+        now: u64,
+        frame: RequestFrame<'_>,
+    ) -> bool {
+        let (request_id, key, batch) = match frame {
+            RequestFrame::One(request) => {
+                self.local.requests += 1;
+                (request.request_id, request.key, false)
+            }
+            RequestFrame::Batch { request_id, keys } => {
+                let keys: Vec<u64> = batch_keys(keys).collect();
+                self.local.requests += keys.len() as u64;
+                (request_id, self.batches.insert(keys) as u64, true)
+            }
+        };
         let faults = self.config.faults;
+        let waiting = Waiting {
+            token,
+            generation,
+            request_id,
+            key,
+            batch,
+        };
         if self.rng.chance(faults.reset_rate) {
             self.local.resets += 1;
+            self.forget(waiting);
             self.close(token);
             return false;
         }
         if self.rng.chance(faults.stall_rate) {
             self.local.stalls += 1;
+            self.forget(waiting);
             return true;
         }
         let delay = self.config.latency.sample(&mut self.rng).as_nanos() as u64;
         if delay == 0 {
-            self.answer(token, generation, request.request_id, request.key);
+            self.answer(waiting);
         } else {
-            self.answers.schedule(
-                now + delay,
-                Waiting {
-                    token,
-                    generation,
-                    request_id: request.request_id,
-                    key: request.key,
-                },
-            );
+            self.answers.schedule(now + delay, waiting);
         }
         self.connections
             .contains(token.wrapping_sub(FIRST_CONNECTION))
+    }
+
+    /// Drops the keys of a batch that will not be answered.
+    fn forget(&mut self, waiting: Waiting) {
+        if waiting.batch {
+            self.batches.try_remove(waiting.key as usize);
+        }
     }
 
     /// Closes connection `token` for a malformed request; returns false (it is closed).
@@ -746,10 +791,8 @@ impl EventLoop {
         false
     }
 
-    fn answer(&mut self, token: usize, generation: u64, request_id: u64, key: u64) {
-        let faults = self.config.faults;
-        let error = self.rng.chance(faults.error_rate);
-        let malformed = self.rng.chance(faults.malformed_rate);
+    /// Fills `self.value` for `key` (its bytes repeated), unless it holds it already.
+    fn fill_value(&mut self, key: u64) {
         if self.value.len() != self.config.value_size {
             self.value = vec![0; self.config.value_size];
             self.value_key = None;
@@ -761,6 +804,23 @@ impl EventLoop {
             }
             self.value_key = Some(key);
         }
+    }
+
+    fn answer(&mut self, waiting: Waiting) {
+        if waiting.batch {
+            return self.answer_batch(waiting);
+        }
+        let Waiting {
+            token,
+            generation,
+            request_id,
+            key,
+            ..
+        } = waiting;
+        let faults = self.config.faults;
+        let error = self.rng.chance(faults.error_rate);
+        let malformed = self.rng.chance(faults.malformed_rate);
+        self.fill_value(key);
         let Some(connection) = self
             .connections
             .get_mut(token.wrapping_sub(FIRST_CONNECTION))
@@ -786,6 +846,43 @@ impl EventLoop {
             self.local.answered += 1;
             encode_response(&mut connection.outbox, request_id, STATUS_OK, &self.value);
         }
+    }
+
+    /// Answers a batch request: one batch response, an error injected per key.
+    fn answer_batch(&mut self, waiting: Waiting) {
+        let Some(keys) = self.batches.try_remove(waiting.key as usize) else {
+            return;
+        };
+        let faults = self.config.faults;
+        let malformed = self.rng.chance(faults.malformed_rate);
+        let live = self
+            .connections
+            .get(waiting.token.wrapping_sub(FIRST_CONNECTION))
+            .is_some_and(|c| c.generation == waiting.generation);
+        if !live {
+            return;
+        }
+        let mut outbox =
+            std::mem::take(&mut self.connections[waiting.token - FIRST_CONNECTION].outbox);
+        if malformed {
+            self.local.malformed += 1;
+            outbox.extend_from_slice(&3u32.to_le_bytes());
+            outbox.extend_from_slice(&[0xde, 0xad, 0xbe]);
+        } else {
+            let start = begin_batch_response(&mut outbox, waiting.request_id, keys.len());
+            for &key in &keys {
+                if self.rng.chance(faults.error_rate) {
+                    self.local.errors += 1;
+                    push_batch_outcome(&mut outbox, STATUS_ERROR, b"injected error");
+                } else {
+                    self.local.answered += 1;
+                    self.fill_value(key);
+                    push_batch_outcome(&mut outbox, STATUS_OK, &self.value);
+                }
+            }
+            finish_batch_response(&mut outbox, start);
+        }
+        self.connections[waiting.token - FIRST_CONNECTION].outbox = outbox;
     }
 
     fn flush(&mut self, token: usize) {
@@ -826,6 +923,7 @@ mod tests {
             generation: 0,
             request_id,
             key: 0,
+            batch: false,
         }
     }
 
