@@ -57,6 +57,20 @@ for i in 0 1 2; do
   [ "$i" -gt 0 ] && name=job-$i
   "$weir" run --records "$job_records" --quiet --json "$data/$name.json" > "$data/$name.txt" 2>&1
 done
+echo "== lookup batch requests" >&2
+# The main job with a request per record and with batch requests (--lookup-batch 256),
+# alternating, on its defaults and with lookups answered at once (latency 0, capacity
+# 256 a subtask, where the per-request cost weighs most).
+for i in 0 1 2; do
+  for side in off on; do
+    batch=""
+    [ "$side" = on ] && batch="--lookup-batch 256"
+    "$weir" run --records "$job_records" $batch --quiet \
+      --json "$data/batch-1ms-$side-$i.json" > "$data/batch-1ms-$side-$i.txt" 2>&1
+    "$weir" run --records "$job_records" --latency fixed:0ms --capacity 256 $batch --quiet \
+      --json "$data/batch-0-$side-$i.json" > "$data/batch-0-$side-$i.txt" 2>&1
+  done
+done
 echo "== main job beside Apache Flink's" >&2
 # The same job in Flink (scripts/flink-peer.sh mainjob) and `weir run --lookup-addr`,
 # against one external lookup service (1 ms, 32-byte values), so that neither process's

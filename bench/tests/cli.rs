@@ -288,6 +288,10 @@ fn redis_store_flags_that_cannot_work_are_one_line_errors() {
     assert!(stderr.contains("use it with --store"), "{stderr}");
     let stderr = assert_one_line_error(&weir(&["run", "--store", store, "--futures"]));
     assert!(stderr.contains("--futures"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--store", store, "--lookup-batch", "8"]));
+    assert!(stderr.contains("--mget"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--futures", "--lookup-batch", "8"]));
+    assert!(stderr.contains("pick one"), "{stderr}");
     let stderr = assert_one_line_error(&weir(&[
         "run",
         "--store",

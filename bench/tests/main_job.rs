@@ -151,6 +151,38 @@ fn faults_with_retries_lose_and_duplicate_nothing() {
     );
 }
 
+/// The lookups as batch requests (`--lookup-batch`): with errors, resets and stalls
+/// injected and retries, every record still arrives exactly once, in both modes.
+#[test]
+fn batch_requests_with_faults_lose_and_duplicate_nothing() {
+    let faults = Faults {
+        error_rate: 0.02,
+        reset_rate: 0.002,
+        stall_rate: 0.002,
+        malformed_rate: 0.0,
+    };
+    let service = server(Latency::Fixed(Duration::from_micros(100)), faults);
+    for driver in drivers() {
+        for mode in [OutputMode::Unordered, OutputMode::Ordered] {
+            let mut settings = settings(&service, 2, driver);
+            settings.lookup_batch = Some(64);
+            settings.mode = mode;
+            settings.retries = 10;
+            settings.timeout = Duration::from_secs(3);
+            let (report, _) = job::run(&settings, Arc::new(JobProgress::default()))
+                .expect("job survives the faults");
+            assert_eq!(report.received, settings.records, "{driver:?} {mode:?}");
+            assert_eq!((report.missing, report.duplicates), (0, 0));
+            assert!(report.async_metrics.retried > 0, "nothing was retried");
+        }
+    }
+    let stats = service.stop();
+    assert!(
+        stats.errors > 0 && stats.resets > 0 && stats.stalls > 0,
+        "{stats:?}"
+    );
+}
+
 #[test]
 fn an_unreachable_service_is_a_clear_error() {
     let service = server(Latency::Fixed(Duration::ZERO), Faults::default());
