@@ -59,8 +59,16 @@ pub fn key(out: &mut Vec<u8>, n: u64) {
     use std::io::Write as _;
     let _ = write!(out, "key:{n:012}");
 }
-/// Keys per `MGET` when batching (the batched operator's `max_batch_size`).
+/// Keys per `MGET` at most when batching.
 pub const MGET_MAX_KEYS: usize = 512;
+
+/// Keys per `MGET` with `c` lookups in flight (the batched operator's
+/// `max_batch_size`): `c / 2`, as the peers' batched forms send (two `MGET`s in flight,
+/// so that the server works on one while the client handles the other), at most
+/// [`MGET_MAX_KEYS`].
+pub fn mget_keys(c: usize) -> usize {
+    (c / 2).clamp(1, MGET_MAX_KEYS)
+}
 /// How long Weir's worker polls before it parks in these workloads: longer than a
 /// loopback round trip, so a worker waiting for one reply takes it without the
 /// wake-up of a parked thread.
@@ -112,7 +120,7 @@ impl Collector<(u64, usize)> for Count {
 /// this thread with `driver`, polling for `spin` before blocking in the driver (the
 /// runtime worker's loop, on this thread). With `mget`, the batched async operator
 /// (`Batched`, batch timeout 0) cuts each turn's lookups into batches of up to
-/// [`MGET_MAX_KEYS`], each sent as one `MGET`, as `weir run --mget` does.
+/// [`mget_keys`]`(c)`, each sent as one `MGET`, as `weir run --mget` does.
 pub fn weir(
     driver: DriverKind,
     url: &RedisUrl,
@@ -136,7 +144,7 @@ pub fn weir(
     if mget {
         let function = Batched::new(
             RedisBatchFunction::new(Rc::clone(&client)),
-            BatchConfig::new(MGET_MAX_KEYS, Duration::ZERO),
+            BatchConfig::new(mget_keys(c), Duration::ZERO),
         );
         let operator =
             AsyncWaitOperator::new(function, async_config, parker.unparker()).expect("operator");

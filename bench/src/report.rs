@@ -1111,7 +1111,10 @@ fn lookup_batch_section(md: &mut String, data: &Path) {
         ("1ms", "defaults (1 ms lookups, capacity 1000)"),
         ("0", "lookups answered at once (latency 0, capacity 256)"),
     ];
-    if cases.iter().all(|(latency, _)| runs(latency, "off").is_empty()) {
+    if cases
+        .iter()
+        .all(|(latency, _)| runs(latency, "off").is_empty())
+    {
         return;
     }
     let _ = writeln!(md, "\n### Lookup batch requests\n");
@@ -1121,7 +1124,10 @@ fn lookup_batch_section(md: &mut String, data: &Path) {
     for (latency, name) in cases {
         let mut throughput = Vec::new();
         let mut cpu = Vec::new();
-        for (side, label) in [("off", "a request per record"), ("on", "batch requests of up to 256")] {
+        for (side, label) in [
+            ("off", "a request per record"),
+            ("on", "batch requests of up to 256"),
+        ] {
             let jobs = runs(latency, side);
             if jobs.is_empty() {
                 continue;
