@@ -55,7 +55,8 @@
 //   batched and reads done by one NIO I/O thread per subtask; see its comment) → keyBy(key)
 //   → a sink (parallelism 2) that counts records, marks every id in a bitset (unique,
 //   duplicated, lost) and records each record's latency, sink arrival − created_ns;
-//   buffer timeout 1 ms, as `weir run`'s default. First 2 JVM warm-up runs (at least
+//   buffer timeout 1 ms (Flink sets it in whole milliseconds; the report runs
+//   `weir run --buffer-timeout 1ms` beside it). First 2 JVM warm-up runs (at least
 //   1,000,000 records each), then per round one warm-up run (a fifth of the records) and
 //   the measured run, all on one MiniCluster started once; each row is one
 //   measured round (throughput over the window below, exact latency percentiles over

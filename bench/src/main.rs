@@ -268,9 +268,8 @@ struct RunArgs {
     /// Exchange buffer timeout: how long a record may wait in a partly filled buffer
     /// before the buffer is flushed to its reader (0 = flush every record). The default,
     /// 100 µs, keeps the wait well under the 1 ms lookup; at full load buffers fill long
-    /// before it, so it costs no throughput, and at low load it costs a reader's wake-up
-    /// per flush (e.g. 1ms instead: p50 about 0.3 ms higher, CPU per record at 50 k
-    /// records/s about a fifth lower).
+    /// before it, and at low load it costs a reader's wake-up per flush (a longer one
+    /// trades latency for less CPU at low load).
     #[arg(long, default_value = "100us", value_parser = parse_duration)]
     buffer_timeout: Duration,
     /// Write the report as JSON here (checked before the run; a failed job writes its
@@ -966,6 +965,21 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         return Err(RunError::Setting(
             "--lookup-batch batches the lookup service's requests; with --store use --mget".into(),
         ));
+    }
+    if args.lookup_batch > 0 {
+        let len = weir_net::lookup::protocol::batch_response_len(
+            args.lookup_batch as usize,
+            args.value_size,
+        );
+        if len > weir_net::lookup::protocol::RESPONSE_LEN_MAX {
+            return Err(RunError::Setting(format!(
+                "--lookup-batch {} of --value-size {} values needs {len}-byte responses, over \
+                 the protocol's {} bytes; lower one of them",
+                args.lookup_batch,
+                args.value_size,
+                weir_net::lookup::protocol::RESPONSE_LEN_MAX
+            )));
+        }
     }
     if args.futures && args.lookup_batch > 0 {
         return Err(RunError::Setting(

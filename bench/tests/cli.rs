@@ -294,6 +294,14 @@ fn redis_store_flags_that_cannot_work_are_one_line_errors() {
     assert!(stderr.contains("pick one"), "{stderr}");
     let stderr = assert_one_line_error(&weir(&[
         "run",
+        "--lookup-batch",
+        "4096",
+        "--value-size",
+        "65536",
+    ]));
+    assert!(stderr.contains("lower one of them"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
         "--store",
         store,
         "--lookup-addr",

@@ -125,8 +125,9 @@ fn values_round_trip_on_every_driver() {
 
 /// Batches cut by the batched operator go to the service as batch requests (over
 /// several connections, at several batch sizes) and come back as one batch response
-/// each: every key once with its own value; with injected errors, the failed keys are
-/// exactly those the service counted as errors, and every other key has its value.
+/// each: every key once with its own value, in order; with injected errors, the first
+/// failed key stops the (retry-less, ordered) operator with the service's message, and
+/// every record before it came out with its own key.
 #[test]
 fn batch_requests_round_trip_on_every_driver() {
     use weir_engine::async_io::{BatchConfig, Batched};
@@ -213,6 +214,71 @@ fn batch_requests_round_trip_on_every_driver() {
             }
         }
     }
+}
+
+/// A batch whose response would be longer than a frame may be is answered with one
+/// error for the whole batch, which says to send smaller batches; the connection stays
+/// up and a smaller batch after it is answered.
+#[test]
+fn a_batch_too_large_to_answer_fails_whole_with_a_clear_error() {
+    use weir_net::lookup::LookupBatchFunction;
+    let server = LookupServer::start(ServerConfig {
+        value_size: 1 << 20,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let mut driver = weir_net::build_driver(DriverKind::Epoll).unwrap();
+    let config = ClientConfig {
+        addr: server.addr(),
+        connections: 1,
+        capacity: 64,
+        request_timeout: Duration::from_secs(5),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
+    };
+    let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
+    for (keys, fits) in [(17u64, false), (3, true)] {
+        let parker = Parker::current();
+        let mut operator = AsyncWaitOperator::new(
+            weir_engine::async_io::Batched::new(
+                LookupBatchFunction::new(Rc::clone(&client)),
+                weir_engine::async_io::BatchConfig::new(64, Duration::ZERO),
+            ),
+            AsyncConfig::new(OutputMode::Unordered, 64),
+            parker.unparker(),
+        )
+        .unwrap();
+        let mut out: Output = Vec::new();
+        for key in 0..keys {
+            operator
+                .process_record(Key(key), None, 0, &mut out)
+                .unwrap();
+        }
+        while operator.fire_due_timer(0, &mut out).unwrap().is_some() {}
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut failure = None;
+        while operator.in_flight() > 0 && failure.is_none() {
+            assert!(Instant::now() < deadline, "lookups hang");
+            client.borrow_mut().flush(driver.as_mut());
+            driver
+                .turn(Some(Duration::from_millis(5)), &mut |event| {
+                    client.borrow_mut().on_event(&event);
+                })
+                .unwrap();
+            failure = operator.drain(0, &mut out).err();
+        }
+        if fits {
+            assert!(failure.is_none(), "{failure:?}");
+            assert_eq!(out.len(), keys as usize);
+        } else {
+            let failure = failure.expect("the batch fails").to_string();
+            assert!(failure.contains("send smaller batches"), "{failure}");
+        }
+    }
+    assert_eq!(
+        client.borrow().stats().connects,
+        1,
+        "the connection stayed up"
+    );
 }
 
 /// A peer that answers correctly on its second connection and with garbage on its first.

@@ -100,21 +100,42 @@ pub fn section(md: &mut String, data: &Path) {
     }
     let _ = writeln!(
         md,
-        "The same job on both engines, against one external lookup service (`weir serve-lookup --latency fixed:1ms --value-size 32`, its own process, so neither side's CPU includes it): a generator of {} records (keys uniform over 1,000,000) on 2 subtasks, an unordered async lookup of capacity 1000 per subtask with a 1 s timeout, a key-by exchange with a 1 ms buffer timeout (Flink's is set in whole milliseconds, and 1 ms is its lowest above flushing every record, so Weir runs at 1 ms here too, not its default of 100 µs), and a sink that counts, checks every id once and records each record's latency from its creation. A Weir run and a Flink round in turn, {} of each; medians. Little's limit is 2 × 1000 ÷ 1 ms = 2 M records/s for both.\n",
+        "The same job on both engines, against one external lookup service (`weir serve-lookup --latency fixed:1ms --value-size 32`, its own process, so neither side's CPU includes it): a generator of {} records (keys uniform over 1,000,000) on {} subtasks, an unordered async lookup of capacity 1000 per subtask with a 1 s timeout, a key-by exchange with a 1 ms buffer timeout (Flink's is set in whole milliseconds, and 1 ms is its lowest above flushing every record, so Weir runs at 1 ms here too, not its default of 100 µs), and a sink that counts, checks every id once and records each record's latency from its creation. A Weir run and a Flink round in turn, {} of each; medians. Little's limit is subtasks × 1000 ÷ 1 ms for both.\n",
         weir_files
             .first()
             .and_then(|j| j["settings"]["records"].as_u64())
+            .map_or("?".to_string(), |n| n.to_string()),
+        weir_files
+            .first()
+            .and_then(|j| j["workers"].as_u64())
             .map_or("?".to_string(), |n| n.to_string()),
         weir_files.len().max(flink_files.len())
     );
     let _ = writeln!(
         md,
-        "- Weir: `{}` (2 workers, io_uring, the lookup client pipelining on each worker's driver).",
+        "- Weir: `{}` ({} workers, driver {}, the lookup client pipelining on each worker's driver).",
         weir_files
             .first()
             .and_then(|j| j["command"].as_str())
-            .unwrap_or("weir run --lookup-addr …")
+            .unwrap_or("weir run --lookup-addr …"),
+        weir_files
+            .first()
+            .and_then(|j| j["workers"].as_u64())
+            .unwrap_or(0),
+        weir_files
+            .first()
+            .map_or("?".to_string(), |j| j["drivers"].to_string())
     );
+    for job in weir_files
+        .iter()
+        .filter(|j| j["outcome"].as_str() != Some("completed"))
+    {
+        let _ = writeln!(
+            md,
+            "\n**A Weir run failed** (left out of the medians): {}",
+            job["cause"].as_str().unwrap_or("no cause recorded")
+        );
+    }
     if let Some(file) = described {
         let _ = writeln!(
             md,
@@ -160,13 +181,21 @@ pub fn section(md: &mut String, data: &Path) {
         }
     }
     if let [weir, flink] = rows[..] {
+        // "k× less" or "k× more", by which side is ahead.
+        let compare = |flink: f64, weir: f64, less: &str, more: &str| {
+            if flink >= weir {
+                format!("{:.2}× {less}", flink / weir)
+            } else {
+                format!("{:.2}× {more}", weir / flink)
+            }
+        };
         let _ = writeln!(
             md,
-            "\nWeir ÷ Flink: **{:.2}×** the throughput, {:.2}× less CPU per record, p50 {:.2}× and p99 {:.2}× lower.",
+            "\nWeir against Flink: **{:.2}×** the throughput; CPU per record {}; p50 {}; p99 {}.",
             weir.0 / flink.0,
-            flink.3 / weir.3,
-            flink.1 / weir.1,
-            flink.2 / weir.2
+            compare(flink.3, weir.3, "less", "more"),
+            compare(flink.1, weir.1, "lower", "higher"),
+            compare(flink.2, weir.2, "lower", "higher")
         );
     }
     let _ = writeln!(md, "\nEach run:\n");

@@ -132,7 +132,7 @@ pub fn section(md: &mut String, data: &Path) {
                         .collect::<Vec<_>>()
                         .join("; "),
                     met: Some(met),
-                    bound: "The operator's own work per record: a record completed inside `invoke` is handed on without an entry, yet still passes the capacity check, the latency sample and the output collector, 127–132 instructions a record on the inline path (callgrind, in the async section) against the few dozen of a loop that hands a ready value straight on; `futures-buffered`'s slots are themselves 2× the node-per-call peer (`futures` `buffered`, its row below). Next: `scripts/callgrind.sh` per stage of the inline path, and drop from it what a record completed in `invoke` does not need.".into(),
+                    bound: "The operator's own work per record: a record completed inside `invoke` is handed on without an entry, yet still passes the capacity check, the latency sample and the output collector: 127–132 instructions a record on the inline path when last counted (the callgrind table in the async section names its file) against the few dozen of a loop that hands a ready value straight on; `futures-buffered`'s slots are themselves 2× the node-per-call peer (`futures` `buffered`, its row below). Next: `scripts/callgrind.sh` per stage of the inline path, and drop from it what a record completed in `invoke` does not need.".into(),
                 });
             }
             if !of_loop.is_empty() {
@@ -239,7 +239,7 @@ pub fn section(md: &mut String, data: &Path) {
                     target: "≥ 1.2×, and client CPU a lookup ≤ the loop's",
                     measured: figures.join("; "),
                     met: Some(met),
-                    bound: "The hand-written mio loop (no operator, its row in the lookup section) runs at the tokio loop's speed: the loop is at the ceiling of this work, so Weir can at best match it. What Weir spends beyond it per lookup is bookkeeping the loop does not keep: the operator's entry (capacity, timeout, output) and the client's pending entry (request id, deadline, connection), two slots a lookup where the loop has one. Next: let the client key its requests by the operator's entry, one slot a lookup.".into(),
+                    bound: "The hand-written mio loop (no operator, its row in the lookup section of this run) does the same work with no framework: where the tokio loop runs at its speed, the loop is at the ceiling of this work and Weir can at best match it. What Weir spends beyond it per lookup is bookkeeping the loop does not keep: the operator's entry (capacity, timeout, output) and the client's pending entry (request id, deadline, connection), two slots a lookup where the loop has one. Next: let the client key its requests by the operator's entry, one slot a lookup.".into(),
                 });
             }
         }
@@ -282,7 +282,7 @@ pub fn section(md: &mut String, data: &Path) {
         let runs = jobs.len();
         if let (Some(fraction), Some(p50)) = (fraction, p50) {
             targets.push(Target {
-                figure: format!("`weir run` defaults (2 workers, capacity 1000, 1 ms lookups): fraction of Little's limit and p50, median of {runs} runs"),
+                figure: format!("`weir run` defaults (a worker per core, capacity 1000, 1 ms lookups): fraction of Little's limit and p50, median of {runs} runs"),
                 target: "≥ 90%, p50 ≤ 1.3 ms",
                 measured: format!("{:.1}%, p50 {:.2} ms", fraction * 100.0, p50 / 1e6),
                 met: Some(fraction >= 0.9 && p50 <= 1.3e6),
@@ -315,7 +315,7 @@ pub fn section(md: &mut String, data: &Path) {
                     target: "≥ 1.0×",
                     measured: format!("{ratio:.2}× ({:.1} vs {:.1} ns)", weir.median_ns, rtrb.median_ns),
                     met: Some(ratio >= 1.0),
-                    bound: "Bimodal across processes on this VM: the same binary measured 1.30×, 1.58× and 0.63× against rtrb in three processes (`weir compare ring`), with the cached indices and padded counters of rtrb's design; a version that cached the buffer pointer beside the indices showed no gain and was reverted. The placement of the two vCPUs decides it. Next: the two loops' assembly side by side under `perf annotate` on a host with stable placement.".into(),
+                    bound: "Bimodal across processes on this VM, in earlier measurements: the same binary measured 1.30×, 1.58× and 0.63× against rtrb in three processes (`weir compare ring`), with the cached indices and padded counters of rtrb's design; a version that cached the buffer pointer beside the indices showed no gain and was reverted. The placement of the two vCPUs decides it. Next: the two loops' assembly side by side under `perf annotate` on a host with stable placement.".into(),
                 });
             }
             None => targets.push(missing("SPSC ring vs rtrb", "≥ 1.0×", "the ring rows")),
@@ -384,7 +384,7 @@ pub fn section(md: &mut String, data: &Path) {
             let cpu = job["cpu_per_record_ns"].as_f64().unwrap_or(f64::NAN);
             let share = job["service_cpu_share"].as_f64().unwrap_or(f64::NAN);
             targets.push(Target {
-                figure: "open loop at 50 k records/s (about 2.5% of saturation): CPU per record".into(),
+                figure: "open loop at 50 k records/s (2.5% of Little's limit): CPU per record".into(),
                 target: "≤ 3 µs",
                 measured: format!("{:.1} µs ({:.0}% of it the embedded service)", cpu / 1e3, share * 100.0),
                 met: Some(cpu <= 3000.0),

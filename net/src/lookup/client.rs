@@ -56,7 +56,7 @@ use weir_engine::slab::{Key, Slab};
 
 use super::protocol::{
     batch_outcomes, decode_response, encode_batch_request, encode_request, response_size,
-    Malformed, Response, BATCH_KEYS_MAX, STATUS_BATCH, STATUS_OK,
+    Malformed, Response, BATCH_KEYS_MAX, STATUS_BATCH, STATUS_OK, VALUE_LEN_MAX,
 };
 use crate::connect::{Connect, Link};
 use crate::error::NetError;
@@ -91,8 +91,9 @@ pub struct ClientConfig {
     pub addr: SocketAddr,
     /// Connections per client (requests go round robin).
     pub connections: usize,
-    /// Requests outstanding at most (beyond: the call fails with "overloaded"); also
-    /// the most request frames that wait for a service that does not read.
+    /// Request frames outstanding at most (beyond: the call fails with "overloaded"); also
+    /// the most request frames that wait for a service that does not read. A batch
+    /// request is one frame, however many keys it holds.
     pub capacity: usize,
     /// A request unanswered this long is failed.
     pub request_timeout: Duration,
@@ -142,6 +143,9 @@ struct Connection {
     /// The service read every request numbered below this: one past the latest
     /// answered, or `sent` when the connection last failed.
     read_until: u64,
+    /// Batch requests outstanding on it: only while there are, a response may be longer
+    /// than one value's (see `receive`).
+    batches: u32,
 }
 
 /// Whether request number `a` comes before number `b` on a connection.
@@ -328,6 +332,7 @@ impl<R: LookupRequest> LookupClient<R> {
                 close: false,
                 sent: 0,
                 read_until: 0,
+                batches: 0,
             })
             .collect();
         Ok(LookupClient {
@@ -350,7 +355,7 @@ impl<R: LookupRequest> LookupClient<R> {
         self.stats
     }
 
-    /// Requests waiting for an answer.
+    /// Request frames waiting for an answer (a batch request counts once).
     pub fn outstanding(&self) -> usize {
         self.pending.len()
     }
@@ -401,6 +406,7 @@ impl<R: LookupRequest> LookupClient<R> {
                 let outbox = &mut self.connections[connection];
                 encode_batch_request(&mut outbox.outbox, slot.to_u64(), &keys);
                 outbox.sent += 1;
+                outbox.batches += 1;
                 self.stats.requests += keys.len() as u64;
                 self.stats.batches += 1;
             }
@@ -450,7 +456,7 @@ impl<R: LookupRequest> LookupClient<R> {
     #[inline(never)]
     fn overloaded(&mut self, sink: Sink<R>) {
         let message = format!(
-            "lookup client overloaded: {} requests outstanding",
+            "lookup client overloaded: {} requests outstanding (batch requests count once)",
             self.pending.len()
         );
         sink_failed(sink, AsyncError::call(message));
@@ -594,7 +600,7 @@ impl<R: LookupRequest> LookupClient<R> {
         );
         for &slot in &expired {
             // Gone already when an earlier expiry closed its connection.
-            let Some(pending) = self.pending.remove(slot) else {
+            let Some(pending) = self.take(slot) else {
                 continue;
             };
             self.stats.failed += pending.lookups();
@@ -621,7 +627,11 @@ impl<R: LookupRequest> LookupClient<R> {
 
     /// Removes an outstanding request that is answered or failed.
     fn take(&mut self, slot: Key) -> Option<Pending<R>> {
-        self.pending.remove(slot)
+        let pending = self.pending.remove(slot)?;
+        if let Sink::Batch(_) = pending.sink {
+            self.connections[pending.connection as usize].batches -= 1;
+        }
+        Some(pending)
     }
 
     fn count_on(&self, index: usize) -> usize {
@@ -652,6 +662,13 @@ impl<R: LookupRequest> LookupClient<R> {
                 Err(malformed) => return self.malformed(index, malformed),
             };
             debug_assert!(inbox.len() < size, "the inbox holds no whole frame");
+            // Beyond one value's frame only while a batch is outstanding here: so a
+            // service can make a client that sends no batches buffer 1 MiB at most.
+            if size > 13 + VALUE_LEN_MAX && self.connections[index].batches == 0 {
+                let reason =
+                    format!("a response of {size} bytes with no batch request outstanding");
+                return self.malformed(index, Malformed(reason));
+            }
             let body = (size - inbox.len()).min(rest.len());
             inbox.extend_from_slice(&rest[..body]);
             rest = &rest[body..];
@@ -663,6 +680,10 @@ impl<R: LookupRequest> LookupClient<R> {
                 Ok(Some((response, used))) => {
                     debug_assert_eq!(used, inbox.len());
                     self.deliver(response);
+                    if self.connections[index].close {
+                        // The response was wrong for its request: nothing more is read.
+                        return;
+                    }
                 }
                 Ok(None) => unreachable!("the inbox holds the whole frame"),
                 Err(malformed) => return self.malformed(index, malformed),
@@ -675,6 +696,9 @@ impl<R: LookupRequest> LookupClient<R> {
                 Ok(Some((response, used))) => {
                     offset += used;
                     self.deliver(response);
+                    if self.connections[index].close {
+                        return;
+                    }
                 }
                 Ok(None) => break,
                 Err(malformed) => return self.malformed(index, malformed),
@@ -706,13 +730,13 @@ impl<R: LookupRequest> LookupClient<R> {
         } else if response.status == STATUS_BATCH {
             // A batch response to a single request: the service is broken.
             let index = pending.connection as usize;
-            pending.fail(AsyncError::call(
-                "the lookup service answered a single request with a batch",
-            ));
-            self.malformed(
-                index,
-                Malformed("a batch response to a single request".into()),
-            );
+            let reason = "a batch response to a single request".to_string();
+            self.stats.failed += 1;
+            pending.fail(AsyncError::call(NetError::Malformed {
+                peer: self.config.addr.to_string(),
+                reason: reason.clone(),
+            }));
+            self.malformed(index, Malformed(reason));
         } else {
             self.stats.failed += 1;
             let error = NetError::Service {
@@ -1072,6 +1096,24 @@ mod tests {
         client.borrow_mut().receive(0, &bytes);
         assert_eq!(client.borrow().outstanding(), 0);
         assert_eq!(client.borrow().stats().values, 2);
+    }
+
+    /// A response longer than one value's frame, on a connection with no batch request
+    /// outstanding, is malformed as soon as its length is read: the client does not
+    /// buffer it.
+    #[test]
+    fn a_long_response_without_a_batch_outstanding_is_refused_at_its_length() {
+        let mut client = unconnected_client();
+        let _get = client.get(1);
+        let _ = std::mem::take(&mut client.connections[0].outbox);
+        let mut bytes = (2u32 << 20).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 100]);
+        client.receive(0, &bytes);
+        assert_eq!(client.stats().malformed, 0, "not whole yet");
+        client.receive(0, &[0; 100]);
+        assert_eq!(client.stats().malformed, 1);
+        assert_eq!(client.outstanding(), 0);
+        assert!(client.connections[0].inbox.is_empty());
     }
 
     /// A batched operator over `client`: batches of up to `max` records, cut at the end

@@ -89,11 +89,21 @@ pub fn push_batch_outcome(out: &mut Vec<u8>, status: u8, value: &[u8]) {
     out.extend_from_slice(value);
 }
 
-/// Writes the length of the batch response that starts at `start`.
+/// Writes the length of the batch response that starts at `start` (the caller keeps
+/// it within [`RESPONSE_LEN_MAX`]: see [`batch_response_len`]).
 #[inline]
 pub fn finish_batch_response(out: &mut [u8], start: usize) {
-    let len = (out.len() - start - 4) as u32;
+    let len = out.len() - start - 4;
+    debug_assert!(len <= RESPONSE_LEN_MAX, "a batch response of {len} bytes");
+    let len = u32::try_from(len).expect("a batch response within RESPONSE_LEN_MAX");
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The length (prefix excluded) of a batch response of `n` values of `value_len` bytes
+/// each: a service must answer a batch whose response would exceed
+/// [`RESPONSE_LEN_MAX`] with one error response instead.
+pub fn batch_response_len(n: usize, value_len: usize) -> usize {
+    13usize.saturating_add(n.saturating_mul(value_len.saturating_add(5)))
 }
 
 /// A decoded request frame: one key, or a batch.

@@ -21,9 +21,9 @@ use weir_engine::timer::TimerWheel;
 
 use super::latency::{Latency, Rng};
 use super::protocol::{
-    batch_keys, begin_batch_response, decode_request_frame, encode_response, finish_batch_response,
-    push_batch_outcome, request_size, Malformed, RequestFrame, STATUS_ERROR, STATUS_OK,
-    VALUE_LEN_MAX,
+    batch_keys, batch_response_len, begin_batch_response, decode_request_frame, encode_response,
+    finish_batch_response, push_batch_outcome, request_size, Malformed, RequestFrame,
+    RESPONSE_LEN_MAX, STATUS_ERROR, STATUS_OK, VALUE_LEN_MAX,
 };
 use crate::error::NetError;
 
@@ -32,7 +32,8 @@ const WAKER: Token = Token(1);
 const TIMER: Token = Token(2);
 const FIRST_CONNECTION: usize = 3;
 
-/// Faults the service injects, each a probability per request.
+/// Faults the service injects, each a probability per request frame (a batch request is
+/// reset, stalled or answered malformed whole; its error answers are drawn per key).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Faults {
     /// Answer with an error status.
@@ -86,17 +87,17 @@ impl Default for ServerConfig {
 /// What the service did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerStats {
-    /// Requests read.
+    /// Lookups read (a batch request's keys each count; so do the counts below).
     pub requests: u64,
-    /// Successful answers sent.
+    /// Lookups answered with a value.
     pub answered: u64,
-    /// Error answers sent.
+    /// Lookups answered with an error.
     pub errors: u64,
-    /// Connections reset on purpose.
+    /// Lookups whose connection was reset on purpose instead of answering.
     pub resets: u64,
-    /// Requests never answered on purpose.
+    /// Lookups never answered on purpose.
     pub stalls: u64,
-    /// Malformed frames sent on purpose.
+    /// Lookups answered with a malformed frame on purpose.
     pub malformed: u64,
     /// CPU time of the service thread (user + system) as last published: when it
     /// stopped, or at the last [`LookupServer::cpu_ns`] call; 0 before either.
@@ -753,14 +754,21 @@ impl EventLoop {
             key,
             batch,
         };
+        // Faults are drawn per frame (a batch is reset or stalled whole) and counted per
+        // lookup, as the other counters are.
+        let lookups = if batch {
+            self.batches.get(key as usize).map_or(1, Vec::len) as u64
+        } else {
+            1
+        };
         if self.rng.chance(faults.reset_rate) {
-            self.local.resets += 1;
+            self.local.resets += lookups;
             self.forget(waiting);
             self.close(token);
             return false;
         }
         if self.rng.chance(faults.stall_rate) {
-            self.local.stalls += 1;
+            self.local.stalls += lookups;
             self.forget(waiting);
             return true;
         }
@@ -864,10 +872,26 @@ impl EventLoop {
         }
         let mut outbox =
             std::mem::take(&mut self.connections[waiting.token - FIRST_CONNECTION].outbox);
+        let len = batch_response_len(keys.len(), self.config.value_size.max(14));
         if malformed {
-            self.local.malformed += 1;
+            self.local.malformed += keys.len() as u64;
             outbox.extend_from_slice(&3u32.to_le_bytes());
             outbox.extend_from_slice(&[0xde, 0xad, 0xbe]);
+        } else if len > RESPONSE_LEN_MAX {
+            // Its answer would not fit in a frame: the whole batch fails, and says why.
+            self.local.errors += keys.len() as u64;
+            let message = format!(
+                "a batch of {} keys of {}-byte values needs a {len}-byte response, over the \
+                 protocol's {RESPONSE_LEN_MAX}; send smaller batches",
+                keys.len(),
+                self.config.value_size
+            );
+            encode_response(
+                &mut outbox,
+                waiting.request_id,
+                STATUS_ERROR,
+                message.as_bytes(),
+            );
         } else {
             let start = begin_batch_response(&mut outbox, waiting.request_id, keys.len());
             for &key in &keys {
