@@ -991,6 +991,74 @@ fn debloat_section(md: &mut String, value: &Value) {
     }
 }
 
+/// The main job with a lookup request per record against batch requests
+/// (`--lookup-batch 256`), alternating runs (`batch-<latency>-<off|on>-<i>.json`):
+/// medians, and whether batching wins.
+fn lookup_batch_section(md: &mut String, data: &Path) {
+    let runs = |latency: &str, side: &str| -> Vec<Value> {
+        (0..10)
+            .filter_map(|i| read(data, &format!("batch-{latency}-{side}-{i}.json")))
+            .filter(|j| j["outcome"].as_str() == Some("completed"))
+            .collect()
+    };
+    let median = |jobs: &[Value], field: &dyn Fn(&Value) -> Option<f64>| -> f64 {
+        let mut values: Vec<f64> = jobs.iter().filter_map(field).collect();
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let cases = [
+        ("1ms", "defaults (1 ms lookups, capacity 1000)"),
+        ("0", "lookups answered at once (latency 0, capacity 256)"),
+    ];
+    if cases
+        .iter()
+        .all(|(latency, _)| runs(latency, "off").is_empty())
+    {
+        return;
+    }
+    let _ = writeln!(md, "\n### Lookup batch requests\n");
+    let _ = writeln!(md, "The main job with a request per record, and with the batched async operator cutting each task turn's lookups into batch requests of up to 256 keys (`weir run --lookup-batch 256`: one frame for the keys, one response with their outcomes, answered after one latency); alternating runs, medians.\n");
+    let _ = writeln!(md, "| case | lookups | runs | throughput records/s | CPU µs/record (service share) | p50 µs | p99 µs |\n|---|---|---:|---:|---:|---:|---:|");
+    let mut verdicts = Vec::new();
+    for (latency, name) in cases {
+        let mut throughput = Vec::new();
+        let mut cpu = Vec::new();
+        for (side, label) in [
+            ("off", "a request per record"),
+            ("on", "batch requests of up to 256"),
+        ] {
+            let jobs = runs(latency, side);
+            if jobs.is_empty() {
+                continue;
+            }
+            let t = median(&jobs, &|j| j["throughput_records_per_s"].as_f64());
+            let c = median(&jobs, &|j| j["cpu_per_record_ns"].as_f64());
+            let share = median(&jobs, &|j| j["service_cpu_share"].as_f64());
+            let p50 = median(&jobs, &|j| j["latency_ns"]["p50"].as_f64()) / 1e3;
+            let p99 = median(&jobs, &|j| j["latency_ns"]["p99"].as_f64()) / 1e3;
+            let _ = writeln!(
+                md,
+                "| {name} | {label} | {} | {t:.0} | {:.3} ({:.0}%) | {p50:.0} | {p99:.0} |",
+                jobs.len(),
+                c / 1e3,
+                share * 100.0
+            );
+            throughput.push(t);
+            cpu.push(c);
+        }
+        if let ([t_off, t_on], [c_off, c_on]) = (&throughput[..], &cpu[..]) {
+            verdicts.push(format!(
+                "{name}: batch requests {:.2}× the throughput at {:.2}× the CPU per record",
+                t_on / t_off,
+                c_on / c_off
+            ));
+        }
+    }
+    if !verdicts.is_empty() {
+        let _ = writeln!(md, "\n{}. `weir run` sends a request per record unless `--lookup-batch` is given: batch requests win only where their ratio above is clearly above 1 at no more CPU.", verdicts.join("; "));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1089,73 +1157,5 @@ mod tests {
         assert!(md.contains("| off | segment |"), "{md}");
         assert!(md.contains("| on | 4096 |"), "{md}");
         assert!(md.contains("2.00 segments on average"), "{md}");
-    }
-}
-
-/// The main job with a lookup request per record against batch requests
-/// (`--lookup-batch 256`), alternating runs (`batch-<latency>-<off|on>-<i>.json`):
-/// medians, and whether batching wins.
-fn lookup_batch_section(md: &mut String, data: &Path) {
-    let runs = |latency: &str, side: &str| -> Vec<Value> {
-        (0..10)
-            .filter_map(|i| read(data, &format!("batch-{latency}-{side}-{i}.json")))
-            .filter(|j| j["outcome"].as_str() == Some("completed"))
-            .collect()
-    };
-    let median = |jobs: &[Value], field: &dyn Fn(&Value) -> Option<f64>| -> f64 {
-        let mut values: Vec<f64> = jobs.iter().filter_map(field).collect();
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let cases = [
-        ("1ms", "defaults (1 ms lookups, capacity 1000)"),
-        ("0", "lookups answered at once (latency 0, capacity 256)"),
-    ];
-    if cases
-        .iter()
-        .all(|(latency, _)| runs(latency, "off").is_empty())
-    {
-        return;
-    }
-    let _ = writeln!(md, "\n### Lookup batch requests\n");
-    let _ = writeln!(md, "The main job with a request per record, and with the batched async operator cutting each task turn's lookups into batch requests of up to 256 keys (`weir run --lookup-batch 256`: one frame for the keys, one response with their outcomes, answered after one latency); alternating runs, medians.\n");
-    let _ = writeln!(md, "| case | lookups | runs | throughput records/s | CPU µs/record (service share) | p50 µs | p99 µs |\n|---|---|---:|---:|---:|---:|---:|");
-    let mut verdicts = Vec::new();
-    for (latency, name) in cases {
-        let mut throughput = Vec::new();
-        let mut cpu = Vec::new();
-        for (side, label) in [
-            ("off", "a request per record"),
-            ("on", "batch requests of up to 256"),
-        ] {
-            let jobs = runs(latency, side);
-            if jobs.is_empty() {
-                continue;
-            }
-            let t = median(&jobs, &|j| j["throughput_records_per_s"].as_f64());
-            let c = median(&jobs, &|j| j["cpu_per_record_ns"].as_f64());
-            let share = median(&jobs, &|j| j["service_cpu_share"].as_f64());
-            let p50 = median(&jobs, &|j| j["latency_ns"]["p50"].as_f64()) / 1e3;
-            let p99 = median(&jobs, &|j| j["latency_ns"]["p99"].as_f64()) / 1e3;
-            let _ = writeln!(
-                md,
-                "| {name} | {label} | {} | {t:.0} | {:.3} ({:.0}%) | {p50:.0} | {p99:.0} |",
-                jobs.len(),
-                c / 1e3,
-                share * 100.0
-            );
-            throughput.push(t);
-            cpu.push(c);
-        }
-        if let ([t_off, t_on], [c_off, c_on]) = (&throughput[..], &cpu[..]) {
-            verdicts.push(format!(
-                "{name}: batch requests {:.2}× the throughput at {:.2}× the CPU per record",
-                t_on / t_off,
-                c_on / c_off
-            ));
-        }
-    }
-    if !verdicts.is_empty() {
-        let _ = writeln!(md, "\n{}. `weir run` sends a request per record unless `--lookup-batch` is given: batch requests win only where their ratio above is clearly above 1 at no more CPU.", verdicts.join("; "));
     }
 }
