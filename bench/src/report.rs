@@ -1055,7 +1055,7 @@ fn lookup_batch_section(md: &mut String, data: &Path) {
         }
     }
     if !verdicts.is_empty() {
-        let _ = writeln!(md, "\n{}. `weir run` sends a request per record unless `--lookup-batch` is given: batch requests win only where their ratio above is clearly above 1 at no more CPU.", verdicts.join("; "));
+        let _ = writeln!(md, "\n{}. `weir run` sends a request per record unless `--lookup-batch` is given, the same work as the peers of the lookup section and the Flink job below; `--lookup-batch` takes whatever saving the ratios here show.", verdicts.join("; "));
     }
 }
 

@@ -490,9 +490,28 @@ fn wire_bound(rows: &[Row]) -> String {
             format!(" ({r:.1} of Weir's {w:.1} ns in this run)")
         })
     };
+    let ceiling = rows
+        .iter()
+        .find(|r| {
+            r.experiment == "exchange 1→1, 1000-byte records, round robin, timeout 100 ms"
+                && r.implementation.starts_with("cross-core ceiling")
+        })
+        .map(|r| r.median_ns);
+    let at_1000 = match (at(1000), ceiling) {
+        (Some((reference, _)), Some(ceiling)) if reference > ceiling / 0.7 => format!(
+            "At 1000 B those copies alone, the wire-format reference{}, take longer than 70% of the ceiling allows ({:.1} ns): a serialising exchange cannot reach it, and records read in place from the segment (views, not copies) is the next step.",
+            figures(1000),
+            ceiling / 0.7
+        ),
+        (Some(_), Some(ceiling)) => format!(
+            "At 1000 B those copies alone, the wire-format reference{}, fit within 70% of the ceiling ({:.1} ns) in this run, so the rest is the exchange's own per-record path; records read in place from the segment (views, not copies) would also drop the second copy.",
+            figures(1000),
+            ceiling / 0.7
+        ),
+        _ => "At 1000 B the wire-format reference is missing from this run.".to_string(),
+    };
     format!(
-        "Weir serialises each record into a segment and the reader decodes it out again, two copies where the ceiling and the crossbeam peer hand over values as they are. At 1000 B those copies alone, the wire-format reference{}, take more than 70% of the ceiling allows: a serialising exchange cannot reach it, and records read in place from the segment (views, not copies) is the next step. At 100 B the copies are a small part{}: the rest is the per-record path of writer and reader (channel selection, length header, segment bookkeeping, the gate's dispatch), and `weir profile exchange` is the next step there.",
-        figures(1000),
+        "Weir serialises each record into a segment and the reader decodes it out again, two copies where the ceiling and the crossbeam peer hand over values as they are. {at_1000} At 100 B the copies are a small part{}: the rest is the per-record path of writer and reader (channel selection, length header, segment bookkeeping, the gate's dispatch), and `weir profile exchange` is the next step there.",
         figures(100)
     )
 }
