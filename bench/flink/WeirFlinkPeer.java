@@ -1840,6 +1840,13 @@ public final class WeirFlinkPeer {
 
     // ---------------------------------------------------------------- JSON
 
+    /** This machine as the JSON object the reports carry: CPU model, cores, kernel. */
+    static String machineJson() {
+        return "{\"cpu\": " + str(firstLine(Path.of("/proc/cpuinfo"), "model name"))
+                + ", \"cores\": " + Runtime.getRuntime().availableProcessors()
+                + ", \"kernel\": " + str(firstLine(Path.of("/proc/sys/kernel/osrelease"), "")) + "}";
+    }
+
     static String str(String s) {
         StringBuilder out = new StringBuilder("\"");
         for (char ch : s.toCharArray()) {
@@ -2238,13 +2245,7 @@ public final class WeirFlinkPeer {
                         + "to the job's result ÷ records, cpu_per_record_ns_steady the same over the window of "
                         + "elapsed_s (first record generated to the last sink's end of input)"))
                 .append(",\n");
-        out.append("  \"machine\": {\"cpu\": ")
-                .append(str(firstLine(Path.of("/proc/cpuinfo"), "model name")))
-                .append(", \"cores\": ")
-                .append(Runtime.getRuntime().availableProcessors())
-                .append(", \"kernel\": ")
-                .append(str(firstLine(Path.of("/proc/sys/kernel/osrelease"), "")))
-                .append("},\n");
+        out.append("  \"machine\": ").append(machineJson()).append(",\n");
         out.append("  \"results\": [");
         for (int i = 0; i < runs.size(); i++) {
             MainRun r = runs.get(i);
@@ -2575,13 +2576,7 @@ public final class WeirFlinkPeer {
                         + "record entering the job to the end of input at the sink, start-up "
                         + "(submission to first record) reported apart"))
                 .append(",\n");
-        out.append("  \"machine\": {\"cpu\": ")
-                .append(str(firstLine(Path.of("/proc/cpuinfo"), "model name")))
-                .append(", \"cores\": ")
-                .append(Runtime.getRuntime().availableProcessors())
-                .append(", \"kernel\": ")
-                .append(str(firstLine(Path.of("/proc/sys/kernel/osrelease"), "")))
-                .append("},\n");
+        out.append("  \"machine\": ").append(machineJson()).append(",\n");
         out.append("  \"results\": [");
         for (int k = 0; k < cases.size(); k++) {
             Case c = cases.get(k);

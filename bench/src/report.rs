@@ -64,6 +64,27 @@ fn rows(suite: &Value) -> Vec<Row> {
         .collect()
 }
 
+/// The open-loop runs of the main job (`load-<rate>.json`), by offered rate.
+fn load_runs(data: &Path) -> Vec<(f64, Value)> {
+    let mut loads: Vec<(f64, Value)> = std::fs::read_dir(data)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let rate: f64 = name
+                        .strip_prefix("load-")?
+                        .strip_suffix(".json")?
+                        .parse()
+                        .ok()?;
+                    Some((rate, read(data, &name)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    loads.sort_by(|a, b| a.0.total_cmp(&b.0));
+    loads
+}
+
 fn read(dir: &Path, name: &str) -> Option<Value> {
     let text = std::fs::read_to_string(dir.join(name)).ok()?;
     serde_json::from_str(&text).ok()
@@ -490,22 +511,7 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
     } else {
         let _ = writeln!(md, "Not measured in this run.");
     }
-    let mut loads: Vec<(f64, Value)> = std::fs::read_dir(data)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().to_string();
-                    let rate: f64 = name
-                        .strip_prefix("load-")?
-                        .strip_suffix(".json")?
-                        .parse()
-                        .ok()?;
-                    Some((rate, read(data, &name)?))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    loads.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let loads = load_runs(data);
     if !loads.is_empty() {
         let _ = writeln!(
             md,

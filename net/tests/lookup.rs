@@ -57,18 +57,30 @@ type Output = Vec<StreamElement<(u64, Vec<u8>)>>;
 fn run(driver: &mut dyn Driver, client: &Client, keys: &[u64]) -> (Output, Option<String>) {
     let parker = Parker::current();
     let config = AsyncConfig::new(OutputMode::Unordered, keys.len().max(1));
-    let mut operator = AsyncWaitOperator::new(
+    let operator = AsyncWaitOperator::new(
         LookupFunction::new(Rc::clone(client)),
         config,
         parker.unparker(),
     )
     .unwrap();
+    drive(operator, driver, client, keys)
+}
+
+/// Takes `keys` into `operator`, fires what is due (a batched operator's cut), then
+/// turns the driver until every record is emitted or the operator fails.
+fn drive<F: weir_engine::async_io::AsyncFunction<In = Key, Out = (u64, Vec<u8>)>>(
+    mut operator: AsyncWaitOperator<F>,
+    driver: &mut dyn Driver,
+    client: &Client,
+    keys: &[u64],
+) -> (Output, Option<String>) {
     let mut out = Vec::new();
     for &key in keys {
         operator
             .process_record(Key(key), None, 0, &mut out)
             .unwrap();
     }
+    while operator.fire_due_timer(0, &mut out).unwrap().is_some() {}
     let deadline = Instant::now() + Duration::from_secs(10);
     while operator.in_flight() > 0 {
         assert!(Instant::now() < deadline, "lookups hang");
@@ -93,14 +105,7 @@ fn values_round_trip_on_every_driver() {
     })
     .unwrap();
     for mut driver in drivers() {
-        let config = ClientConfig {
-            addr: server.addr(),
-            connections: 3,
-            capacity: 4096,
-            request_timeout: Duration::from_secs(5),
-            connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
-        };
-        let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
+        let client = client_of(server.addr(), 3);
         let keys: Vec<u64> = (0..2000).map(|k| k * 7919).collect();
         let (out, failure) = run(driver.as_mut(), &client, &keys);
         assert_eq!(failure, None, "{}", driver.name());
@@ -123,6 +128,42 @@ fn values_round_trip_on_every_driver() {
     }
 }
 
+/// A client of `connections` connections to `addr`.
+fn client_of(addr: SocketAddr, connections: usize) -> Client {
+    let config = ClientConfig {
+        addr,
+        connections,
+        capacity: 4096,
+        request_timeout: Duration::from_secs(5),
+        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
+    };
+    Rc::new(RefCell::new(LookupClient::new(config).unwrap()))
+}
+
+/// Runs `keys` through an ordered batched operator (batches of up to `max`, cut at the
+/// end of the turn; no retries) over the client as batch requests, until all are
+/// emitted or the operator fails; returns the output and the failure, if any.
+fn run_batches(
+    driver: &mut dyn Driver,
+    client: &Client,
+    keys: &[u64],
+    max: usize,
+) -> (Output, Option<String>) {
+    use weir_engine::async_io::{BatchConfig, Batched};
+    use weir_net::lookup::LookupBatchFunction;
+    let parker = Parker::current();
+    let operator = AsyncWaitOperator::new(
+        Batched::new(
+            LookupBatchFunction::new(Rc::clone(client)),
+            BatchConfig::new(max, Duration::ZERO),
+        ),
+        AsyncConfig::new(OutputMode::Ordered, keys.len().max(1)),
+        parker.unparker(),
+    )
+    .unwrap();
+    drive(operator, driver, client, keys)
+}
+
 /// Batches cut by the batched operator go to the service as batch requests (over
 /// several connections, at several batch sizes) and come back as one batch response
 /// each: every key once with its own value, in order; with injected errors, the first
@@ -130,8 +171,7 @@ fn values_round_trip_on_every_driver() {
 /// every record before it came out with its own key.
 #[test]
 fn batch_requests_round_trip_on_every_driver() {
-    use weir_engine::async_io::{BatchConfig, Batched};
-    use weir_net::lookup::{Faults, LookupBatchFunction};
+    use weir_net::lookup::Faults;
     for error_rate in [0.0, 0.2] {
         let server = LookupServer::start(ServerConfig {
             value_size: 20,
@@ -144,68 +184,25 @@ fn batch_requests_round_trip_on_every_driver() {
         .unwrap();
         for mut driver in drivers() {
             for max in [2, 64, 5000] {
-                let config = ClientConfig {
-                    addr: server.addr(),
-                    connections: 2,
-                    capacity: 4096,
-                    request_timeout: Duration::from_secs(5),
-                    connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
-                };
-                let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
+                let client = client_of(server.addr(), 2);
                 let keys: Vec<u64> = (0..3000).map(|k| k * 7919).collect();
-                let parker = Parker::current();
-                // No retries: the first failed lookup stops the operator.
-                let config = AsyncConfig::new(OutputMode::Ordered, keys.len());
-                let mut operator = AsyncWaitOperator::new(
-                    Batched::new(
-                        LookupBatchFunction::new(Rc::clone(&client)),
-                        BatchConfig::new(max, Duration::ZERO),
-                    ),
-                    config,
-                    parker.unparker(),
-                )
-                .unwrap();
-                let mut out: Output = Vec::new();
-                let mut failed = 0;
-                for &key in &keys {
-                    operator
-                        .process_record(Key(key), None, 0, &mut out)
-                        .unwrap();
-                }
-                while operator.fire_due_timer(0, &mut out).unwrap().is_some() {}
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while operator.in_flight() > 0 {
-                    assert!(Instant::now() < deadline, "lookups hang");
-                    client.borrow_mut().flush(driver.as_mut());
-                    driver
-                        .turn(Some(Duration::from_millis(5)), &mut |event| {
-                            client.borrow_mut().on_event(&event);
-                        })
-                        .unwrap();
-                    if let Err(error) = operator.drain(0, &mut out) {
-                        assert!(error_rate > 0.0, "{}: {error}", driver.name());
-                        assert!(error.to_string().contains("injected error"), "{error}");
-                        failed += 1;
-                        break;
-                    }
-                }
+                let (out, failure) = run_batches(driver.as_mut(), &client, &keys, max);
+                let name = driver.name();
                 let stats = client.borrow().stats();
                 if error_rate == 0.0 {
-                    assert_eq!(out.len(), keys.len(), "{} max {max}", driver.name());
+                    assert_eq!(failure, None, "{name} max {max}");
+                    assert_eq!(out.len(), keys.len(), "{name} max {max}");
                     for (element, &key) in out.iter().zip(&keys) {
                         let (got, value) = element.as_record().unwrap().value.clone();
                         let expected: Vec<u8> = (0..20).map(|i| key.to_le_bytes()[i % 8]).collect();
-                        assert_eq!((got, value), (key, expected), "{} max {max}", driver.name());
+                        assert_eq!((got, value), (key, expected), "{name} max {max}");
                     }
                     assert_eq!(stats.values, keys.len() as u64);
                     let batches = keys.len().div_ceil(max.min(keys.len())) as u64;
-                    if max > 1 {
-                        assert_eq!(stats.batches, batches, "{} max {max}", driver.name());
-                    }
+                    assert_eq!(stats.batches, batches, "{name} max {max}");
                 } else {
-                    // The first failed record stops the operator; its error is the
-                    // service's, and every record before it in order had its value.
-                    assert_eq!(failed, 1, "{} max {max}", driver.name());
+                    let failure = failure.expect("an error was injected");
+                    assert!(failure.contains("injected error"), "{failure}");
                     for (element, &key) in out.iter().zip(&keys) {
                         assert_eq!(element.as_record().unwrap().value.0, key);
                     }
@@ -221,59 +218,20 @@ fn batch_requests_round_trip_on_every_driver() {
 /// up and a smaller batch after it is answered.
 #[test]
 fn a_batch_too_large_to_answer_fails_whole_with_a_clear_error() {
-    use weir_net::lookup::LookupBatchFunction;
     let server = LookupServer::start(ServerConfig {
         value_size: 1 << 20,
         ..ServerConfig::default()
     })
     .unwrap();
     let mut driver = weir_net::build_driver(DriverKind::Epoll).unwrap();
-    let config = ClientConfig {
-        addr: server.addr(),
-        connections: 1,
-        capacity: 64,
-        request_timeout: Duration::from_secs(5),
-        connect_timeout: ClientConfig::CONNECT_TIMEOUT_DEFAULT,
-    };
-    let client: Client = Rc::new(RefCell::new(LookupClient::new(config).unwrap()));
-    for (keys, fits) in [(17u64, false), (3, true)] {
-        let parker = Parker::current();
-        let mut operator = AsyncWaitOperator::new(
-            weir_engine::async_io::Batched::new(
-                LookupBatchFunction::new(Rc::clone(&client)),
-                weir_engine::async_io::BatchConfig::new(64, Duration::ZERO),
-            ),
-            AsyncConfig::new(OutputMode::Unordered, 64),
-            parker.unparker(),
-        )
-        .unwrap();
-        let mut out: Output = Vec::new();
-        for key in 0..keys {
-            operator
-                .process_record(Key(key), None, 0, &mut out)
-                .unwrap();
-        }
-        while operator.fire_due_timer(0, &mut out).unwrap().is_some() {}
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut failure = None;
-        while operator.in_flight() > 0 && failure.is_none() {
-            assert!(Instant::now() < deadline, "lookups hang");
-            client.borrow_mut().flush(driver.as_mut());
-            driver
-                .turn(Some(Duration::from_millis(5)), &mut |event| {
-                    client.borrow_mut().on_event(&event);
-                })
-                .unwrap();
-            failure = operator.drain(0, &mut out).err();
-        }
-        if fits {
-            assert!(failure.is_none(), "{failure:?}");
-            assert_eq!(out.len(), keys as usize);
-        } else {
-            let failure = failure.expect("the batch fails").to_string();
-            assert!(failure.contains("send smaller batches"), "{failure}");
-        }
-    }
+    let client = client_of(server.addr(), 1);
+    let keys: Vec<u64> = (0..17).collect();
+    let (_, failure) = run_batches(driver.as_mut(), &client, &keys, 64);
+    let failure = failure.expect("the batch fails");
+    assert!(failure.contains("send smaller batches"), "{failure}");
+    let (out, failure) = run_batches(driver.as_mut(), &client, &keys[..3], 64);
+    assert_eq!(failure, None);
+    assert_eq!(out.len(), 3);
     assert_eq!(
         client.borrow().stats().connects,
         1,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{read, rows, Row};
+use super::{load_runs, read, rows, Row};
 
 /// The Weir row of `experiment` whose implementation starts with `weir`, and the peer
 /// row that starts with `peer`.
@@ -405,23 +405,11 @@ pub fn section(md: &mut String, data: &Path) {
     let closed = main_job_runs(data).into_iter().next();
     let half = closed.as_ref().and_then(|job| {
         let saturating = job["throughput_records_per_s"].as_f64()?;
-        std::fs::read_dir(data)
-            .ok()?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().to_string();
-                let rate: f64 = name
-                    .strip_prefix("load-")?
-                    .strip_suffix(".json")?
-                    .parse()
-                    .ok()?;
-                Some((rate, read(data, &name)?))
-            })
-            .min_by(|a, b| {
-                (a.0 - saturating / 2.0)
-                    .abs()
-                    .total_cmp(&(b.0 - saturating / 2.0).abs())
-            })
+        load_runs(data).into_iter().min_by(|a, b| {
+            (a.0 - saturating / 2.0)
+                .abs()
+                .total_cmp(&(b.0 - saturating / 2.0).abs())
+        })
     });
     match half {
         Some((rate, job)) => {

@@ -1361,6 +1361,18 @@ mod tests {
         }
     }
 
+    /// What the tests' five replies hold: a value, a miss, a value, an empty value, a
+    /// value.
+    fn five_values() -> Vec<Option<Vec<u8>>> {
+        vec![
+            Some(b"v0".to_vec()),
+            None,
+            Some(b"v2".to_vec()),
+            Some(Vec::new()),
+            Some(b"v4".to_vec()),
+        ]
+    }
+
     #[test]
     fn gets_are_pipelined_and_matched_in_order_at_any_split() {
         for split in [1, 2, 5, 13, 1000] {
@@ -1381,14 +1393,7 @@ mod tests {
                 .into_iter()
                 .map(|(_, v)| v[0].clone())
                 .collect();
-            let want: Vec<Option<Vec<u8>>> = vec![
-                Some(b"v0".to_vec()),
-                None,
-                Some(b"v2".to_vec()),
-                Some(Vec::new()),
-                Some(b"v4".to_vec()),
-            ];
-            assert_eq!(values, want, "split {split}");
+            assert_eq!(values, five_values(), "split {split}");
             let stats = client.borrow().stats();
             assert_eq!((stats.hits, stats.misses, stats.calls), (4, 1, 5));
             assert_eq!(client.borrow().outstanding(), 0);
@@ -1441,14 +1446,7 @@ mod tests {
                 .into_iter()
                 .map(|(_, v)| v[0].clone())
                 .collect();
-            let want: Vec<Option<Vec<u8>>> = vec![
-                Some(b"v0".to_vec()),
-                None,
-                Some(b"v2".to_vec()),
-                Some(Vec::new()),
-                Some(b"v4".to_vec()),
-            ];
-            assert_eq!(values, want, "split {split}");
+            assert_eq!(values, five_values(), "split {split}");
             let stats = client.borrow().stats();
             assert_eq!(
                 (stats.hits, stats.misses, stats.calls, stats.batches),
