@@ -27,7 +27,7 @@ cargo build --profile measure -p weir-bench
 weir=target/measure/weir
 data=results/report
 mkdir -p "$data"
-rm -f "$data"/*.json "$data"/*.md
+rm -f "$data"/*.json "$data"/*.md "$data"/*.txt
 for suite in ring pool async exchange lookup remote; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
