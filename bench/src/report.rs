@@ -64,6 +64,25 @@ fn rows(suite: &Value) -> Vec<Row> {
         .collect()
 }
 
+/// The main job's runs on its defaults (`job.json`, `job-1.json`, ...), failed ones
+/// included.
+fn main_job_files(data: &Path) -> Vec<Value> {
+    (0..10)
+        .filter_map(|i| match i {
+            0 => read(data, "job.json"),
+            i => read(data, &format!("job-{i}.json")),
+        })
+        .collect()
+}
+
+/// Little's limit of a main-job run: workers × capacity ÷ the lookups' mean latency.
+fn little_limit(job: &Value) -> Option<f64> {
+    let workers = job["workers"].as_f64()?;
+    let capacity = job["settings"]["capacity"].as_f64()?;
+    let latency_s = job["lookup_mean_latency_ms"].as_f64()? / 1e3;
+    Some(workers * capacity / latency_s)
+}
+
 /// The open-loop runs of the main job (`load-<rate>.json`), by offered rate.
 fn load_runs(data: &Path) -> Vec<(f64, Value)> {
     let mut loads: Vec<(f64, Value)> = std::fs::read_dir(data)
@@ -483,22 +502,18 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             md,
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         );
-        let runs = std::iter::once(job.clone())
-            .chain((1..10).filter_map(|i| read(data, &format!("job-{i}.json"))));
-        for (run, job) in runs.enumerate() {
+        for (run, job) in main_job_files(data).iter().enumerate() {
             let l = &job["latency_ns"];
             let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
             let throughput = job["throughput_records_per_s"].as_f64().unwrap_or(0.0);
-            let little = job["workers"].as_f64().unwrap_or(f64::NAN)
-                * job["settings"]["capacity"].as_f64().unwrap_or(f64::NAN)
-                / (job["lookup_mean_latency_ms"].as_f64().unwrap_or(f64::NAN) / 1e3);
+            let little = little_limit(job).unwrap_or(f64::NAN);
             let _ = writeln!(
                 md,
                 "| {} | {} | {throughput:.0} | {:.1}% | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
                 run + 1,
                 job["records_out"],
                 throughput / little * 100.0,
-                cpu_text(&job),
+                cpu_text(job),
                 job["lost"],
                 job["duplicated"],
                 us("p50"),
@@ -1008,9 +1023,7 @@ fn lookup_batch_section(md: &mut String, data: &Path) {
             .collect()
     };
     let median = |jobs: &[Value], field: &dyn Fn(&Value) -> Option<f64>| -> f64 {
-        let mut values: Vec<f64> = jobs.iter().filter_map(field).collect();
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        crate::compare::median(&jobs.iter().filter_map(field).collect::<Vec<_>>())
     };
     let cases = [
         ("1ms", "defaults (1 ms lookups, capacity 1000)"),

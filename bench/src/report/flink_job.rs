@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::read;
+use super::{little_limit, read};
 
 /// One run of either side, as the table shows it.
 struct Run {
@@ -21,13 +21,8 @@ struct Run {
     duplicated: u64,
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+fn median(values: Vec<f64>) -> f64 {
+    crate::compare::median(&values)
 }
 
 fn weir_run(job: &Value) -> Option<Run> {
@@ -35,8 +30,7 @@ fn weir_run(job: &Value) -> Option<Run> {
         return None;
     }
     let throughput = job["throughput_records_per_s"].as_f64()?;
-    let limit = job["workers"].as_f64()? * job["settings"]["capacity"].as_f64()?
-        / (job["lookup_mean_latency_ms"].as_f64()? / 1e3);
+    let limit = little_limit(job)?;
     Some(Run {
         throughput,
         fraction: Some(throughput / limit),

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{load_runs, read, rows, Row};
+use super::{little_limit, load_runs, main_job_files, read, rows, Row};
 
 /// The Weir row of `experiment` whose implementation starts with `weir`, and the peer
 /// row that starts with `peer`.
@@ -32,13 +32,8 @@ fn fastest<'a>(rows: &'a [Row], experiment: &str, keep: impl Fn(&Row) -> bool) -
         .min_by(|a, b| a.median_ns.total_cmp(&b.median_ns))
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.retain(|v| v.is_finite());
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    Some(values[values.len() / 2])
+fn median(values: Vec<f64>) -> Option<f64> {
+    (!values.is_empty()).then(|| crate::compare::median(&values))
 }
 
 /// One line of the table.
@@ -63,27 +58,12 @@ fn missing(figure: &str, target: &'static str, what: &str) -> Target {
     }
 }
 
-/// The main job's runs of `weir run` on its defaults (`job.json`, `job-1.json`, ...).
+/// The main job's completed runs of `weir run` on its defaults.
 fn main_job_runs(data: &Path) -> Vec<Value> {
-    (0..10)
-        .filter_map(|i| {
-            let name = if i == 0 {
-                "job.json".to_string()
-            } else {
-                format!("job-{i}.json")
-            };
-            read(data, &name)
-        })
+    main_job_files(data)
+        .into_iter()
         .filter(|j| j["outcome"].as_str() == Some("completed"))
         .collect()
-}
-
-/// Little's limit of a main-job run: workers × capacity ÷ the service's mean latency.
-fn little_limit(job: &Value) -> Option<f64> {
-    let workers = job["workers"].as_f64()?;
-    let capacity = job["settings"]["capacity"].as_f64()?;
-    let latency_s = job["lookup_mean_latency_ms"].as_f64()? / 1e3;
-    Some(workers * capacity / latency_s)
 }
 
 /// Writes the section.
