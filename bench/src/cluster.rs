@@ -14,7 +14,17 @@
 //! With checkpoints (`--checkpoint-interval`), the launcher supervises its processes:
 //! when one dies (killed, crashed, or failed), it kills the others and starts them all
 //! again from the latest completed checkpoint (`--restore` with the checkpoint
-//! directory, which every process shares), as `--restart-strategy` allows.
+//! directory, which every process shares), as `--restart-strategy` allows. It restores
+//! only from the newest completed checkpoint, and starts over only where none ever
+//! completed: a newest checkpoint that cannot be read back whole ends the run with an
+//! error naming the file, whatever the restart strategy says, and so does a process
+//! that refused its settings (exit status 2), which a restart would not change.
+//!
+//! The processes die with their launcher: each is started with `PR_SET_PDEATHSIG`
+//! (SIGKILL when the launcher's thread that started it ends, as an OOM kill or a crashed
+//! supervisor ends it), and checks before it runs that the launcher is still its parent
+//! (it may have died before the call). What they left (unfinished checkpoints, pending
+//! part files) is what a kill -9 leaves, which the next run's restore cleans up.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -47,6 +57,8 @@ pub struct Launch<'a> {
     /// With checkpoints: the restart strategy and the checkpoint directory the
     /// processes restore from after a failure.
     pub restart: Option<(weir_engine::checkpoint::RestartStrategy, &'a Path)>,
+    /// `--output`: the committed part files the summary checks, over every attempt.
+    pub output: Option<&'a Path>,
 }
 
 /// The arguments of `weir run` without the ones the launcher sets per process.
@@ -129,6 +141,10 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
     // `--restore` as given applies to the first attempt; later ones restore from the
     // latest completed checkpoint.
     let mut restore: Option<PathBuf> = restore_arg(run_args);
+    if let Some(path) = &restore {
+        // Refused here, before any process starts, as each process would refuse it.
+        crate::job::check_start_at(Some(path), launch.output)?;
+    }
     let mut restarts = launch.restart.as_ref().map(|(strategy, _)| {
         weir_engine::checkpoint::Restarts::new(strategy.clone(), std::time::Instant::now())
     });
@@ -200,6 +216,23 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
                 }
                 (None, None) => {}
             }
+            let launcher = std::process::id();
+            // SAFETY: the closure runs in the child between fork and exec, where only
+            // async-signal-safe calls are allowed: two system calls, no allocation (the
+            // error is a raw OS code). PR_SET_PDEATHSIG follows the thread that forks,
+            // this one, which is the thread that waits for the processes below.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The launcher died before the call: no signal would come.
+                    if libc::getppid() as u32 != launcher {
+                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                    }
+                    Ok(())
+                })
+            };
             let mut child = command
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
@@ -232,8 +265,12 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        if let (Some(i), Some(restarts), Some((_, checkpoints))) =
-            (failed, restarts.as_mut(), launch.restart.as_ref())
+        // A process that refused its settings (exit status 2: an unreadable
+        // checkpoint, committed output a fresh start would write again, a bad flag)
+        // would refuse them again: no restart.
+        let refused = failed.filter(|&i| statuses[i] == Some(Some(2)));
+        if let (Some(i), None, Some(restarts), Some((_, checkpoints))) =
+            (failed, refused, restarts.as_mut(), launch.restart.as_ref())
         {
             if let Some(delay) = restarts.on_failure(std::time::Instant::now()) {
                 for child in &mut children {
@@ -244,9 +281,25 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
                     let _ = forwarder.join();
                 }
                 let _ = std::fs::remove_dir_all(&dir);
+                // From the newest completed checkpoint, which must read back whole;
+                // from the start only where none ever completed.
+                let from = match weir_engine::checkpoint::storage::restore_point(checkpoints) {
+                    Ok(Some(restored)) => format!(
+                        "from checkpoint {} (the latest completed checkpoint)",
+                        restored.metadata.id
+                    ),
+                    Ok(None) => format!(
+                        "from the start (no checkpoint ever completed under {})",
+                        checkpoints.display()
+                    ),
+                    Err(error) => {
+                        return Err(RunError::Setting(format!(
+                            "process {i} ended, and the job cannot be restarted: {error}"
+                        )))
+                    }
+                };
                 eprintln!(
-                    "weir run: process {i} ended ({}); restart {} of every process in {} from the \
-                 latest completed checkpoint",
+                    "weir run: process {i} ended ({}); restart {} of every process in {} {from}",
                     match statuses[i] {
                         Some(Some(code)) => format!("exit status {code}"),
                         _ => "killed by a signal".to_string(),
@@ -255,9 +308,7 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
                     weir_net::lookup::format_duration(delay)
                 );
                 std::thread::sleep(delay);
-                restore = weir_engine::checkpoint::storage::latest_in(checkpoints)
-                    .is_ok()
-                    .then(|| checkpoints.to_path_buf());
+                restore = Some(checkpoints.to_path_buf());
                 continue;
             }
         }
@@ -279,7 +330,18 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
             })
             .collect();
         let _ = std::fs::remove_dir_all(&dir);
-        let summary = summarize(launch, &peers, &statuses, &reports);
+        let mut summary = summarize(launch, &peers, &statuses, &reports);
+        if let (Some(output), "completed") = (launch.output, summary["outcome"].as_str().unwrap_or("")) {
+            let audit = crate::job::audit_output(output, launch.records)?;
+            summary["committed_output"] = json!({
+                "dir": output.display().to_string(),
+                "files": audit.files,
+                "lines": audit.lines,
+                "unique": audit.unique,
+                "lost": audit.lost,
+                "duplicated": audit.duplicated,
+            });
+        }
         return publish(&summary, launch.json);
     }
 }
@@ -329,6 +391,7 @@ pub fn summarize_files(paths: &[PathBuf], json: Option<&Path>) -> Result<i32, Ru
         json,
         secret_file: None,
         restart: None,
+        output: None,
     };
     let statuses: Vec<Option<i32>> = reports
         .iter()
@@ -362,8 +425,13 @@ fn publish(summary: &Value, json: Option<&Path>) -> Result<i32, RunError> {
             },
         )?;
     }
-    let ok =
-        summary["outcome"] == "completed" && summary["lost"] == 0 && summary["duplicated"] == 0;
+    let committed_ok = summary
+        .get("committed_output")
+        .is_none_or(|a| a.is_null() || (a["lost"] == 0 && a["duplicated"] == 0));
+    let ok = summary["outcome"] == "completed"
+        && summary["lost"] == 0
+        && summary["duplicated"] == 0
+        && committed_ok;
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -469,14 +537,26 @@ pub fn render(summary: &Value) -> String {
         "lost / duplicated",
         if summary["restored"] == true {
             format!(
-                "– / {} (restored from a checkpoint: records before it are not counted here; \
-                 --output's files hold every record once)",
+                "– / {} (this attempt only: it restored a checkpoint, and records before it \
+                 are not counted here; with --output, \"committed output\" counts every attempt)",
                 summary["duplicated"]
             )
         } else {
             format!("{} / {}", summary["lost"], summary["duplicated"])
         },
     );
+    if let Some(audit) = summary.get("committed_output").filter(|a| !a.is_null()) {
+        line(
+            "committed output",
+            crate::job::audit_text(&crate::job::OutputAudit {
+                files: audit["files"].as_u64().unwrap_or(0) as usize,
+                lines: audit["lines"].as_u64().unwrap_or(0),
+                unique: audit["unique"].as_u64().unwrap_or(0),
+                duplicated: audit["duplicated"].as_u64().unwrap_or(0),
+                lost: audit["lost"].as_u64().unwrap_or(0),
+            }),
+        );
+    }
     line(
         "elapsed",
         format!(

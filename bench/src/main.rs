@@ -930,6 +930,7 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 .checkpoint_dir
                 .as_deref()
                 .map(|dir| (args.restart_strategy.clone(), dir)),
+            output: args.output.as_deref(),
         };
         if let Some(path) = &args.json {
             open_json(path)?;
@@ -1409,6 +1410,21 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             report.missing, report.duplicates
         );
         return Ok(1);
+    }
+    // The exactly-once check over every attempt that wrote the output (restarts and
+    // restores included): what the sinks committed.
+    if let (Some(output), None) = (&settings.output, &settings.streams.source) {
+        let audit = job::audit_output(output, settings.records)?;
+        println!("  {:<28} {}", "committed output", job::audit_text(&audit));
+        if audit.lost > 0 || audit.duplicated > 0 {
+            eprintln!(
+                "error: the committed output under {} lost {} records and holds {} twice",
+                output.display(),
+                audit.lost,
+                audit.duplicated
+            );
+            return Ok(1);
+        }
     }
     Ok(0)
 }

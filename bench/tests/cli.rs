@@ -652,7 +652,7 @@ fn the_metrics_endpoint_serves_during_a_run() {
     for _ in 0..100 {
         let mut stream = std::net::TcpStream::connect(&addr).expect("the endpoint answers");
         stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: weir\r\n\r\n")
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n")
             .expect("request");
         scraped.clear();
         stream.read_to_string(&mut scraped).expect("answer");

@@ -28,10 +28,8 @@
 //! A task that ended keeps its last figures, with rates of zero.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -151,15 +149,24 @@ struct StreamSinkLabels {
 type Previous = HashMap<usize, TaskSample>;
 
 /// The endpoint; stops when dropped.
+///
+/// Served by hyper's HTTP/1 server on a current-thread tokio runtime of its own
+/// thread: each connection is a task, so idle or slow clients never hold a scrape
+/// back; a connection that sends no complete request header within
+/// [`REQUEST_TIMEOUT`] is closed, and at most [`CONNECTIONS_MAX`] are open at once
+/// (one more is answered `503` and closed at once).
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Longest a scraper may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Largest request read.
+/// Longest a client may take to send a request's header (also how long a kept-alive
+/// connection may stay idle between requests).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections open at once; Prometheus keeps one per target.
+pub const CONNECTIONS_MAX: usize = 256;
+/// Largest request header read.
 const REQUEST_MAX: usize = 8 << 10;
 
 impl MetricsServer {
@@ -169,28 +176,27 @@ impl MetricsServer {
             addr: addr.to_string(),
             source,
         };
+        // Bound here, so that a port in use is an error of `start`.
         let listener = TcpListener::bind(addr).map_err(bind)?;
         let local = listener.local_addr().map_err(bind)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = Arc::clone(&stop);
-        let previous = Mutex::new(Previous::new());
+        listener.set_nonblocking(true).map_err(bind)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(bind)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let shared = Arc::new(Shared {
+            sources,
+            previous: Mutex::new(Previous::new()),
+        });
         let thread = std::thread::Builder::new()
             .name("weir-metrics".into())
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    if stopping.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if let Ok(stream) = stream {
-                        // A broken scraper only loses its own answer.
-                        let _ = serve(stream, &sources, &previous);
-                    }
-                }
-            })
+            .spawn(move || runtime.block_on(accept_loop(listener, shared, stopped)))
             .map_err(bind)?;
         Ok(MetricsServer {
             addr: local,
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -203,76 +209,111 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wakes the accept; the thread sees the flag and ends.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-/// Answers one request.
-fn serve(
-    mut stream: TcpStream,
-    sources: &MetricsSources,
-    previous: &Mutex<Previous>,
-) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut request = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        request.extend_from_slice(&chunk[..n]);
-        if request.len() > REQUEST_MAX {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "",
-            );
-        }
-    }
-    let line = request.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method != "GET" {
-        return respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET only\n",
-        );
-    }
-    if path != "/metrics" && !path.starts_with("/metrics?") {
-        return respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n");
-    }
-    let body = {
-        let mut previous = previous.lock().unwrap_or_else(|e| e.into_inner());
-        render(sources, &mut previous)
-    };
-    respond(
-        &mut stream,
-        "200 OK",
-        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        &body,
-    )
+/// What every connection's task reads.
+struct Shared {
+    sources: MetricsSources,
+    previous: Mutex<Previous>,
 }
 
-fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
-    let mut out = String::with_capacity(body.len() + 128);
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(out.as_bytes())?;
-    stream.flush()
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    let open = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors, a connection reset before it was accepted: the
+                // next accept may work; a short pause keeps this from spinning.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        match Arc::clone(&open).try_acquire_owned() {
+            Ok(permit) => {
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let answer = answer(&shared, &request);
+                        async move { Ok::<_, std::convert::Infallible>(answer) }
+                    });
+                    // A broken or slow client only loses its own answer.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(REQUEST_TIMEOUT)
+                        .max_buf_size(REQUEST_MAX)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                // Over the bound: say so and close, without reading anything.
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let mut stream = stream;
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(100),
+                        stream.write_all(
+                            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\
+                              Connection: close\r\n\r\n",
+                        ),
+                    )
+                    .await;
+                });
+            }
+        }
+    }
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+/// The answer to one request: `GET /metrics` only.
+fn answer<B>(shared: &Shared, request: &hyper::Request<B>) -> hyper::Response<Body> {
+    let reply = |status: u16, kind: &str, body: String| {
+        let mut response = hyper::Response::new(Body::new(body.into()));
+        *response.status_mut() =
+            hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
+        if let Ok(value) = hyper::header::HeaderValue::from_str(kind) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    };
+    if request.method() != hyper::Method::GET {
+        return reply(405, "text/plain", "GET only\n".into());
+    }
+    if request.uri().path() != "/metrics" {
+        return reply(404, "text/plain", "try /metrics\n".into());
+    }
+    let body = {
+        let mut previous = shared.previous.lock().unwrap_or_else(|e| e.into_inner());
+        render(&shared.sources, &mut previous)
+    };
+    reply(
+        200,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        body,
+    )
 }
 
 fn gauge_family(
@@ -554,6 +595,8 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     #[test]
     fn a_scrape_lists_every_task_and_answers_only_get_metrics() {
@@ -567,14 +610,78 @@ mod tests {
             stream.read_to_string(&mut answer).unwrap();
             answer
         };
-        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
         assert!(ok.contains("# EOF"), "{ok}");
-        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
-        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(get("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .starts_with("HTTP/1.1 405"));
         let mut previous = Previous::new();
         let text = render(&MetricsSources::new(live), &mut previous);
         assert!(text.contains("weir_task_busyTimeMsPerSecond"), "{text}");
+    }
+
+    /// Idle clients (connected, sending nothing) never hold a scrape back: with 100 of
+    /// them open, a scrape is answered within 100 ms.
+    #[test]
+    fn idle_connections_do_not_delay_a_scrape() {
+        let live = Arc::new(LiveCounters::default());
+        let server = MetricsServer::start("127.0.0.1:0", MetricsSources::new(live)).unwrap();
+        let idle: Vec<TcpStream> = (0..100)
+            .map(|_| TcpStream::connect(server.addr()).unwrap())
+            .collect();
+        // And one that sent half a header.
+        let mut half = TcpStream::connect(server.addr()).unwrap();
+        half.write_all(b"GET /metrics HTTP/1.1\r\nHo").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let mut stream = TcpStream::connect(server.addr()).unwrap();
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).unwrap();
+            let took = started.elapsed();
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+            assert!(
+                took < Duration::from_millis(100),
+                "a scrape took {took:?} with 100 idle connections open"
+            );
+        }
+        drop(idle);
+    }
+
+    /// Past the bound, a connection is answered 503 at once; a slot freed is used again.
+    #[test]
+    fn connections_are_bounded() {
+        let live = Arc::new(LiveCounters::default());
+        let server = MetricsServer::start("127.0.0.1:0", MetricsSources::new(live)).unwrap();
+        let idle: Vec<TcpStream> = (0..CONNECTIONS_MAX)
+            .map(|_| TcpStream::connect(server.addr()).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut over = TcpStream::connect(server.addr()).unwrap();
+        over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = String::new();
+        over.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        drop(idle);
+        // The server sees the closed sockets and frees their slots.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut stream = TcpStream::connect(server.addr()).unwrap();
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            if answer.starts_with("HTTP/1.1 200") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{answer}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]

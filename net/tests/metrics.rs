@@ -14,7 +14,7 @@ use weir_net::metrics::{MetricsServer, MetricsSources};
 fn scrape(server: &MetricsServer) -> String {
     let mut stream = TcpStream::connect(server.addr()).expect("connect to the endpoint");
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: weir\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n")
         .expect("send the request");
     let mut answer = String::new();
     stream.read_to_string(&mut answer).expect("read the answer");

@@ -142,6 +142,9 @@ pub struct Coordinator {
     next_trigger_ns: u64,
     last_completed_ns: Option<u64>,
     pending: BTreeMap<u64, Pending>,
+    /// Checkpoints complete here but not yet everywhere (a job over several
+    /// processes): they count against `max_concurrent` too.
+    held: usize,
     failures_in_a_row: u32,
     stats: CheckpointStats,
     outcomes: Vec<Outcome>,
@@ -171,6 +174,7 @@ impl Coordinator {
             next_trigger_ns,
             last_completed_ns: None,
             pending: BTreeMap::new(),
+            held: 0,
             failures_in_a_row: 0,
             stats: CheckpointStats::default(),
             outcomes: Vec::new(),
@@ -210,6 +214,17 @@ impl Coordinator {
             .is_some_and(Option::is_some)
     }
 
+    /// `held` checkpoints are complete here and still wait for other processes (a job
+    /// over several): until they settle they count as in flight, so that no more than
+    /// `max_concurrent` checkpoints are ever unfinished on disk.
+    pub fn hold(&mut self, held: usize) {
+        self.held = held;
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len() + self.held
+    }
+
     /// The next id to be triggered.
     pub fn next_id(&self) -> u64 {
         self.next_id
@@ -245,7 +260,7 @@ impl Coordinator {
     /// Triggers a checkpoint now, outside the interval (Flink's on-demand trigger), if
     /// fewer than `max_concurrent` are pending; returns its id.
     pub fn trigger_now(&mut self, now_ns: u64) -> Option<u64> {
-        if self.pending.len() >= self.config.max_concurrent {
+        if self.in_flight() >= self.config.max_concurrent {
             return None;
         }
         let id = self.next_id;
@@ -275,7 +290,7 @@ impl Coordinator {
             .values()
             .map(|p| p.triggered_ns + timeout_ns)
             .min();
-        let trigger = (self.pending.len() < self.config.max_concurrent).then(|| self.trigger_at());
+        let trigger = (self.in_flight() < self.config.max_concurrent).then(|| self.trigger_at());
         match (expiry, trigger) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -290,7 +305,7 @@ impl Coordinator {
     }
 
     fn due(&self, now_ns: u64) -> Option<u64> {
-        (self.pending.len() < self.config.max_concurrent && now_ns >= self.trigger_at())
+        (self.in_flight() < self.config.max_concurrent && now_ns >= self.trigger_at())
             .then_some(self.next_id)
     }
 

@@ -105,6 +105,22 @@ pub enum CheckpointError {
         /// Each checkpoint tried and why it could not be used.
         tried: Vec<String>,
     },
+    /// The newest completed checkpoint cannot be read back whole. It is never passed
+    /// over: its sinks may have committed output up to it, which an older checkpoint or
+    /// a fresh start would commit again.
+    #[error(
+        "checkpoint {} is the newest that completed and cannot be restored: {reason}. It is \
+         not skipped, since output committed up to it would be written a second time from \
+         an older checkpoint or from the start: put the damaged file back (from a copy), or, \
+         accepting duplicates, restore an older checkpoint by naming its directory",
+        path.display()
+    )]
+    Unreadable {
+        /// The checkpoint's directory.
+        path: PathBuf,
+        /// What is wrong with it (names the file).
+        reason: Box<CheckpointError>,
+    },
     /// A checkpoint of another job.
     #[error(
         "checkpoint {} belongs to job {found}, not this job ({expected}): restore a job \
@@ -133,6 +149,21 @@ pub enum CheckpointError {
         acknowledged: usize,
         /// Tasks of the job.
         tasks: usize,
+    },
+    /// Over several processes: a checkpoint complete in this process waited the
+    /// checkpoint timeout for the others.
+    #[error(
+        "checkpoint {id} is complete in this process but waited {after:?} for {waiting_for}: \
+         a process of the job is gone or stalled (this process stops rather than run on \
+         without checkpoints; restart the job from its latest completed checkpoint)"
+    )]
+    Unsettled {
+        /// The checkpoint.
+        id: u64,
+        /// The checkpoint timeout.
+        after: Duration,
+        /// What it waited for.
+        waiting_for: String,
     },
     /// A task could not take its snapshot.
     #[error("checkpoint {id} declined by task {task}: {reason}")]

@@ -171,6 +171,7 @@ impl CheckpointService {
                     epoch,
                     part,
                     awaiting: std::collections::BTreeMap::new(),
+                    timeout: coordinator.config().timeout,
                 };
                 run(coordinator, &mut place, hooks, rx)
             })
@@ -228,8 +229,10 @@ struct Place {
     /// This process and the job's processes, for a job over several.
     part: Option<(usize, usize)>,
     /// Over several processes: checkpoints complete here, waiting for the others, with
-    /// their longest alignment here.
-    awaiting: std::collections::BTreeMap<u64, Duration>,
+    /// their longest alignment here and when they completed here.
+    awaiting: std::collections::BTreeMap<u64, (Duration, Instant)>,
+    /// How long a checkpoint may wait for the other processes (the checkpoint timeout).
+    timeout: Duration,
 }
 
 impl Place {
@@ -244,7 +247,21 @@ fn run(
     mut hooks: impl CheckpointHooks,
     rx: Receiver<Message>,
 ) -> Result<CheckpointStats, CheckpointError> {
-    let result = serve(&mut coordinator, place, &mut hooks, rx);
+    // A panic here (a bug) must fail the job like any other end of the service: a job
+    // whose checkpoints stopped would otherwise run on and never commit.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve(&mut coordinator, place, &mut hooks, rx)
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(CheckpointError::Config(format!(
+            "the checkpoint thread panicked ({message}); this is a bug in Weir"
+        )))
+    });
     if let Err(error) = &result {
         hooks.failed(error);
     }
@@ -263,12 +280,14 @@ fn serve(
     // Finished tasks and their final state.
     let mut finished: Vec<(usize, String, u64, Vec<u8>)> = Vec::new();
     loop {
+        coordinator.hold(place.awaiting.len());
         match coordinator.poll(place.now()) {
             Ok(outcomes) => act(outcomes, place, hooks)?,
             Err(error) => return fail(error, coordinator, place, hooks),
         }
         settle(coordinator, place, hooks, &finished)?;
         settle_parts(place, hooks)?;
+        coordinator.hold(place.awaiting.len());
         let mut wait = coordinator
             .next_deadline()
             .map_or(Duration::from_secs(3600), |at| {
@@ -367,7 +386,7 @@ fn settle_parts(
     }
     let mut done: Option<u64> = None;
     if process == 0 {
-        for (&id, &alignment) in place.awaiting.iter().rev() {
+        for (&id, &(alignment, _)) in place.awaiting.iter().rev() {
             let mut parts = Vec::with_capacity(processes);
             for p in 0..processes {
                 match place.store.read_part(id, p)? {
@@ -404,6 +423,22 @@ fn settle_parts(
     if let Some(done) = done {
         // What is older is subsumed by the checkpoint completed.
         place.awaiting.retain(|&id, _| id > done);
+    }
+    // A checkpoint that waited the checkpoint timeout for the other processes: one of
+    // them (process 0, which completes checkpoints, or a process whose part never
+    // came) is gone or stalled. The job fails rather than run on without checkpoints.
+    if let Some((&id, &(_, since))) = place.awaiting.iter().next() {
+        if since.elapsed() >= place.timeout {
+            return Err(CheckpointError::Unsettled {
+                id,
+                after: place.timeout,
+                waiting_for: if process == 0 {
+                    format!("the parts of the other {} processes", processes - 1)
+                } else {
+                    "process 0 to complete it".to_string()
+                },
+            });
+        }
     }
     Ok(())
 }
@@ -461,7 +496,7 @@ fn act(
                     }
                     Some((process, _)) => {
                         place.store.complete_part(&metadata, process)?;
-                        place.awaiting.insert(id, alignment);
+                        place.awaiting.insert(id, (alignment, Instant::now()));
                     }
                 }
             }

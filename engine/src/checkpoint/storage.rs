@@ -4,6 +4,8 @@
 //! ```text
 //! DIR/chk-17/_metadata          written last: temporary file, fsync, rename, fsync DIR/chk-17
 //! DIR/chk-17/<task>.state       one per task that has state, fsync'd before the metadata
+//!
+//! DIR/_completed               the newest completed id: written after each _metadata
 //! ```
 //!
 //! A checkpoint exists only once its `_metadata` does: a crash while the task files or
@@ -11,11 +13,22 @@
 //! file), which restore skips and the next completed checkpoint's clean-up removes.
 //!
 //! Every file is versioned and ends in a CRC-32 of everything before it; the metadata
-//! lists each task file with its size and checksum. Restore ([`CheckpointStore::latest`])
-//! takes the newest checkpoint whose metadata and every listed task file read back
-//! intact, and says which it skipped and why; a torn or corrupt checkpoint is never
-//! half-used. The last `retain` completed checkpoints are kept (Flink's
-//! `state.checkpoints.num-retained`, default 1).
+//! lists each task file with its size and checksum. The last `retain` completed
+//! checkpoints are kept (Flink's `state.checkpoints.num-retained`, default 1).
+//!
+//! ## Where a run starts ([`restore_point`])
+//!
+//! Restore takes the **newest completed** checkpoint, and only it: once a checkpoint
+//! completed, its two-phase-commit sinks may have committed output up to it, so an older
+//! checkpoint (or a fresh start) would commit that output a second time. The newest
+//! completed checkpoint is the newest `chk-<id>` with a `_metadata`, or the id in
+//! `DIR/_completed`, whichever is newer (the marker outlives a deleted or renamed
+//! directory). When it cannot be read back whole (a checksum that does not match, a
+//! truncated or missing task file, a metadata file that does not decode) restore fails
+//! with [`CheckpointError::Unreadable`], naming the file and why; it never falls back on
+//! its own. A fresh start is taken only where no checkpoint ever completed. Directories
+//! newer than the newest completed one never completed (a crash while they were written)
+//! and are skipped, and listed as such.
 //!
 //! Files are written by whoever calls these functions: the coordinator hands the writes
 //! to a thread of its own, off the workers (the asynchronous phase of a snapshot).
@@ -31,7 +44,11 @@ use super::CheckpointError;
 pub const FORMAT_VERSION: u32 = 1;
 /// The metadata file's name inside a checkpoint directory.
 pub const METADATA: &str = "_metadata";
+/// The file under a checkpoint directory that names the newest checkpoint completed
+/// there (see [`restore_point`]).
+pub const COMPLETED: &str = "_completed";
 const METADATA_MAGIC: &[u8; 8] = b"WEIRCHK\0";
+const COMPLETED_MAGIC: &[u8; 8] = b"WEIRDONE";
 const TASK_MAGIC: &[u8; 8] = b"WEIRTASK";
 /// Longest task name accepted (it names a file).
 const NAME_MAX: usize = 200;
@@ -165,7 +182,27 @@ impl CheckpointStore {
         let path = dir.join(METADATA);
         fs::rename(&temporary, &path).map_err(|e| CheckpointError::io("renaming", &path, e))?;
         sync_dir(&dir)?;
+        self.mark_completed(metadata.id)?;
         self.prune(metadata.id)
+    }
+
+    /// Records durably that checkpoint `id` completed here (a temporary file, fsync,
+    /// rename, fsync of the directory): a fresh start is refused from then on.
+    fn mark_completed(&self, id: u64) -> Result<(), CheckpointError> {
+        if read_completed(&self.dir)?.is_some_and(|newest| newest >= id) {
+            return Ok(());
+        }
+        let mut bytes = Vec::with_capacity(24);
+        bytes.extend_from_slice(COMPLETED_MAGIC);
+        bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&id.to_le_bytes());
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        let temporary = self.dir.join(format!("{COMPLETED}.tmp"));
+        write_durably(&temporary, &bytes)?;
+        let path = self.dir.join(COMPLETED);
+        fs::rename(&temporary, &path).map_err(|e| CheckpointError::io("renaming", &path, e))?;
+        sync_dir(&self.dir)
     }
 
     /// One process's part of checkpoint `metadata.id` of a job over several processes:
@@ -202,21 +239,18 @@ impl CheckpointStore {
         decode_metadata(&file, &bytes).map(Some)
     }
 
-    /// The newest checkpoint whose `_metadata` is written (complete), if any; without
-    /// reading it back.
+    /// The newest checkpoint that ever completed here (see [`newest_completed`]), if
+    /// any; without reading it back.
     pub fn newest_complete(&self) -> Result<Option<u64>, CheckpointError> {
-        Ok(checkpoint_dirs(&self.dir)?
-            .into_iter()
-            .filter(|(_, path)| path.join(METADATA).exists())
-            .map(|(id, _)| id)
-            .max())
+        newest_completed(&self.dir)
     }
 
-    /// Removes every checkpoint directory newer than the newest that reads back whole:
-    /// what a run that crashed left unfinished. Before a restore, so that nothing of
-    /// the crashed run is taken for the new run's.
+    /// Removes every checkpoint directory newer than the newest completed one: what a
+    /// run that crashed left unfinished. Before a restore, so that nothing of the
+    /// crashed run is taken for the new run's. A completed checkpoint is never removed
+    /// here, readable or not: restore reports an unreadable one by name.
     pub fn discard_unfinished(&self) -> Result<(), CheckpointError> {
-        let newest = latest_in(&self.dir).map_or(0, |r| r.metadata.id);
+        let newest = newest_completed(&self.dir)?.unwrap_or(0);
         for (id, _) in checkpoint_dirs(&self.dir)? {
             if id > newest {
                 self.discard(id)?;
@@ -256,7 +290,7 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// The newest checkpoint under this directory that reads back whole (see
+    /// The newest completed checkpoint under this directory, read back whole (see
     /// [`latest_in`]).
     pub fn latest(&self) -> Result<Restored, CheckpointError> {
         latest_in(&self.dir)
@@ -269,29 +303,101 @@ impl CheckpointStore {
     }
 }
 
-/// The newest checkpoint under `dir` whose metadata and every task file read back
-/// intact, with the newer ones skipped and why; an error naming each checkpoint tried
-/// when none does.
+/// The newest completed checkpoint under `dir`, read back whole (see
+/// [`restore_point`]); [`CheckpointError::NoValidCheckpoint`] where none ever completed.
 pub fn latest_in(dir: &Path) -> Result<Restored, CheckpointError> {
-    let mut dirs = checkpoint_dirs(dir)?;
-    dirs.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
-    let mut skipped = Vec::new();
-    for (_, path) in dirs {
-        match read_checkpoint(&path) {
-            Ok(mut restored) => {
-                restored.skipped = skipped;
-                return Ok(restored);
-            }
-            Err(e) => skipped.push((path, e)),
-        }
-    }
-    Err(CheckpointError::NoValidCheckpoint {
+    restore_point(dir)?.ok_or_else(|| CheckpointError::NoValidCheckpoint {
         dir: dir.to_path_buf(),
-        tried: skipped
-            .iter()
-            .map(|(path, e)| format!("{}: {e}", path.display()))
+        tried: checkpoint_dirs(dir)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, path)| format!("{}: never completed", path.display()))
             .collect(),
     })
+}
+
+/// Where a run restoring from the checkpoint directory `dir` starts (see the [module
+/// docs](self)): `Ok(Some(_))`, the newest completed checkpoint read back whole, with
+/// the newer unfinished directories it passed over; `Ok(None)`, a fresh start, since no
+/// checkpoint ever completed here (a missing `dir` counts as empty);
+/// [`CheckpointError::Unreadable`] when the newest completed checkpoint cannot be read
+/// back whole. Never an older checkpoint than the newest completed one.
+pub fn restore_point(dir: &Path) -> Result<Option<Restored>, CheckpointError> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let Some(newest) = newest_completed(dir)? else {
+        return Ok(None);
+    };
+    let path = dir.join(format!("chk-{newest}"));
+    let unreadable = |error: CheckpointError| CheckpointError::Unreadable {
+        path: path.clone(),
+        reason: Box::new(error),
+    };
+    if !path.is_dir() {
+        return Err(unreadable(CheckpointError::Corrupt {
+            file: dir.join(COMPLETED),
+            why: format!("it records checkpoint {newest} as completed, and {} is gone", path.display()),
+        }));
+    }
+    let mut restored = read_checkpoint(&path).map_err(|e| match e {
+        CheckpointError::Incomplete { .. } => unreadable(CheckpointError::Corrupt {
+            file: path.join(METADATA),
+            why: format!(
+                "it is missing, and {} records checkpoint {newest} as completed",
+                dir.join(COMPLETED).display()
+            ),
+        }),
+        other => unreadable(other),
+    })?;
+    let mut dirs = checkpoint_dirs(dir)?;
+    dirs.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+    restored.skipped = dirs
+        .into_iter()
+        .filter(|(id, _)| *id > newest)
+        .map(|(_, path)| {
+            let error = CheckpointError::Incomplete { path: path.clone() };
+            (path, error)
+        })
+        .collect();
+    Ok(Some(restored))
+}
+
+/// The newest checkpoint that ever completed under `dir`: the newest `chk-<id>` with a
+/// `_metadata`, or the one `_completed` names, whichever is newer; without reading the
+/// checkpoint back. A `_completed` that does not decode is an error naming it (what it
+/// said is unknown, so a fresh start could not be ruled out).
+pub fn newest_completed(dir: &Path) -> Result<Option<u64>, CheckpointError> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let listed = checkpoint_dirs(dir)?
+        .into_iter()
+        .filter(|(_, path)| path.join(METADATA).exists())
+        .map(|(id, _)| id)
+        .max();
+    let marked = read_completed(dir)?;
+    Ok(listed.max(marked))
+}
+
+/// The id `dir/_completed` records, if the file exists.
+fn read_completed(dir: &Path) -> Result<Option<u64>, CheckpointError> {
+    let file = dir.join(COMPLETED);
+    if !file.exists() {
+        return Ok(None);
+    }
+    let bytes = read_file(&file)?;
+    let mut fields = framed(&file, &bytes, COMPLETED_MAGIC)?;
+    let id = fields
+        .u64()
+        .ok_or_else(|| CheckpointError::corrupt(&file, "it ends before its id".into()))?;
+    if !fields.bytes.is_empty() {
+        return Err(CheckpointError::corrupt(
+            &file,
+            format!("{} bytes after its id", fields.bytes.len()),
+        ));
+    }
+    Ok(Some(id))
 }
 
 /// Reads checkpoint directory `path` (`.../chk-<id>`) whole, or says why it cannot be
@@ -640,63 +746,108 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
-    /// A crash while the newest checkpoint's metadata was written (torn: cut short)
-    /// leaves the one before it to restore from, and says why the newer was skipped.
-    #[test]
-    fn a_torn_metadata_file_is_skipped() {
-        let dir = scratch("torn");
+    /// The newest completed checkpoint, altered: `f` damages it; restore must refuse it
+    /// by naming `expect` (never fall back on the older one, whose replay would commit
+    /// output again), and leave it on disk.
+    fn refused_when_damaged(name: &str, expect: &str, damage: impl FnOnce(&CheckpointStore)) {
+        let dir = scratch(name);
         let store = CheckpointStore::open(&dir, 3).expect("store");
         checkpoint(&store, 1);
         checkpoint(&store, 2);
-        let metadata = store.checkpoint_dir(2).join(METADATA);
-        let bytes = fs::read(&metadata).expect("read");
-        fs::write(&metadata, &bytes[..bytes.len() / 2]).expect("tear");
-        let restored = store.latest().expect("the older one");
-        assert_eq!(restored.metadata.id, 1);
-        assert_eq!(restored.skipped.len(), 1);
-        let why = restored.skipped[0].1.to_string();
-        assert!(why.contains("checksum"), "{why}");
-        let _ = fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_flipped_byte_in_a_task_file_is_detected() {
-        let dir = scratch("flip");
-        let store = CheckpointStore::open(&dir, 3).expect("store");
-        checkpoint(&store, 1);
-        checkpoint(&store, 2);
-        let file = store.checkpoint_dir(2).join("count-1.state");
-        let mut bytes = fs::read(&file).expect("read");
-        let middle = bytes.len() / 2;
-        bytes[middle] ^= 0x40;
-        fs::write(&file, &bytes).expect("flip");
-        let restored = store.latest().expect("the older one");
-        assert_eq!(restored.metadata.id, 1);
-        let why = restored.skipped[0].1.to_string();
-        assert!(why.contains("count-1.state"), "{why}");
-        // The listing says the same.
-        let listing = store.list().expect("list");
-        assert!(listing[0].metadata.is_err());
-        assert!(listing[1].metadata.is_ok());
-        let _ = fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_missing_task_file_or_metadata_is_never_half_used() {
-        let dir = scratch("missing");
-        let store = CheckpointStore::open(&dir, 3).expect("store");
-        checkpoint(&store, 1);
-        checkpoint(&store, 2);
-        fs::remove_file(store.checkpoint_dir(2).join("source-0.state")).expect("remove");
         // An unfinished newer one: task files, no metadata.
         store.write_task_state(3, "source-0", b"y").expect("state");
-        let restored = store.latest().expect("the oldest");
-        assert_eq!(restored.metadata.id, 1);
-        assert_eq!(restored.skipped.len(), 2);
-        assert!(matches!(
-            restored.skipped[0].1,
-            CheckpointError::Incomplete { .. }
-        ));
+        damage(&store);
+        let left = store.checkpoint_dir(2).exists();
+        let err = store.latest().expect_err("the newest completed is damaged");
+        let text = err.to_string();
+        assert!(matches!(err, CheckpointError::Unreadable { .. }), "{text}");
+        assert!(text.contains("chk-2"), "{text}");
+        assert!(text.contains(expect), "{expect:?} in {text}");
+        assert!(restore_point(&dir).is_err());
+        // Clean-up before a restore removes the unfinished one only.
+        store.discard_unfinished().expect("discard");
+        assert_eq!(store.checkpoint_dir(2).exists(), left);
+        assert!(!store.checkpoint_dir(3).exists());
+        assert!(store.latest().is_err(), "still refused after the clean-up");
+        // Named explicitly, the older one is still there to be chosen.
+        assert_eq!(read_checkpoint(&store.checkpoint_dir(1)).expect("older").metadata.id, 1);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_torn_metadata_file_is_refused_by_name() {
+        refused_when_damaged("torn", "_metadata", |store| {
+            let metadata = store.checkpoint_dir(2).join(METADATA);
+            let bytes = fs::read(&metadata).expect("read");
+            fs::write(&metadata, &bytes[..bytes.len() / 2]).expect("tear");
+        });
+    }
+
+    #[test]
+    fn a_flipped_byte_in_a_task_file_is_refused_by_name() {
+        refused_when_damaged("flip", "count-1.state", |store| {
+            let file = store.checkpoint_dir(2).join("count-1.state");
+            let mut bytes = fs::read(&file).expect("read");
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            fs::write(&file, &bytes).expect("flip");
+        });
+    }
+
+    #[test]
+    fn a_truncated_task_file_is_refused_by_name() {
+        refused_when_damaged("truncated", "source-0.state", |store| {
+            let file = store.checkpoint_dir(2).join("source-0.state");
+            let bytes = fs::read(&file).expect("read");
+            fs::write(&file, &bytes[..bytes.len() - 3]).expect("truncate");
+        });
+    }
+
+    #[test]
+    fn a_missing_task_file_is_refused_by_name() {
+        refused_when_damaged("missing", "source-0.state", |store| {
+            fs::remove_file(store.checkpoint_dir(2).join("source-0.state")).expect("remove");
+        });
+    }
+
+    /// A deleted `_metadata` makes the directory look unfinished; the `_completed`
+    /// marker still says it completed.
+    #[test]
+    fn a_deleted_metadata_file_is_refused_by_name() {
+        refused_when_damaged("no-metadata", "_metadata", |store| {
+            fs::remove_file(store.checkpoint_dir(2).join(METADATA)).expect("remove");
+        });
+    }
+
+    #[test]
+    fn a_deleted_checkpoint_directory_is_refused_by_name() {
+        refused_when_damaged("no-dir", "is gone", |store| {
+            fs::remove_dir_all(store.checkpoint_dir(2)).expect("remove");
+        });
+    }
+
+    #[test]
+    fn a_fresh_start_only_where_no_checkpoint_ever_completed() {
+        let dir = scratch("fresh");
+        assert!(restore_point(&dir.join("absent")).expect("absent").is_none());
+        let store = CheckpointStore::open(&dir, 1).expect("store");
+        assert!(restore_point(&dir).expect("empty").is_none());
+        // Only unfinished ones: still a fresh start, and latest_in says why.
+        store.write_task_state(4, "source-0", b"x").expect("state");
+        assert!(restore_point(&dir).expect("unfinished only").is_none());
+        let err = store.latest().expect_err("none completed");
+        assert!(err.to_string().contains("never completed"), "{err}");
+        checkpoint(&store, 7);
+        let restored = restore_point(&dir).expect("ok").expect("completed");
+        assert_eq!(restored.metadata.id, 7);
+        assert_eq!(newest_completed(&dir).expect("newest"), Some(7));
+        // Every directory gone, the marker stays: no fresh start.
+        fs::remove_dir_all(store.checkpoint_dir(7)).expect("remove");
+        assert!(restore_point(&dir).is_err());
+        // A damaged marker is an error too, naming it.
+        fs::write(dir.join(COMPLETED), b"garbage that is long enough").expect("write");
+        let err = restore_point(&dir).expect_err("damaged marker");
+        assert!(err.to_string().contains(COMPLETED), "{err}");
         let _ = fs::remove_dir_all(&dir);
     }
 

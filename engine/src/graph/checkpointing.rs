@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::storage::{latest_in, read_checkpoint, CheckpointMetadata, METADATA};
+use crate::checkpoint::storage::{read_checkpoint, restore_point, CheckpointMetadata, METADATA};
 use crate::checkpoint::{
     AlignmentMode, CheckpointConfig, CheckpointError, CheckpointHooks, CheckpointStats,
 };
@@ -51,8 +51,10 @@ pub struct Checkpointing {
     pub dir: PathBuf,
     /// How tasks with several input channels align barriers.
     pub alignment: AlignmentMode,
-    /// Restore from this checkpoint (a `chk-<id>` directory) or from the newest valid
-    /// one under this directory.
+    /// Restore from this checkpoint (a `chk-<id>` directory), or from the newest
+    /// completed one under this directory: a fresh start where none ever completed
+    /// there, an error where it cannot be read back whole (see
+    /// [`restore_point`](crate::checkpoint::storage::restore_point)).
     pub restore: Option<PathBuf>,
     /// Told of each completed checkpoint.
     pub listener: Option<CheckpointListener>,
@@ -84,8 +86,10 @@ impl Checkpointing {
         }
     }
 
-    /// Restores from `path`: a checkpoint directory, or a directory of checkpoints
-    /// (the newest that reads back whole is taken).
+    /// Restores from `path`: a checkpoint's own directory (`chk-<id>`, exactly that
+    /// one), or a directory of checkpoints, where the newest completed one is taken and
+    /// must read back whole; a fresh start if none ever completed there (see
+    /// [`restore_point`](crate::checkpoint::storage::restore_point)).
     pub fn restore_from(mut self, path: impl Into<PathBuf>) -> Self {
         self.restore = Some(path.into());
         self
@@ -167,17 +171,24 @@ pub(crate) struct RestorePlan {
 
 impl RestorePlan {
     /// Reads the checkpoint at `path` (see [`Checkpointing::restore`]) for the job
-    /// `job`, whose stages are named `names`.
+    /// `job`, whose stages are named `names`; `None` where `path` is a directory in
+    /// which no checkpoint ever completed (a fresh start).
     pub(crate) fn read(
         path: &Path,
         job: &str,
         names: Vec<String>,
-    ) -> Result<(Self, RestoredFrom), CheckpointError> {
+    ) -> Result<Option<(Self, RestoredFrom)>, CheckpointError> {
         let started = Instant::now();
         let restored = if path.join(METADATA).exists() {
             read_checkpoint(path)?
+        } else if crate::checkpoint::storage::checkpoint_id(path).is_some() && path.is_dir() {
+            // A checkpoint's own directory named explicitly: that one, or why not.
+            read_checkpoint(path)?
         } else {
-            latest_in(path)?
+            match restore_point(path)? {
+                Some(restored) => restored,
+                None => return Ok(None),
+            }
         };
         if restored.metadata.job != job {
             return Err(CheckpointError::Config(format!(
@@ -208,6 +219,25 @@ impl RestorePlan {
                 .1
                 .insert(index, snapshot);
         }
+        // Every subtask of a stage the checkpoint holds must be there: a subtask
+        // restored with no state would start its source over, or forget its sink's
+        // pre-committed output.
+        for (stage, (parallelism, subtasks)) in &plan.stages {
+            if let Some(index) = (0..*parallelism).find(|i| !subtasks.contains_key(i)) {
+                return Err(CheckpointError::Unreadable {
+                    path: restored.path.clone(),
+                    reason: Box::new(CheckpointError::Corrupt {
+                        file: restored.path.join(METADATA),
+                        why: format!(
+                            "it lists {} of the {parallelism} subtasks of stage {stage} and \
+                             not {}.state (a process's part missing)",
+                            subtasks.len(),
+                            task_file_name(*stage, index, *parallelism)
+                        ),
+                    }),
+                });
+            }
+        }
         let from = RestoredFrom {
             id: restored.metadata.id,
             path: restored.path.clone(),
@@ -218,7 +248,7 @@ impl RestorePlan {
                 .collect(),
             read_time: started.elapsed(),
         };
-        Ok((plan, from))
+        Ok(Some((plan, from)))
     }
 
     /// Subtask `index` of `stage` (now at `parallelism`)'s section `position`: only at

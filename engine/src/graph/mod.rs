@@ -1093,11 +1093,14 @@ impl Graph {
                 .join(" | ");
             let names = plans.iter().map(|p| p.name.clone()).collect();
             let restored = match &settings.restore {
-                Some(path) => {
-                    let (plan, from) = RestorePlan::read(path, &job, names)?;
-                    restore_plan = Some(Arc::new(plan));
-                    Some(from)
-                }
+                Some(path) => match RestorePlan::read(path, &job, names)? {
+                    Some((plan, from)) => {
+                        restore_plan = Some(Arc::new(plan));
+                        Some(from)
+                    }
+                    // No checkpoint ever completed there: a fresh start.
+                    None => None,
+                },
                 None => None,
             };
             let restored_id = restored.as_ref().map_or(0, |r| r.id);
@@ -1264,11 +1267,10 @@ pub fn execute_with_restarts(
         let (mut graph, runtime) = build()?;
         if restore_latest {
             if let Some(checkpointing) = graph.checkpointing.as_mut() {
-                let dir = checkpointing.dir.clone();
-                // From the newest checkpoint that completed; from the start if none did.
-                checkpointing.restore = crate::checkpoint::storage::latest_in(&dir)
-                    .is_ok()
-                    .then_some(dir);
+                // From the newest checkpoint that completed; from the start only if none
+                // ever did; a newest one that cannot be read fails the restart (never a
+                // fresh start, which would commit output again).
+                checkpointing.restore = Some(checkpointing.dir.clone());
             }
         }
         let (result, failure) = graph.execute_to_end(runtime)?;
