@@ -107,7 +107,7 @@ else
     echo "scripts/chaos.sh: the job failed; see $log" >&2
     exit 1
   fi
-  restores=$(grep -c "from the latest completed checkpoint" "$log" || true)
+  restores=$(grep -c "restart [0-9]* of every process in .* from checkpoint" "$log" || true)
 fi
 
 # Committed files only (no .pending or .inprogress suffix): every id once.

@@ -95,7 +95,7 @@ refused() {
   fi
   after=$(committed_lines "$at/out")
   [ "$before" -eq "$after" ] || fail "the refused restore in $at committed output ($before -> $after lines)"
-  compgen -G "$at/chk/chk-*/_metadata" >/dev/null || fail "the refused restore removed the checkpoint in $at"
+  [ -d "$at/chk/$newest_name" ] || fail "the refused restore removed $newest_name in $at"
 }
 
 # Restores $2 (processes $1) whole and checks the committed output.
@@ -119,11 +119,12 @@ for processes in 1 2; do
   mkdir -p "$base"
   crashed_run "$processes" "$base"
   newest=$(find "$base/chk" -maxdepth 2 -name _metadata | sort -V | tail -1 | xargs dirname)
+  newest_name=$(basename "$newest")
   state=$(find "$newest" -name 's0-0-of-*.state' | head -1)
   [ -n "$state" ] || fail "no source state file in $newest"
   for damage in flip truncate delete metadata; do
-    at="$base/$damage"
-    cp -a "$base" "$at.tmp" && mv "$at.tmp" "$at"
+    at="$base-$damage"
+    cp -a "$base" "$at"
     target="${state/$base/$at}"
     case "$damage" in
       flip)
@@ -162,7 +163,7 @@ done
 mapfile -t children < <(pgrep -P "$launcher" || true)
 [ "${#children[@]}" -eq 2 ] || fail "the launcher has ${#children[@]} processes, not 2"
 kill -9 "$launcher"
-wait "$launcher" 2>/dev/null || true
+{ wait "$launcher"; } 2>/dev/null || true
 gone=""
 for _ in $(seq 1 $((heartbeat_timeout * 10))); do
   alive=0

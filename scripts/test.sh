@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: unit, integration and property tests of every crate, a short kill -9
-# chaos run against the checkpoints, each benchmark run once (so benches never rot), then
-# the loom models.
+# chaos run against the checkpoints, the operator faults (damaged checkpoints, a killed
+# launcher), each benchmark run once (so benches never rot), then the loom models.
 #
 # The Redis integration tests need a server: one is started here with scripts/redis.sh
 # (installing redis-server from the Debian packages if it is missing and this machine
@@ -30,5 +30,8 @@ cargo test --workspace
 # Kill -9 chaos, a few kills in one process and across two (scripts/chaos.sh alone runs 20).
 scripts/chaos.sh --kills 4 --records 100000
 scripts/chaos.sh --kills 4 --records 100000 --processes 2
+# Operator faults: damaged checkpoints refused by name (one process and two), the
+# launcher of two processes killed alone.
+scripts/faults.sh --records 1000000
 WEIR_BENCH_QUICK=1 cargo test -p weir-bench --benches
 scripts/loom.sh

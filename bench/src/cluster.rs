@@ -331,7 +331,9 @@ pub fn launch(launch: &Launch<'_>, run_args: &[String]) -> Result<i32, RunError>
             .collect();
         let _ = std::fs::remove_dir_all(&dir);
         let mut summary = summarize(launch, &peers, &statuses, &reports);
-        if let (Some(output), "completed") = (launch.output, summary["outcome"].as_str().unwrap_or("")) {
+        if let (Some(output), "completed") =
+            (launch.output, summary["outcome"].as_str().unwrap_or(""))
+        {
             let audit = crate::job::audit_output(output, launch.records)?;
             summary["committed_output"] = json!({
                 "dir": output.display().to_string(),

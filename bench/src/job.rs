@@ -1614,16 +1614,15 @@ fn execute_restarting(
             (restartable, &finished.failure, settings.stop.requested())
         {
             if let Some(delay) = restarts.on_failure(Instant::now()) {
-                let from = match weir_engine::checkpoint::storage::newest_completed(
-                    &checkpoints.dir,
-                ) {
-                    Ok(Some(id)) => format!("from checkpoint {id} (the latest completed)"),
-                    Ok(None) => format!(
-                        "from the start (no checkpoint ever completed under {})",
-                        checkpoints.dir.display()
-                    ),
-                    Err(e) => format!("from the latest completed checkpoint ({e})"),
-                };
+                let from =
+                    match weir_engine::checkpoint::storage::newest_completed(&checkpoints.dir) {
+                        Ok(Some(id)) => format!("from checkpoint {id} (the latest completed)"),
+                        Ok(None) => format!(
+                            "from the start (no checkpoint ever completed under {})",
+                            checkpoints.dir.display()
+                        ),
+                        Err(e) => format!("from the latest completed checkpoint ({e})"),
+                    };
                 eprintln!(
                     "weir: the job failed ({error}); restart {} in {} {from}",
                     restarts.total(),
@@ -1680,7 +1679,9 @@ pub fn check_start_at(
                     path.display()
                 )));
             }
-            let explicit = path.join(weir_engine::checkpoint::storage::METADATA).exists()
+            let explicit = path
+                .join(weir_engine::checkpoint::storage::METADATA)
+                .exists()
                 || weir_engine::checkpoint::storage::checkpoint_id(path).is_some();
             let found = if explicit {
                 weir_engine::checkpoint::storage::read_checkpoint(path).map(Some)
@@ -1777,13 +1778,11 @@ pub fn audit_output(dir: &std::path::Path, records: u64) -> Result<OutputAudit, 
     let mut audit = OutputAudit::default();
     for path in committed_parts(dir)? {
         audit.files += 1;
-        let file = std::fs::File::open(&path).map_err(|e| {
-            RunError::Setting(format!("cannot read {}: {e}", path.display()))
-        })?;
+        let file = std::fs::File::open(&path)
+            .map_err(|e| RunError::Setting(format!("cannot read {}: {e}", path.display())))?;
         for line in std::io::BufReader::new(file).split(b'\n') {
-            let line = line.map_err(|e| {
-                RunError::Setting(format!("cannot read {}: {e}", path.display()))
-            })?;
+            let line = line
+                .map_err(|e| RunError::Setting(format!("cannot read {}: {e}", path.display())))?;
             audit.lines += 1;
             let id = line
                 .split(|b| *b == b' ')
@@ -1861,7 +1860,11 @@ fn execute(
     match (check_start(settings)?, &settings.checkpoints) {
         (StartPoint::Checkpoint(id), Some(checkpoints)) => eprintln!(
             "weir: restoring checkpoint {id} from {}",
-            checkpoints.restore.as_deref().unwrap_or(&checkpoints.dir).display()
+            checkpoints
+                .restore
+                .as_deref()
+                .unwrap_or(&checkpoints.dir)
+                .display()
         ),
         (StartPoint::Fresh, Some(checkpoints)) => {
             if let Some(restore) = &checkpoints.restore {

@@ -562,25 +562,35 @@ fn utc(ms: u64) -> String {
     )
 }
 
-/// `weir checkpoints`' table: one line per checkpoint directory, newest first; the first
-/// valid one is what `--restore DIR` takes.
-fn checkpoint_table(listing: &[weir_engine::checkpoint::storage::Listing]) -> String {
+/// `weir checkpoints`' table: one line per checkpoint directory, newest first. The
+/// newest completed one (`newest`) is what `--restore DIR` takes, and only it: where it
+/// cannot be read back, the restore is refused (an older one is restored only when its
+/// directory is named).
+fn checkpoint_table(
+    listing: &[weir_engine::checkpoint::storage::Listing],
+    newest: Option<u64>,
+) -> String {
     use std::fmt::Write as _;
     if listing.is_empty() {
-        return "no checkpoints\n".to_string();
+        return match newest {
+            Some(id) => format!(
+                "no checkpoint directories, though checkpoint {id} completed here: --restore \
+                 refuses this directory\n"
+            ),
+            None => "no checkpoints\n".to_string(),
+        };
     }
     let mut out = String::from(
         "| id | taken (UTC) | duration | size | tasks | restore |\n|---:|---|---:|---:|---:|---|\n",
     );
-    let mut restore_taken = false;
     for entry in listing {
+        let latest = Some(entry.id) == newest;
         match &entry.metadata {
             Ok(m) => {
-                let note = if restore_taken {
-                    "valid"
-                } else {
-                    restore_taken = true;
+                let note = if latest {
                     "valid, the latest: --restore takes it"
+                } else {
+                    "valid (older: restored only when its directory is named)"
                 };
                 let _ = writeln!(
                     out,
@@ -593,11 +603,14 @@ fn checkpoint_table(listing: &[weir_engine::checkpoint::storage::Listing]) -> St
                 );
             }
             Err(error) => {
-                let _ = writeln!(
-                    out,
-                    "| {} | — | — | — | — | not usable: {error} |",
-                    entry.id
-                );
+                let note = if latest {
+                    "the latest completed, unreadable: --restore refuses it"
+                } else if newest.is_some_and(|n| entry.id > n) {
+                    "never completed: skipped"
+                } else {
+                    "not usable"
+                };
+                let _ = writeln!(out, "| {} | — | — | — | — | {note}: {error} |", entry.id);
             }
         }
     }
@@ -644,16 +657,20 @@ fn main() {
                 }
             }
         }
-        Command::Checkpoints { dir } => match weir_engine::checkpoint::storage::list(&dir) {
-            Ok(listing) => {
-                print!("{}", checkpoint_table(&listing));
-                std::process::exit(0);
+        Command::Checkpoints { dir } => {
+            match weir_engine::checkpoint::storage::list(&dir).and_then(|listing| {
+                weir_engine::checkpoint::storage::newest_completed(&dir).map(|n| (listing, n))
+            }) {
+                Ok((listing, newest)) => {
+                    print!("{}", checkpoint_table(&listing, newest));
+                    std::process::exit(0);
+                }
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(2);
+                }
             }
-            Err(error) => {
-                eprintln!("error: {error}");
-                std::process::exit(2);
-            }
-        },
+        }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::StreamBench {
@@ -899,6 +916,12 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
         }
         _ => None,
     };
+    // Where the run starts, checked before anything starts: a newest completed
+    // checkpoint that cannot be read, or a fresh start over committed output, is
+    // refused here by name (every process, and the launcher, check the same).
+    if args.output.is_some() || args.restore.is_some() {
+        job::check_start_at(args.restore.as_deref(), args.output.as_deref())?;
+    }
     if args.processes > 1 && (args.source.is_some() || args.sink.is_some()) {
         return Err(RunError::Setting(
             "--source and --sink run in one process: the launcher of --processes neither \

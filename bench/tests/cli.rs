@@ -561,7 +561,7 @@ fn processes_without_the_secret_or_of_another_job_are_refused() {
 }
 
 /// `weir checkpoints DIR` lists every checkpoint, newest first, says which one a restore
-/// takes, and why a corrupt one cannot be used.
+/// takes (the newest completed, or none when it is damaged), and why.
 #[test]
 fn checkpoints_are_listed_with_the_one_a_restore_takes() {
     use weir_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
@@ -591,8 +591,10 @@ fn checkpoints_are_listed_with_the_one_a_restore_takes() {
     assert!(output.status.success(), "{stdout}{}", text(&output.stderr));
     let lines: Vec<&str> = stdout.lines().skip(2).collect();
     assert_eq!(lines.len(), 3, "{stdout}");
+    // The newest completed one is what a restore takes, and only it: damaged, it is
+    // refused, never passed over for an older one.
     assert!(
-        lines[0].starts_with("| 3 |") && lines[0].contains("not usable"),
+        lines[0].starts_with("| 3 |") && lines[0].contains("unreadable: --restore refuses it"),
         "{stdout}"
     );
     assert!(lines[0].contains("source-0.state"), "{stdout}");
@@ -600,7 +602,10 @@ fn checkpoints_are_listed_with_the_one_a_restore_takes() {
         lines[1].starts_with("| 2 | 2025-12-02 10:40:02.123 | 2.5 ms | 132 B | 1 |"),
         "{stdout}"
     );
-    assert!(lines[1].contains("--restore takes it"), "{stdout}");
+    assert!(
+        lines[1].contains("restored only when its directory is named"),
+        "{stdout}"
+    );
     assert!(
         lines[2].starts_with("| 1 |") && !lines[2].contains("restore takes"),
         "{stdout}"
@@ -785,4 +790,71 @@ fn stream_flags_that_cannot_work_are_one_line_errors() {
     assert!(stderr.contains("--checkpoint-interval"), "{stderr}");
     let stderr = assert_one_line_error(&weir(&["run", "--sink", "redis-stream://127.0.0.1:1/a,b"]));
     assert!(stderr.contains("name one stream"), "{stderr}");
+}
+
+/// `--restore` of a path that does not exist, of a directory whose newest completed
+/// checkpoint is damaged, or a fresh start over committed output: each is refused by
+/// name before anything starts (one line, exit status 2), in one process and over two.
+#[test]
+fn restores_that_would_break_exactly_once_are_refused_before_anything_starts() {
+    let dir = scratch("refused-restores");
+    let chk = dir.join("chk");
+    let out = dir.join("out");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--records",
+            "1000",
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            chk.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        weir(&args)
+    };
+    // No such path.
+    let output = run(&["--restore", "/nonexistent/weir-restore"]);
+    let stderr = assert_one_line_error(&output);
+    assert!(
+        stderr.contains("--restore /nonexistent/weir-restore"),
+        "{stderr}"
+    );
+    // A completed checkpoint, then its state damaged.
+    let output = run(&[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
+        .unwrap()
+        .expect("completed");
+    let state = chk.join(format!("chk-{newest}")).join("s0-0-of-1.state");
+    let state = if state.exists() {
+        state
+    } else {
+        std::fs::read_dir(chk.join(format!("chk-{newest}")))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "state"))
+            .expect("a state file")
+    };
+    let name = state.file_name().unwrap().to_str().unwrap().to_string();
+    let mut bytes = std::fs::read(&state).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&state, bytes).unwrap();
+    let committed = std::fs::read_dir(&out).unwrap().count();
+    for processes in ["1", "2"] {
+        let output = run(&["--restore", chk.to_str().unwrap(), "--processes", processes]);
+        let stderr = assert_one_line_error(&output);
+        assert!(stderr.contains(&name), "{stderr}");
+        assert!(stderr.contains("cannot be restored"), "{stderr}");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), committed);
+    }
+    // No restore over the committed output: a fresh start would write it again.
+    let output = run(&[]);
+    let stderr = assert_one_line_error(&output);
+    assert!(stderr.contains("committed part files"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

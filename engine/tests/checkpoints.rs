@@ -383,6 +383,79 @@ fn a_failed_task_restarts_the_job_from_its_latest_checkpoint() {
     assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
 }
 
+/// A job fails after checkpoints completed, and the newest completed checkpoint is
+/// damaged before the restart: the restart is refused by the file's name, and nothing is
+/// committed twice (a fresh start or an older checkpoint would replay committed output).
+#[test]
+fn a_restart_over_a_damaged_newest_checkpoint_fails_by_name_and_never_starts_fresh() {
+    use weir_engine::checkpoint::RestartStrategy;
+    use weir_engine::graph::execute_with_restarts;
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let chk = dir.path().join("chk");
+    let records = 6_000u64;
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut restarts_seen = 0;
+    let built = std::cell::Cell::new(0);
+    let outcome = execute_with_restarts(
+        "fixed-delay:3:10ms".parse::<RestartStrategy>().unwrap(),
+        || {
+            built.set(built.get() + 1);
+            let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
+            let graph = Graph::new()
+                .with_parallelism(2)
+                .with_checkpointing(settings);
+            let failed = Arc::clone(&failed);
+            let chk = chk.clone();
+            graph
+                .from_generator(records, Some(40_000.0), |n| n)
+                .key_by(|n: &u64| *n)
+                .map(move |n| {
+                    if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
+                        // Damage the newest completed checkpoint's first state file, then
+                        // fail: the restart must find it damaged.
+                        let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
+                            .unwrap()
+                            .expect("a checkpoint completed before record 4000");
+                        let state = std::fs::read_dir(chk.join(format!("chk-{newest}")))
+                            .unwrap()
+                            .map(|e| e.unwrap().path())
+                            .find(|p| p.extension().is_some_and(|e| e == "state"))
+                            .expect("a state file");
+                        let mut bytes = std::fs::read(&state).unwrap();
+                        let middle = bytes.len() / 2;
+                        bytes[middle] ^= 0x10;
+                        std::fs::write(&state, bytes).unwrap();
+                        panic!("injected failure at record 4000");
+                    }
+                    n
+                })
+                .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
+                    line.extend_from_slice(format!("{n}\n").as_bytes());
+                });
+            Ok((graph, runtime()))
+        },
+        |_, _, _| restarts_seen += 1,
+    );
+    let error = match outcome {
+        Err(error) => error.to_string(),
+        Ok((_, failure, _)) => panic!("the job ran on after the damage: {failure:?}"),
+    };
+    assert!(error.contains("cannot be restored"), "{error}");
+    assert!(error.contains(".state"), "{error}");
+    assert_eq!(
+        restarts_seen, 1,
+        "one restart was tried, and it was refused"
+    );
+    assert_eq!(built.get(), 2);
+    // What was committed before the failure is there once, and nothing more was.
+    let lines = committed(&out, 2);
+    let mut unique = lines.clone();
+    unique.dedup();
+    assert_eq!(lines.len(), unique.len(), "a line committed twice");
+    assert!(lines.len() < records as usize);
+}
+
 #[test]
 fn a_fresh_start_over_an_earlier_run_s_checkpoints_is_refused() {
     let dir = scratch();

@@ -614,8 +614,9 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
         assert!(ok.contains("# EOF"), "{ok}");
         assert!(get("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 404"));
-        assert!(get("POST /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-            .starts_with("HTTP/1.1 405"));
+        assert!(
+            get("POST /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 405")
+        );
         let mut previous = Previous::new();
         let text = render(&MetricsSources::new(live), &mut previous);
         assert!(text.contains("weir_task_busyTimeMsPerSecond"), "{text}");

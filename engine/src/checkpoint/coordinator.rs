@@ -494,6 +494,25 @@ mod tests {
         assert_eq!(c.poll(300 * MS).expect("poll"), [Outcome::Trigger(2)]);
     }
 
+    /// Checkpoints complete here but waiting for other processes count as in flight:
+    /// no trigger while they are held, and `trigger_now` refuses too.
+    #[test]
+    fn held_checkpoints_count_against_max_concurrent() {
+        let mut c = Coordinator::new(config(100), 1, 1, 0).expect("coordinator");
+        assert_eq!(c.poll(100 * MS).expect("poll"), [Outcome::Trigger(1)]);
+        assert!(c.acknowledge(1, 0, file(0), Duration::ZERO, 110 * MS));
+        assert!(matches!(
+            c.take_outcomes()[..],
+            [Outcome::Complete { id: 1, .. }]
+        ));
+        c.hold(1);
+        assert!(c.poll(10_000 * MS).expect("poll").is_empty());
+        assert_eq!(c.trigger_now(10_000 * MS), None);
+        assert_eq!(c.next_deadline(), None);
+        c.hold(0);
+        assert_eq!(c.poll(10_001 * MS).expect("poll"), [Outcome::Trigger(2)]);
+    }
+
     #[test]
     fn a_completed_checkpoint_subsumes_older_pending_ones() {
         let mut c = Coordinator::new(

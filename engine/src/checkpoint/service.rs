@@ -682,4 +682,50 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+    /// Process 1 of 2 whose process 0 is gone: its part of the first checkpoint is
+    /// written, nothing completes it, no second checkpoint is triggered meanwhile (one
+    /// unfinished at most on disk), and after the checkpoint timeout the service fails
+    /// the job saying what it waited for.
+    #[test]
+    fn a_process_whose_coordinator_is_gone_stops_after_the_timeout() {
+        let dir = scratch("orphan");
+        let config = CheckpointConfig {
+            timeout: Duration::from_millis(300),
+            ..CheckpointConfig::every(Duration::from_millis(10))
+        };
+        let store = CheckpointStore::open(&dir, 1).expect("store");
+        let (events, rx) = mpsc::channel();
+        let hooks = Recorder {
+            told: Arc::default(),
+            events,
+            store: store.clone(),
+        };
+        let service =
+            CheckpointService::start_part(config, store, "job-x".into(), 1, 1, hooks, Some((1, 2)))
+                .expect("service");
+        let acks = service.acks();
+        let mut triggered = Vec::new();
+        let started = Instant::now();
+        while !service.has_failed() {
+            assert!(
+                started.elapsed() < WATCHDOG,
+                "the service did not fail the job"
+            );
+            if let Ok(Told::Trigger(id)) = rx.recv_timeout(Duration::from_millis(5)) {
+                triggered.push(id);
+                acks.acknowledge(id, 0, "t-0", vec![1], Duration::ZERO);
+            }
+        }
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(triggered, [1], "a checkpoint triggered while one was held");
+        let dirs = std::fs::read_dir(&dir).expect("dir").count();
+        assert_eq!(dirs, 1, "more than one unfinished checkpoint on disk");
+        let error = service.stop().expect_err("unsettled");
+        assert!(
+            matches!(error, CheckpointError::Unsettled { id: 1, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("process 0"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

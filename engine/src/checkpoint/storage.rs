@@ -337,7 +337,10 @@ pub fn restore_point(dir: &Path) -> Result<Option<Restored>, CheckpointError> {
     if !path.is_dir() {
         return Err(unreadable(CheckpointError::Corrupt {
             file: dir.join(COMPLETED),
-            why: format!("it records checkpoint {newest} as completed, and {} is gone", path.display()),
+            why: format!(
+                "it records checkpoint {newest} as completed, and {} is gone",
+                path.display()
+            ),
         }));
     }
     let mut restored = read_checkpoint(&path).map_err(|e| match e {
@@ -770,7 +773,13 @@ mod tests {
         assert!(!store.checkpoint_dir(3).exists());
         assert!(store.latest().is_err(), "still refused after the clean-up");
         // Named explicitly, the older one is still there to be chosen.
-        assert_eq!(read_checkpoint(&store.checkpoint_dir(1)).expect("older").metadata.id, 1);
+        assert_eq!(
+            read_checkpoint(&store.checkpoint_dir(1))
+                .expect("older")
+                .metadata
+                .id,
+            1
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -829,7 +838,9 @@ mod tests {
     #[test]
     fn a_fresh_start_only_where_no_checkpoint_ever_completed() {
         let dir = scratch("fresh");
-        assert!(restore_point(&dir.join("absent")).expect("absent").is_none());
+        assert!(restore_point(&dir.join("absent"))
+            .expect("absent")
+            .is_none());
         let store = CheckpointStore::open(&dir, 1).expect("store");
         assert!(restore_point(&dir).expect("empty").is_none());
         // Only unfinished ones: still a fresh start, and latest_in says why.
