@@ -49,17 +49,24 @@ exactly_once() {
   [ "$lines" -eq "$records" ] && [ "$unique" -eq "$records" ]
 }
 
-# A run killed (-9) once it has completed a few checkpoints, leaving checkpoints and
-# committed output to restore from. $1: processes; $2: where.
-crashed_run() {
-  local processes=$1 at=$2 pid args
-  args=(run --records "$records" --rate 400000 --quiet --checkpoint-interval 150ms
-        --checkpoint-dir "$at/chk" --output "$at/out")
+# The job's arguments into `args`: $1 processes, $2 where, $3 rate, then extra flags.
+job_args() {
+  local processes=$1 at=$2 rate=$3
+  shift 3
+  args=(run --records "$records" --rate "$rate" --quiet --checkpoint-interval 150ms
+        --checkpoint-dir "$at/chk" --output "$at/out" "$@")
   if [ "$processes" -gt 1 ]; then
     args+=(--processes "$processes")
   else
     args+=(--cores 2 --oversubscribe --no-pin)
   fi
+}
+
+# A run killed (-9) once it has completed a few checkpoints, leaving checkpoints and
+# committed output to restore from. $1: processes; $2: where.
+crashed_run() {
+  local processes=$1 at=$2 pid args
+  job_args "$processes" "$at" 400000
   setsid "$weir" "${args[@]}" >"$at/crashed.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
@@ -78,13 +85,7 @@ crashed_run() {
 refused() {
   local processes=$1 at=$2 names=$3 before after code args
   before=$(committed_lines "$at/out")
-  args=(run --records "$records" --rate 400000 --quiet --checkpoint-interval 150ms
-        --checkpoint-dir "$at/chk" --output "$at/out" --restore "$at/chk")
-  if [ "$processes" -gt 1 ]; then
-    args+=(--processes "$processes")
-  else
-    args+=(--cores 2 --oversubscribe --no-pin)
-  fi
+  job_args "$processes" "$at" 400000 --restore "$at/chk"
   code=0
   timeout 60 "$weir" "${args[@]}" >"$at/refused.log" 2>&1 || code=$?
   [ "$code" -eq 2 ] || fail "restore of a damaged checkpoint in $at exited $code, not 2 (refused)"
@@ -101,13 +102,7 @@ refused() {
 # Restores $2 (processes $1) whole and checks the committed output.
 restores() {
   local processes=$1 at=$2 args
-  args=(run --records "$records" --rate 2000000 --quiet --checkpoint-interval 150ms
-        --checkpoint-dir "$at/chk" --output "$at/out" --restore "$at/chk")
-  if [ "$processes" -gt 1 ]; then
-    args+=(--processes "$processes")
-  else
-    args+=(--cores 2 --oversubscribe --no-pin)
-  fi
+  job_args "$processes" "$at" 2000000 --restore "$at/chk"
   timeout 120 "$weir" "${args[@]}" >"$at/restored.log" 2>&1 || fail "the restore of $at failed"
   grep -q "committed output .*0 lost / 0 duplicated" "$at/restored.log" ||
     fail "the summary of $at does not report the committed output whole"
