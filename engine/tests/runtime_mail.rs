@@ -365,3 +365,44 @@ fn a_task_found_only_by_the_safety_net_counts_as_rescued() {
     ringer.join().expect("ringer");
     assert_eq!(report.wakeups[0].rescued, 0, "{:?}", report.wakeups[0]);
 }
+
+/// Idle until the safety net sweeps it; during that poll its work arrives from another
+/// thread, which publishes it and then rings the task's bell, as a producer whose
+/// buffer timeout came due together with the sweep does.
+struct AnnouncedDuringSweep {
+    polls: u32,
+    bell: Unparker,
+}
+
+impl Task for AnnouncedDuringSweep {
+    fn poll(&mut self, _cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        self.polls += 1;
+        if self.polls == 1 {
+            return Ok(Progress::Idle);
+        }
+        let bell = self.bell.clone();
+        std::thread::spawn(move || bell.unpark())
+            .join()
+            .expect("ringer");
+        Ok(Progress::Done)
+    }
+}
+
+/// Work whose announcement crosses the sweep is a wake-up on its way, not a lost one:
+/// the sweep found it, but its bell rang before the poll returned, so it is not
+/// counted as rescued (a producer's 100 ms buffer timeout and the 100 ms safety net
+/// often come due together).
+#[test]
+fn work_announced_while_the_safety_net_sweeps_is_not_rescued() {
+    let mut rt = runtime(1);
+    let id = rt.add_task(0);
+    let bell = rt.task_unparker(id, signal::INPUT);
+    rt.set_task(
+        id,
+        Box::new(move |_| Ok(Box::new(AnnouncedDuringSweep { polls: 0, bell }) as Box<dyn Task>)),
+    );
+    let report = rt.run().expect("runs");
+    let wakeups = report.wakeups[0];
+    assert!(wakeups.idle >= 1, "the sweep polled it: {wakeups:?}");
+    assert_eq!(wakeups.rescued, 0, "{wakeups:?}");
+}

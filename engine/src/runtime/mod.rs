@@ -349,8 +349,9 @@ pub struct Wakeups {
     /// The idle safety net: nothing woke the worker within the longest park.
     pub idle: u64,
     /// Of those, the ones after which a task had work although nothing had made it due
-    /// (no doorbell, no deadline, no earlier progress): a wake-up that should have come
-    /// and did not, which only the safety net rescued. A healthy run has none; `idle`
+    /// (no doorbell, no deadline, no earlier progress) and nothing announced it by the
+    /// time its poll returned (a ring that crossed the sweep is a wake-up on its way):
+    /// a wake-up that should have come and did not, which only the safety net rescued. A healthy run has none; `idle`
     /// alone may also count a worker that simply waited long for a slow peer.
     pub rescued: u64,
 }
@@ -891,7 +892,14 @@ fn worker_main(
                 Ok(AfterMail::Poll) => entry.task.as_mut().expect("a live entry").poll(&mut cx),
                 Err(error) => Err(error),
             };
-            if rescue && matches!(outcome, Ok(Progress::Busy | Progress::Done)) {
+            // A bell rung by now announced the work after all: its ringer published it,
+            // then rang while the sweep ran (say, a producer's buffer timeout coming due
+            // with the safety net), and the next turn would have polled the task anyway.
+            if rescue
+                && matches!(outcome, Ok(Progress::Busy | Progress::Done))
+                && entry.doorbell.peek() == 0
+                && anonymous.peek() == 0
+            {
                 stats.wakeups.rescued += 1;
             }
             match outcome {
