@@ -5,6 +5,8 @@
 #      file, a deleted _metadata): `weir run --restore` must refuse it, naming the file,
 #      start nothing, commit nothing, never start over from the beginning; the undamaged
 #      checkpoint then restores and the committed output holds every id exactly once.
+#      Asked for (--restore-fallback), the older retained checkpoint is restored only
+#      where no output was committed after it: the file sink refuses, naming a part file.
 #   2. The launcher of `weir run --processes 2` killed alone (kill -9, as an OOM kill
 #      does): no process of the job may outlive it by more than the heartbeat timeout,
 #      and while the job ran its checkpoint directory held no more than the retained
@@ -54,7 +56,7 @@ job_args() {
   local processes=$1 at=$2 rate=$3
   shift 3
   args=(run --records "$records" --rate "$rate" --quiet --checkpoint-interval 150ms
-        --checkpoint-dir "$at/chk" --output "$at/out" "$@")
+        --checkpoint-dir "$at/chk" --checkpoints-retained 3 --output "$at/out" "$@")
   if [ "$processes" -gt 1 ]; then
     args+=(--processes "$processes")
   else
@@ -99,10 +101,15 @@ refused() {
   [ -d "$at/chk/$newest_name" ] || fail "the refused restore removed $newest_name in $at"
 }
 
-# Restores $2 (processes $1) whole and checks the committed output.
+# Restores $2 (processes $1) whole and checks the committed output: one process as a
+# supervisor starts it (--resume), two with --restore.
 restores() {
   local processes=$1 at=$2 args
-  job_args "$processes" "$at" 2000000 --restore "$at/chk"
+  if [ "$processes" -eq 1 ]; then
+    job_args "$processes" "$at" 2000000 --resume
+  else
+    job_args "$processes" "$at" 2000000 --restore "$at/chk"
+  fi
   timeout 120 "$weir" "${args[@]}" >"$at/restored.log" 2>&1 || fail "the restore of $at failed"
   grep -q "committed output .*0 lost / 0 duplicated" "$at/restored.log" ||
     fail "the summary of $at does not report the committed output whole"
@@ -139,6 +146,28 @@ for processes in 1 2; do
     refused "$processes" "$at" "$names"
     echo "scripts/faults.sh: $processes process(es): a $damage of the newest checkpoint is refused by name, nothing committed"
   done
+  if [ "$processes" -eq 1 ]; then
+    # Asked to fall back past the damaged newest checkpoint, the older one's restore
+    # would write again the part files the newest committed: the file sink refuses,
+    # naming one; nothing committed is removed, the damaged checkpoint is kept.
+    at="$base-fallback"
+    cp -a "$base" "$at"
+    target="${state/$base/$at}"
+    size=$(stat -c %s "$target")
+    printf '\xff' | dd of="$target" bs=1 seek=$((size / 2)) conv=notrunc status=none
+    before=$(committed_lines "$at/out")
+    job_args 1 "$at" 400000 --resume --restore-fallback
+    code=0
+    timeout 60 "$weir" "${args[@]}" >"$at/fallback.log" 2>&1 || code=$?
+    [ "$code" -ne 0 ] || fail "a fallback over output committed after it succeeded in $at"
+    grep -q "passing over .*$newest_name" "$at/fallback.log" ||
+      fail "the fallback in $at does not name the checkpoint it passed over"
+    grep -q "part-[0-9]*-[0-9]* is corrupt: it was committed by a checkpoint newer" "$at/fallback.log" ||
+      fail "the fallback in $at was not refused naming a part file committed after it"
+    [ "$(committed_lines "$at/out")" -eq "$before" ] || fail "the refused fallback in $at changed the committed output"
+    [ -d "$at/chk/$newest_name" ] || fail "the fallback in $at removed $newest_name"
+    echo "scripts/faults.sh: 1 process: a fallback past the damaged newest checkpoint is refused, naming a part file it would write again"
+  fi
   restores "$processes" "$base"
   echo "scripts/faults.sh: $processes process(es): the undamaged checkpoint restores; committed output exactly once"
 done

@@ -129,6 +129,7 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
             dir: dir.clone(),
             alignment: AlignmentMode::Aligned,
             restore: None,
+            retain: 1,
             restart: weir_engine::checkpoint::RestartStrategy::None,
             gauges: None,
         }),

@@ -630,6 +630,8 @@ pub struct JobCheckpoints {
     pub alignment: AlignmentMode,
     /// A checkpoint (or a directory of them: the newest valid) to start from.
     pub restore: Option<PathBuf>,
+    /// Completed checkpoints kept (at least 1).
+    pub retain: usize,
     /// What a failure does.
     pub restart: RestartStrategy,
     /// Checkpoint figures for a metrics endpoint.
@@ -1665,6 +1667,74 @@ pub fn check_start(settings: &JobSettings) -> Result<StartPoint, RunError> {
     )
 }
 
+/// How `weir run` was asked to start: `--restore`, `--resume` (with the checkpoint
+/// directory) and `--restore-fallback`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreRequest<'a> {
+    /// `--restore`: a checkpoint directory or one `chk-<id>` directory.
+    pub restore: Option<&'a std::path::Path>,
+    /// `--resume`: the checkpoint directory, which may not exist yet.
+    pub resume: Option<&'a std::path::Path>,
+    /// `--restore-fallback`.
+    pub fallback: bool,
+}
+
+/// What a run restores, decided before anything starts and said on stderr: the path
+/// to restore (`None`: from the beginning). `--resume` over a directory where no
+/// checkpoint ever completed (or that does not exist yet) starts from the beginning;
+/// `--restore-fallback` passes over a newest completed checkpoint that cannot be read
+/// back for the newest older one that can, naming each one passed over. Everything
+/// else is left to [`check_start_at`], which refuses what would break exactly-once.
+pub fn resolve_restore(request: &RestoreRequest<'_>) -> Result<Option<PathBuf>, RunError> {
+    use weir_engine::checkpoint::storage;
+    if request.fallback && request.restore.is_none() && request.resume.is_none() {
+        return Err(RunError::Setting(
+            "--restore-fallback chooses among the checkpoints --restore DIR or --resume \
+             restores: give one of them"
+                .into(),
+        ));
+    }
+    let Some(dir) = request.restore.or(request.resume) else {
+        return Ok(None);
+    };
+    if request.resume.is_some() {
+        let newest = storage::newest_completed(dir);
+        if matches!(newest, Ok(None)) {
+            eprintln!(
+                "weir: --resume: no checkpoint ever completed under {}: starting from the \
+                 beginning",
+                dir.display()
+            );
+            return Ok(None);
+        }
+    }
+    let explicit = dir.join(storage::METADATA).exists() || storage::checkpoint_id(dir).is_some();
+    if !request.fallback || explicit || !dir.exists() {
+        return Ok(Some(dir.to_path_buf()));
+    }
+    match storage::fallback_point(dir) {
+        Ok(Some(restored)) if !restored.skipped.is_empty() => {
+            for (path, error) in &restored.skipped {
+                eprintln!(
+                    "weir: --restore-fallback: passing over {}: {error}",
+                    path.display()
+                );
+            }
+            eprintln!(
+                "weir: --restore-fallback: restoring the older checkpoint {} ({})",
+                restored.metadata.id,
+                restored.path.display()
+            );
+            Ok(Some(restored.path))
+        }
+        Ok(_) => Ok(Some(dir.to_path_buf())),
+        Err(error) => Err(RunError::Setting(format!(
+            "--restore-fallback: no completed checkpoint under {} can be read back: {error}",
+            dir.display()
+        ))),
+    }
+}
+
 /// [`check_start`] for a run restoring from `restore` and writing `output`.
 pub fn check_start_at(
     restore: Option<&std::path::Path>,
@@ -1959,6 +2029,7 @@ fn execute(
                     format_duration(alignment),
                 );
             });
+        checkpointing.config.retain = checkpoints.retain;
         if let Some(path) = &checkpoints.restore {
             checkpointing = checkpointing.restore_from(path);
         }

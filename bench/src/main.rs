@@ -322,6 +322,23 @@ struct RunArgs {
     /// (its newest complete, valid checkpoint); the job must have the same settings.
     #[arg(long, requires = "checkpoint_interval")]
     restore: Option<PathBuf>,
+    /// One command for every start under a supervisor (systemd, Kubernetes): restore
+    /// the newest completed checkpoint under --checkpoint-dir if one ever completed
+    /// there, start from the beginning if none did (the directory may not exist yet),
+    /// and say which. A newest checkpoint that cannot be read is still refused by name.
+    #[arg(long, requires = "checkpoint_interval", conflicts_with = "restore")]
+    resume: bool,
+    /// With --restore DIR or --resume: where the newest completed checkpoint cannot be
+    /// read back, restore the newest older one that can (kept by
+    /// --checkpoints-retained), naming each one passed over. Output committed after it
+    /// is written again, which the transactional --output refuses, naming its files.
+    /// One process only.
+    #[arg(long)]
+    restore_fallback: bool,
+    /// Completed checkpoints kept in --checkpoint-dir (Flink's
+    /// state.checkpoints.num-retained): older ones are what --restore-fallback can use.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "checkpoint_interval")]
+    checkpoints_retained: u32,
     /// With checkpoints, what a failure (a task's error or panic, failed checkpoints)
     /// does: none, fixed-delay:<attempts>:<delay>, or exponential-delay (Flink's default:
     /// 1 s growing by 1.5 to 1 min, jitter 0.1); a restart starts from the latest
@@ -565,7 +582,7 @@ fn utc(ms: u64) -> String {
 /// `weir checkpoints`' table: one line per checkpoint directory, newest first. The
 /// newest completed one (`newest`) is what `--restore DIR` takes, and only it: where it
 /// cannot be read back, the restore is refused (an older one is restored only when its
-/// directory is named).
+/// directory is named, or with `--restore-fallback`).
 fn checkpoint_table(
     listing: &[weir_engine::checkpoint::storage::Listing],
     newest: Option<u64>,
@@ -590,7 +607,7 @@ fn checkpoint_table(
                 let note = if latest {
                     "valid, the latest: --restore takes it"
                 } else {
-                    "valid (older: restored only when its directory is named)"
+                    "valid (older: restored when named, or by --restore-fallback)"
                 };
                 let _ = writeln!(
                     out,
@@ -604,7 +621,7 @@ fn checkpoint_table(
             }
             Err(error) => {
                 let note = if latest {
-                    "the latest completed, unreadable: --restore refuses it"
+                    "the latest completed, unreadable: --restore refuses it, --restore-fallback passes over it"
                 } else if newest.is_some_and(|n| entry.id > n) {
                     "never completed: skipped"
                 } else {
@@ -919,8 +936,24 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     // Where the run starts, checked before anything starts: a newest completed
     // checkpoint that cannot be read, or a fresh start over committed output, is
     // refused here by name (every process, and the launcher, check the same).
-    if args.output.is_some() || args.restore.is_some() {
-        job::check_start_at(args.restore.as_deref(), args.output.as_deref())?;
+    if args.restore_fallback && (args.processes > 1 || args.process.is_some()) {
+        return Err(RunError::Setting(
+            "--restore-fallback runs in one process: over several, every process would \
+             have to fall back to the same older checkpoint; restore one by naming its \
+             chk-<id> directory with --restore instead"
+                .into(),
+        ));
+    }
+    let restore = job::resolve_restore(&job::RestoreRequest {
+        restore: args.restore.as_deref(),
+        resume: args
+            .resume
+            .then_some(args.checkpoint_dir.as_deref())
+            .flatten(),
+        fallback: args.restore_fallback,
+    })?;
+    if args.output.is_some() || restore.is_some() {
+        job::check_start_at(restore.as_deref(), args.output.as_deref())?;
     }
     if args.processes > 1 && (args.source.is_some() || args.sink.is_some()) {
         return Err(RunError::Setting(
@@ -1140,7 +1173,8 @@ fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                     (false, Some(timeout)) => AlignmentMode::AlignedWithTimeout(timeout),
                     (false, None) => AlignmentMode::Aligned,
                 },
-                restore: args.restore.clone(),
+                restore: restore.clone(),
+                retain: args.checkpoints_retained as usize,
                 restart: args.restart_strategy.clone(),
                 gauges: Some(Arc::clone(&checkpoint_gauges)),
             }),

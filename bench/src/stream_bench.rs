@@ -249,6 +249,7 @@ fn throughput(bench: &Bench, shape: Shape, records: u64) -> Result<Turn, String>
             dir: dir.clone(),
             alignment: AlignmentMode::Aligned,
             restore: None,
+            retain: 1,
             restart: RestartStrategy::None,
             gauges: None,
         });

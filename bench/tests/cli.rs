@@ -603,7 +603,7 @@ fn checkpoints_are_listed_with_the_one_a_restore_takes() {
         "{stdout}"
     );
     assert!(
-        lines[1].contains("restored only when its directory is named"),
+        lines[1].contains("restored when named, or by --restore-fallback"),
         "{stdout}"
     );
     assert!(
@@ -856,5 +856,104 @@ fn restores_that_would_break_exactly_once_are_refused_before_anything_starts() {
     let output = run(&[]);
     let stderr = assert_one_line_error(&output);
     assert!(stderr.contains("committed part files"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A supervisor starts every attempt with the same command: `--resume` starts from the
+/// beginning where no checkpoint ever completed (the directory not there yet), and
+/// restores the newest completed checkpoint once one has, saying which. A damaged newest
+/// checkpoint is still refused by name, unless `--restore-fallback` is asked for: then
+/// the older retained one is restored, the damaged one named as passed over and kept.
+#[test]
+fn a_supervisor_starts_every_attempt_with_the_same_command() {
+    let dir = scratch("resume");
+    let chk = dir.join("chk");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--records",
+            "200000",
+            "--checkpoint-interval",
+            "20ms",
+            "--checkpoint-dir",
+            chk.to_str().unwrap(),
+            "--checkpoints-retained",
+            "3",
+            "--resume",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        weir(&args)
+    };
+    let first = run(&[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let stderr = text(&first.stderr);
+    assert!(
+        stderr.contains("--resume: no checkpoint ever completed under"),
+        "{stderr}"
+    );
+    let completed = weir_engine::checkpoint::storage::list(&chk)
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.metadata.is_ok())
+        .count();
+    assert!(completed >= 2, "retained: {completed}");
+    let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
+        .unwrap()
+        .expect("completed");
+    let second = run(&[]);
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let stderr = text(&second.stderr);
+    assert!(
+        stderr.contains(&format!("restoring checkpoint {newest}")),
+        "{stderr}"
+    );
+    // The newest completed one damaged: refused by name, then passed over on request.
+    let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
+        .unwrap()
+        .expect("completed");
+    let damaged = chk.join(format!("chk-{newest}"));
+    let state = std::fs::read_dir(&damaged)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .expect("a state file");
+    let mut bytes = std::fs::read(&state).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&state, bytes).unwrap();
+    let name = state.file_name().unwrap().to_str().unwrap().to_string();
+    let refused = run(&[]);
+    let stderr = assert_one_line_error(&refused);
+    assert!(stderr.contains(&name), "{stderr}");
+    let fallback = run(&["--restore-fallback"]);
+    assert!(fallback.status.success(), "{}", text(&fallback.stderr));
+    let stderr = text(&fallback.stderr);
+    assert!(
+        stderr.contains(&format!("passing over {}", damaged.display())) && stderr.contains(&name),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("restoring the older checkpoint {}", newest - 1)),
+        "{stderr}"
+    );
+    assert!(
+        damaged.exists(),
+        "the damaged checkpoint is kept for the operator"
+    );
+    // This run's checkpoints come after it, so the newest completed is one of them.
+    let now = weir_engine::checkpoint::storage::newest_completed(&chk)
+        .unwrap()
+        .expect("completed");
+    assert!(now > newest, "{now} after {newest}");
+    let again = run(&[]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    // Over several processes the fallback is refused before anything starts.
+    let output = run(&["--restore-fallback", "--processes", "2"]);
+    let stderr = assert_one_line_error(&output);
+    assert!(
+        stderr.contains("--restore-fallback runs in one process"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

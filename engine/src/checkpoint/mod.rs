@@ -110,9 +110,11 @@ pub enum CheckpointError {
     /// a fresh start would commit again.
     #[error(
         "checkpoint {} is the newest that completed and cannot be restored: {reason}. It is \
-         not skipped, since output committed up to it would be written a second time from \
-         an older checkpoint or from the start: put the damaged file back (from a copy), or, \
-         accepting duplicates, restore an older checkpoint by naming its directory",
+         not skipped silently, since output committed up to it would be written a second \
+         time from an older checkpoint or from the start: put the damaged file back (from a \
+         copy), or restore an older checkpoint (name its directory, or ask for the fallback \
+         to the newest readable one), knowing that output committed after it is written \
+         again (the transactional file sink refuses that, naming its files)",
         path.display()
     )]
     Unreadable {

@@ -192,6 +192,10 @@ impl CheckpointStore {
         if read_completed(&self.dir)?.is_some_and(|newest| newest >= id) {
             return Ok(());
         }
+        self.write_completed(id)
+    }
+
+    fn write_completed(&self, id: u64) -> Result<(), CheckpointError> {
         let mut bytes = Vec::with_capacity(24);
         bytes.extend_from_slice(COMPLETED_MAGIC);
         bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -364,6 +368,45 @@ pub fn restore_point(dir: &Path) -> Result<Option<Restored>, CheckpointError> {
         })
         .collect();
     Ok(Some(restored))
+}
+
+/// Like [`restore_point`], but where the newest completed checkpoint cannot be read
+/// back (or `_completed` is damaged), the newest older completed checkpoint that can,
+/// with every newer one passed over and why in [`Restored::skipped`]. For an operator
+/// who asks for it: output a sink committed after the checkpoint taken would be
+/// written again, which a transactional sink's restore refuses by name. An error only
+/// when no completed checkpoint can be read back (the newest one's error).
+pub fn fallback_point(dir: &Path) -> Result<Option<Restored>, CheckpointError> {
+    let newest_error = match restore_point(dir) {
+        Ok(found) => return Ok(found),
+        Err(error) => error,
+    };
+    let Ok(mut dirs) = checkpoint_dirs(dir) else {
+        return Err(newest_error);
+    };
+    dirs.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+    let mut skipped = Vec::new();
+    for (_, path) in dirs {
+        if !path.join(METADATA).exists() {
+            // Never completed: not a fallback, and not worth listing.
+            continue;
+        }
+        match read_checkpoint(&path) {
+            Ok(mut restored) => {
+                let newest = match &newest_error {
+                    CheckpointError::Unreadable { path, .. } => path.clone(),
+                    _ => dir.join(COMPLETED),
+                };
+                if !skipped.iter().any(|(p, _): &(PathBuf, _)| *p == newest) {
+                    skipped.insert(0, (newest, newest_error));
+                }
+                restored.skipped = skipped;
+                return Ok(Some(restored));
+            }
+            Err(error) => skipped.push((path, error)),
+        }
+    }
+    Err(newest_error)
 }
 
 /// The newest checkpoint that ever completed under `dir`: the newest `chk-<id>` with a
@@ -780,6 +823,44 @@ mod tests {
                 .id,
             1
         );
+        // Asked for, the fallback takes it, naming the damaged newest as passed over.
+        let fallback = fallback_point(&dir)
+            .expect("an older one reads back")
+            .expect("one completed");
+        assert_eq!(fallback.metadata.id, 1);
+        assert_eq!(fallback.states["count-1"], b"count-1 at 1");
+        let passed: Vec<String> = fallback
+            .skipped
+            .iter()
+            .map(|(path, error)| format!("{}: {error}", path.display()))
+            .collect();
+        assert!(
+            passed
+                .first()
+                .is_some_and(|p| p.contains("chk-2") && p.contains(expect)),
+            "{passed:?}"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// The fallback is the newest completed checkpoint where that one reads back, a
+    /// fresh start where none completed, and an error where none reads back.
+    #[test]
+    fn the_fallback_changes_nothing_unless_the_newest_is_damaged() {
+        let dir = scratch("fallback");
+        assert!(fallback_point(&dir).expect("no directory").is_none());
+        let store = CheckpointStore::open(&dir, 2).expect("store");
+        assert!(fallback_point(&dir).expect("empty").is_none());
+        checkpoint(&store, 1);
+        checkpoint(&store, 2);
+        let newest = fallback_point(&dir).expect("reads").expect("completed");
+        assert_eq!(newest.metadata.id, 2);
+        assert!(newest.skipped.is_empty());
+        for id in [1, 2] {
+            fs::remove_file(store.checkpoint_dir(id).join("source-0.state")).expect("remove");
+        }
+        let error = fallback_point(&dir).expect_err("none reads back");
+        assert!(error.to_string().contains("chk-2"), "{error}");
         let _ = fs::remove_dir_all(&dir);
     }
 

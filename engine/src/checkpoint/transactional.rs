@@ -76,6 +76,7 @@ impl TransactionalFiles {
             })?,
             None => (0, BTreeMap::new()),
         };
+        let restored_next = next_part;
         let mut files = TransactionalFiles {
             dir,
             subtask,
@@ -105,6 +106,21 @@ impl TransactionalFiles {
                 fs::remove_file(&path).map_err(|e| CheckpointError::io("removing", &path, e))?;
                 files.next_part = files.next_part.max(number + 1);
             } else if let Ok(number) = rest.parse::<u64>() {
+                if state.is_some() && number >= restored_next {
+                    // Started after the checkpoint restored, yet committed: a newer
+                    // checkpoint completed and committed it. Restoring this older one
+                    // would replay its records into new files beside it.
+                    return Err(CheckpointError::Corrupt {
+                        file: entry.path(),
+                        why: format!(
+                            "it was committed by a checkpoint newer than the one restored \
+                             (which had reached part {restored_next} of subtask {subtask}): \
+                             its records would be written a second time. Restore the newest \
+                             completed checkpoint, or move the part files committed after \
+                             the one restored out of the directory"
+                        ),
+                    });
+                }
                 files.next_part = files.next_part.max(number + 1);
             }
         }
@@ -332,6 +348,28 @@ mod tests {
         files.pre_commit(2).expect("pre-commit 2 again");
         files.commit(2).expect("commit 2");
         assert_eq!(output(&dir), lines(0..9));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Restoring a checkpoint older than one that completed and committed files (a
+    /// fallback past a damaged newest checkpoint) would write those files' records
+    /// again: refused, naming the first such file; nothing is removed.
+    #[test]
+    fn a_restore_older_than_committed_output_is_refused_by_name() {
+        let dir = scratch("behind");
+        let mut files = TransactionalFiles::new(&dir, 0).expect("files");
+        write(&mut files, 0..5);
+        let state_1 = files.pre_commit(1).expect("pre-commit 1");
+        files.commit(1).expect("commit 1");
+        write(&mut files, 5..9);
+        files.pre_commit(2).expect("pre-commit 2");
+        files.commit(2).expect("commit 2");
+        drop(files);
+        let error = TransactionalFiles::restore(&dir, 0, Some(&state_1)).expect_err("refused");
+        let text = error.to_string();
+        assert!(text.contains("part-0-1"), "{text}");
+        assert!(text.contains("newer than the one restored"), "{text}");
+        assert_eq!(output(&dir), lines(0..9), "nothing removed");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -1116,16 +1116,31 @@ impl Graph {
                     ))));
                 }
             }
-            // Checkpoints newer than the one restored were left unfinished (or unread)
-            // by the run that wrote them: this run numbers its own after the restored.
-            // Over several processes, process 0 removes them before its transport
-            // starts (see `Checkpointing`), so that no process removes another's files.
+            // Checkpoints newer than the newest completed one were left unfinished by
+            // the run that wrote them: removed. Completed ones newer than the one
+            // restored (an older checkpoint named, or a fallback past a damaged newest
+            // one) are kept for the operator, and this run numbers its own after them,
+            // so that the newest completed checkpoint stays the newest until this run
+            // completes a newer one. Over several processes, process 0 removes the
+            // unfinished ones before its transport starts (see `Checkpointing`), so
+            // that no process removes another's files.
+            let mut first_id = restored_id + 1;
             if self.cluster.is_none() {
-                for listing in store.list()? {
-                    if listing.id > restored_id {
+                let listings = store.list()?;
+                let marked = store.newest_complete().ok().flatten().unwrap_or(0);
+                let newest = listings
+                    .iter()
+                    .filter(|l| l.path.join(crate::checkpoint::storage::METADATA).exists())
+                    .map(|l| l.id)
+                    .chain([marked, restored_id])
+                    .max()
+                    .unwrap_or(0);
+                for listing in listings {
+                    if listing.id > newest {
                         store.discard(listing.id)?;
                     }
                 }
+                first_id = newest + 1;
             }
             let signals = Arc::new(CheckpointSignals::default());
             let mut unparkers = Vec::new();
@@ -1156,7 +1171,7 @@ impl Graph {
                 store,
                 job,
                 tasks,
-                restored_id + 1,
+                first_id,
                 hooks,
                 self.cluster.as_ref().map(|c| (c.process, c.processes)),
             )?;
@@ -1173,7 +1188,8 @@ impl Graph {
                                     name,
                                     Arc::clone(&signals),
                                     settings.alignment,
-                                    restored_id,
+                                    // This run's checkpoints are numbered from here on.
+                                    first_id - 1,
                                 )
                             })
                         })
