@@ -401,31 +401,33 @@ fn a_restart_over_a_damaged_newest_checkpoint_fails_by_name_and_never_starts_fre
         "fixed-delay:3:10ms".parse::<RestartStrategy>().unwrap(),
         || {
             built.set(built.get() + 1);
+            if built.get() == 2 {
+                // The failed attempt is over (no checkpoint of it completes any more):
+                // damage the newest completed checkpoint's first state file, which the
+                // restart must find damaged.
+                let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
+                    .unwrap()
+                    .expect("a checkpoint completed before record 4000");
+                let state = std::fs::read_dir(chk.join(format!("chk-{newest}")))
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .find(|p| p.extension().is_some_and(|e| e == "state"))
+                    .expect("a state file");
+                let mut bytes = std::fs::read(&state).unwrap();
+                let middle = bytes.len() / 2;
+                bytes[middle] ^= 0x10;
+                std::fs::write(&state, bytes).unwrap();
+            }
             let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
             let graph = Graph::new()
                 .with_parallelism(2)
                 .with_checkpointing(settings);
             let failed = Arc::clone(&failed);
-            let chk = chk.clone();
             graph
                 .from_generator(records, Some(40_000.0), |n| n)
                 .key_by(|n: &u64| *n)
                 .map(move |n| {
                     if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
-                        // Damage the newest completed checkpoint's first state file, then
-                        // fail: the restart must find it damaged.
-                        let newest = weir_engine::checkpoint::storage::newest_completed(&chk)
-                            .unwrap()
-                            .expect("a checkpoint completed before record 4000");
-                        let state = std::fs::read_dir(chk.join(format!("chk-{newest}")))
-                            .unwrap()
-                            .map(|e| e.unwrap().path())
-                            .find(|p| p.extension().is_some_and(|e| e == "state"))
-                            .expect("a state file");
-                        let mut bytes = std::fs::read(&state).unwrap();
-                        let middle = bytes.len() / 2;
-                        bytes[middle] ^= 0x10;
-                        std::fs::write(&state, bytes).unwrap();
                         panic!("injected failure at record 4000");
                     }
                     n
