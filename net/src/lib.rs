@@ -30,5 +30,31 @@ pub mod redis;
 pub mod transport;
 pub mod uring;
 
+/// The README's Rust examples, compiled and run by `cargo test` as doc tests, so that
+/// they cannot drift from the code (the enrichment join is also checked to be
+/// `examples/enrichment.rs` word for word).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;
+
 pub use driver::{build as build_driver, factory as driver_factory, DriverKind, Wake};
 pub use error::NetError;
+
+#[cfg(test)]
+mod tests {
+    /// The README's enrichment join is the example's file as it is (its tests aside):
+    /// the example is built and run by `cargo test`, and the README's copy compiles as
+    /// a doc test, but only this says they are the same program.
+    #[test]
+    fn the_readme_shows_the_enrichment_example_as_it_is() {
+        let readme = include_str!("../../README.md");
+        let example = include_str!("../examples/enrichment.rs");
+        let end = example.find("#[cfg(test)]").unwrap_or(example.len());
+        let shown = example[..end].trim_end();
+        assert!(
+            readme.contains(shown),
+            "README.md's enrichment block differs from net/examples/enrichment.rs: copy the \
+             example's file (up to its tests) into the README"
+        );
+    }
+}
