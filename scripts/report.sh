@@ -117,6 +117,14 @@ for rate in $rates; do
   records=$(awk "BEGIN { printf \"%d\", $rate * $seconds }")
   "$weir" run --rate "$rate" --records "$records" --quiet --json "$data/load-$rate.json" > "$data/load-$rate.txt" 2>&1
 done
+echo "== timer slack at low load" >&2
+# 50 k records/s with the workers' timer slack at 0, the default (50 µs) and longer:
+# CPU per record and wake-ups against the latency each adds.
+records=$(awk "BEGIN { printf \"%d\", 50000 * $seconds }")
+for slack in 0 50 100 200; do
+  "$weir" run --rate 50000 --records "$records" --timer-slack "${slack}us" --quiet \
+    --json "$data/slack-$slack.json" > "$data/slack-$slack.txt" 2>&1
+done
 echo "== lookup cache" >&2
 # The main job with Zipf keys, without and with a cache, alternating.
 for i in 0 1 2; do

@@ -46,6 +46,7 @@ fn pipeline(c: &mut Criterion) {
                         cores: Cores::Count(workers),
                         pin: true,
                         driver,
+                        timer_slack: weir_engine::runtime::TIMER_SLACK_DEFAULT,
                         service: server.addr(),
                         connections: 1,
                         keys: KeyDistribution::Uniform { keys: 1 << 20 },

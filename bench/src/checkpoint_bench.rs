@@ -115,6 +115,7 @@ fn main_job(server: &LookupServer, records: u64, checkpoints: bool) -> Result<Tu
         cores: Cores::Count(2),
         pin: false,
         driver: DriverKind::Uring,
+        timer_slack: weir_engine::runtime::TIMER_SLACK_DEFAULT,
         service: server.addr(),
         connections: 1,
         keys: KeyDistribution::Uniform { keys: 1_000_000 },

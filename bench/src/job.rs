@@ -547,6 +547,8 @@ pub struct JobSettings {
     pub pin: bool,
     /// Driver.
     pub driver: DriverKind,
+    /// The workers' timer slack ([`RuntimeBuilder::timer_slack`](weir_engine::runtime::RuntimeBuilder::timer_slack)).
+    pub timer_slack: Duration,
     /// The lookup service.
     pub service: SocketAddr,
     /// Connections per source subtask.
@@ -1901,6 +1903,7 @@ fn execute(
         .cores(settings.cores.clone())
         .pin(settings.pin)
         .spin(spin)
+        .timer_slack(settings.timer_slack)
         .driver(Arc::new(move || {
             weir_net::build_driver(driver_kind).map_err(|e| std::io::Error::other(e.to_string()))
         }))
@@ -2435,13 +2438,15 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
     row(
         "worker wake-ups",
         format!(
-            "{} notified, {} I/O, {} deadline, {} idle ({} rescued) (over {} parks)",
+            "{} notified, {} I/O, {} deadline, {} idle ({} rescued) (over {} parks); {} \
+             timer-slack sleeps",
             wakeups.notified,
             wakeups.io,
             wakeups.deadline,
             wakeups.idle,
             wakeups.rescued,
-            report.run.parks.iter().sum::<u64>()
+            report.run.parks.iter().sum::<u64>(),
+            wakeups.slack
         ),
     );
     row(
@@ -2508,6 +2513,7 @@ pub fn settings_json(settings: &JobSettings) -> Value {
         "attempt_timeout_ms": settings.attempt_timeout().as_secs_f64() * 1e3,
         "connections": settings.connections,
         "buffer_timeout_ms": settings.buffer_timeout.map(|t| t.as_secs_f64() * 1e3),
+        "timer_slack_us": settings.timer_slack.as_secs_f64() * 1e6,
         "lookup_batch": settings.lookup_batch,
     })
 }
@@ -2557,6 +2563,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         }),
         "wakeups": report.run.wakeups.iter().map(|w| json!({
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
+            "slack": w.slack,
         })).collect::<Vec<_>>(),
         "parks": report.run.parks,
         "first_output_unix_ms": report.first_output_unix_ns.map(|ns| ns as f64 / 1e6),

@@ -104,6 +104,65 @@ fn load_runs(data: &Path) -> Vec<(f64, Value)> {
     loads
 }
 
+/// The main job at 50 k records/s with the workers' timer slack at each setting
+/// (`slack-<µs>.json`): what the slack saves in CPU and wake-ups, and what it adds to
+/// the latency.
+fn slack_section(md: &mut String, data: &Path) {
+    let mut runs: Vec<(f64, Value)> = std::fs::read_dir(data)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let slack: f64 = name
+                        .strip_prefix("slack-")?
+                        .strip_suffix(".json")?
+                        .parse()
+                        .ok()?;
+                    Some((slack, read(data, &name)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if runs.is_empty() {
+        return;
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let _ = writeln!(
+        md,
+        "\n### Timer slack at low load\n\nThe main job at 50 k records/s (open loop) with the workers' timer slack (`weir run --timer-slack`, default {:.0} µs): a worker woken by an arrival takes what arrives or comes due within the slack in the same turn. The embedded lookup service keeps no slack (it stands in for the external system).\n",
+        weir_engine::runtime::TIMER_SLACK_DEFAULT.as_secs_f64() * 1e6
+    );
+    let _ = writeln!(
+        md,
+        "| timer slack µs | CPU µs/record (service share) | worker wake-ups a record | timer-slack sleeps a record | p50 µs | p99 µs | p99.9 µs |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+    for (slack, job) in &runs {
+        let records = job["records_out"].as_f64().unwrap_or(f64::NAN);
+        let count = |cause: &str| -> f64 {
+            job["wakeups"].as_array().map_or(0.0, |w| {
+                w.iter().map(|w| w[cause].as_f64().unwrap_or(0.0)).sum()
+            })
+        };
+        let wakeups: f64 = ["io", "notified", "deadline", "idle"]
+            .iter()
+            .map(|c| count(c))
+            .sum();
+        let l = &job["latency_ns"];
+        let us = |k: &str| l[k].as_f64().unwrap_or(f64::NAN) / 1e3;
+        let _ = writeln!(
+            md,
+            "| {slack:.0} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} |",
+            cpu_text(job),
+            wakeups / records,
+            count("slack") / records,
+            us("p50"),
+            us("p99"),
+            us("p99.9")
+        );
+    }
+}
+
 fn read(dir: &Path, name: &str) -> Option<Value> {
     let text = std::fs::read_to_string(dir.join(name)).ok()?;
     serde_json::from_str(&text).ok()
@@ -597,6 +656,7 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             let _ = writeln!(md, "\nThroughput at a p99 bound of 5 ms: {bound:.0} records/s (highest offered load that met it).");
         }
     }
+    slack_section(&mut md, data);
     lookup_batch_section(&mut md, data);
     flink_job::section(&mut md, data);
     // The soak run is long (10 minutes), so scripts/soak.sh runs it on its own and
@@ -699,7 +759,9 @@ fn has_measurements(data: &Path) -> bool {
         ]
         .iter()
         .any(|s| name == format!("{s}.json"));
-        suite || (name.starts_with("load-") && name.ends_with(".json"))
+        suite
+            || ((name.starts_with("load-") || name.starts_with("slack-"))
+                && name.ends_with(".json"))
     })
 }
 

@@ -114,6 +114,7 @@ impl Bench {
             cores: Cores::Count(2),
             pin: false,
             driver: DriverKind::Auto,
+            timer_slack: weir_engine::runtime::TIMER_SLACK_DEFAULT,
             service: self.service.addr(),
             connections: 1,
             keys: KeyDistribution::Uniform { keys: KEYS },

@@ -34,6 +34,7 @@ fn settings(server: &LookupServer, workers: usize, driver: DriverKind) -> JobSet
         cores: Cores::Count(workers),
         pin: false,
         driver,
+        timer_slack: weir_engine::runtime::TIMER_SLACK_DEFAULT,
         service: server.addr(),
         connections: 2,
         keys: KeyDistribution::Uniform { keys: 1000 },

@@ -45,6 +45,7 @@ fn settings(workers: usize, driver: DriverKind, keys: u64) -> JobSettings {
         cores: Cores::Count(workers),
         pin: false,
         driver,
+        timer_slack: weir_engine::runtime::TIMER_SLACK_DEFAULT,
         // Not used with Redis as the store.
         service: "127.0.0.1:9".parse().expect("address"),
         connections: 2,

@@ -321,12 +321,26 @@ fn a_malformed_frame_fails_only_its_connections_requests() {
 /// not when answers are due.
 #[test]
 fn a_spinning_service_answers_on_time_never_early() {
+    never_early(Duration::from_micros(500), Duration::ZERO);
+}
+
+/// A service with a timer slack sends the answers due within the slack together, late
+/// by at most the slack: never early, every one answered.
+#[test]
+fn a_service_with_timer_slack_answers_every_request_never_early() {
+    never_early(Duration::ZERO, Duration::from_millis(1));
+}
+
+/// 20 rounds of 8 requests to a service with `spin` and `slack`: no answer before the
+/// latency, every one answered.
+fn never_early(spin: Duration, slack: Duration) {
     use weir_net::lookup::protocol::{decode_response, encode_request};
     use weir_net::lookup::Latency;
     let latency = Duration::from_millis(2);
     let server = LookupServer::start(ServerConfig {
         latency: Latency::Fixed(latency),
-        spin: Duration::from_micros(500),
+        spin,
+        slack,
         ..ServerConfig::default()
     })
     .unwrap();

@@ -174,6 +174,7 @@ pub struct RuntimeBuilder {
     cores: Cores,
     pin: bool,
     spin: Duration,
+    slack: Duration,
     driver: DriverFactory,
 }
 
@@ -196,6 +197,23 @@ impl RuntimeBuilder {
     /// is taken without the wake-up of a parked thread (tens of µs on a VM).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// Timer slack (Linux's word for it): a worker woken from a park by work (a buffer,
+    /// an answer, mail) does not park and wake again for more within `slack`: once its
+    /// turn is done, it sleeps until `slack` after that wake-up, without being woken,
+    /// and then takes everything that arrived or came due meanwhile in one turn. At low
+    /// load that turns a wake-up per arrival into one per `slack`; an arrival waits at
+    /// most `slack` more, and so does a deadline (a timer, a buffer timeout, an
+    /// open-loop source's next record) that comes due within the slack, as Linux lets a
+    /// thread's timers run late by its slack to batch wake-ups. A busy worker never
+    /// sleeps, so under load nothing changes, and a worker idle for longer than the
+    /// slack wakes for the next arrival or deadline at once. Zero: every arrival and
+    /// every deadline wakes the worker (the lowest latency, the most CPU per record at
+    /// low load). See [`TIMER_SLACK_DEFAULT`].
+    pub fn timer_slack(mut self, slack: Duration) -> Self {
+        self.slack = slack;
         self
     }
 
@@ -239,6 +257,7 @@ impl RuntimeBuilder {
             workers,
             pin: self.pin,
             spin: self.spin,
+            slack: self.slack,
         })
     }
 }
@@ -354,6 +373,10 @@ pub struct Wakeups {
     /// a wake-up that should have come and did not, which only the safety net rescued. A healthy run has none; `idle`
     /// alone may also count a worker that simply waited long for a slow peer.
     pub rescued: u64,
+    /// Not a wake-up: the times the worker slept out its timer slack after one instead
+    /// of parking ([`RuntimeBuilder::timer_slack`]), taking what arrived meanwhile in
+    /// one turn.
+    pub slack: u64,
 }
 
 impl Wakeups {
@@ -364,6 +387,7 @@ impl Wakeups {
         self.deadline += other.deadline;
         self.idle += other.idle;
         self.rescued += other.rescued;
+        self.slack += other.slack;
     }
 }
 
@@ -389,6 +413,7 @@ pub struct Runtime {
     workers: Vec<WorkerSlot>,
     pin: bool,
     spin: Duration,
+    slack: Duration,
 }
 
 impl Runtime {
@@ -401,6 +426,7 @@ impl Runtime {
             cores: Cores::Count(count),
             pin: true,
             spin: Duration::ZERO,
+            slack: TIMER_SLACK_DEFAULT,
             driver: Arc::new(|| Ok(Box::new(NoIo::new()))),
         }
     }
@@ -508,6 +534,7 @@ impl Runtime {
             let options = WorkerOptions {
                 pin: self.pin,
                 spin: self.spin,
+                slack: self.slack,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("weir-worker-{index}"))
@@ -707,6 +734,12 @@ struct Entry {
 /// source of work wakes the worker explicitly.
 const IDLE_PARK_MAX: Duration = Duration::from_millis(100);
 
+/// The timer slack workers take unless told otherwise ([`RuntimeBuilder::timer_slack`]):
+/// 50 µs, Linux's default timer slack for a thread. A record arriving at a worker that
+/// has just woken for another waits at most this long more; at low load a worker wakes
+/// at most once per 50 µs instead of once per arrival.
+pub const TIMER_SLACK_DEFAULT: Duration = Duration::from_micros(50);
+
 /// One driver turn, handing each event to the task that owns its connection (which is
 /// then polled next turn); returns how many events there were.
 fn turn(
@@ -737,6 +770,7 @@ fn turn(
 struct WorkerOptions {
     pin: bool,
     spin: Duration,
+    slack: Duration,
 }
 
 /// What a task's control mail asked for.
@@ -785,7 +819,7 @@ fn exact_timers() {
 fn worker_main(
     index: usize,
     slot: WorkerSlot,
-    WorkerOptions { pin, spin }: WorkerOptions,
+    WorkerOptions { pin, spin, slack }: WorkerOptions,
     epoch: Instant,
     flags: Flags<'_>,
     stats: &mut WorkerStats,
@@ -833,6 +867,10 @@ fn worker_main(
     }
     let mut live = tasks.len();
     let spin_ns = spin.as_nanos().min(u128::from(u64::MAX)) as u64;
+    let slack_ns = slack.as_nanos().min(u128::from(u64::MAX)) as u64;
+    // When a park last ended with work arriving (not by its timeout), if the worker has
+    // not yet taken its slack after it: the timer slack's reference.
+    let mut woke_ns: Option<u64> = None;
     // When a task or the driver last did something.
     let mut progress_ns = epoch.elapsed().as_nanos() as u64;
     // Poll every task this turn (after a wake-up that rang no doorbell).
@@ -957,6 +995,19 @@ fn worker_main(
             .chain(timers.next_deadline())
             .min();
         RUNNING_TASK.with(|t| t.set(usize::MAX));
+        if let Some(woke) = woke_ns.take() {
+            // Timer slack: what arrives until `slack` after the last wake-up, and what
+            // comes due by then (deadlines run up to `slack` late, as Linux lets a
+            // thread's timers), waits for one turn then, instead of waking the worker
+            // once each. A plain sleep: wakers find the parker not parked and only
+            // leave their bells and a notification, which the turn after it reads.
+            let until = woke.saturating_add(slack_ns);
+            if until > now_ns {
+                stats.wakeups.slack += 1;
+                std::thread::sleep(Duration::from_nanos(until - now_ns));
+                continue;
+            }
+        }
         let (timeout, by_deadline) = match deadline {
             Some(deadline) if deadline <= now_ns => continue,
             Some(deadline) => {
@@ -980,6 +1031,9 @@ fn worker_main(
             return Err(RuntimeError::Driver(error));
         }
         let cause = &mut stats.wakeups;
+        if slack_ns > 0 && (io_events > 0 || matches!(wakeup, Wakeup::Notified | Wakeup::Ready)) {
+            woke_ns = Some(epoch.elapsed().as_nanos() as u64);
+        }
         match wakeup {
             // The bells say which tasks to poll: a task's own, or the worker's
             // anonymous one (every task), taken at the top of the next turn.

@@ -68,6 +68,12 @@ pub struct ServerConfig {
     /// busy for that long before each deadline: use it when the service has a core of
     /// its own (the benchmarks pin it to one). Zero (the default): always sleep.
     pub spin: Duration,
+    /// Timer slack: the service's timer wakes it this long after the earliest answer's
+    /// time, so that the answers due within the slack after it leave together at one
+    /// expiry instead of one wake-up each; answers leave up to this much after their
+    /// time (never before it). Requests still wake it as they arrive (their answers are
+    /// sent at once if due). Zero (the default): a wake-up per answer's time.
+    pub slack: Duration,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +86,7 @@ impl Default for ServerConfig {
             seed: 1,
             core: None,
             spin: Duration::ZERO,
+            slack: Duration::ZERO,
         }
     }
 }
@@ -472,15 +479,18 @@ impl EventLoop {
 
     fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        let slack_ns = self.config.slack.as_nanos() as u64;
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now_ns();
             let spin_ns = self.config.spin.as_nanos() as u64;
             let timeout = match self.answers.next_deadline() {
                 Some(deadline) if deadline <= now.saturating_add(spin_ns) => Some(Duration::ZERO),
                 Some(deadline) => {
-                    // Wake `spin` early, then poll until the deadline. One
+                    // Wake `spin` early, then poll until the deadline; or, with a timer
+                    // slack, `slack` late, so that the answers due within the slack
+                    // after the earliest leave together at one expiry. One
                     // timerfd_settime per new earliest deadline, not per loop.
-                    let wake = deadline - spin_ns;
+                    let wake = (deadline - spin_ns).saturating_add(slack_ns);
                     if self.armed_ns != Some(wake) {
                         self.timer.arm(Duration::from_nanos(wake - now));
                         self.armed_ns = Some(wake);
