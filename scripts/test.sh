@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: unit, integration and property tests of every crate, a short kill -9
 # chaos run against the checkpoints, the operator faults (damaged checkpoints, a killed
-# launcher), each benchmark run once (so benches never rot), then the loom models.
+# launcher), each benchmark run once (so benches never rot), the API docs built with
+# warnings as errors, then the loom models.
 #
 # The Redis integration tests need a server: one is started here with scripts/redis.sh
 # (installing redis-server from the Debian packages if it is missing and this machine
@@ -34,4 +35,6 @@ scripts/chaos.sh --kills 4 --records 100000 --processes 2
 # launcher of two processes killed alone.
 scripts/faults.sh --records 1000000
 WEIR_BENCH_QUICK=1 cargo test -p weir-bench --benches
+# The API docs, warnings as errors (broken intra-doc links, stale names).
+scripts/doc.sh
 scripts/loom.sh

@@ -475,7 +475,7 @@ pub fn weir_batched(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
 }
 
 /// The same on a tokio current-thread runtime through `framework`: each call is a
-/// future over a slot ([`Slots`]); the loop that drives the stream completes the calls
+/// future over a slot (`Slots`); the loop that drives the stream completes the calls
 /// made so far, in input order, whenever the stream cannot go on (after `capacity` of
 /// them), filling their slots and waking each call's future once: no channel per call,
 /// no task in between, as an I/O client polled by the task's own loop completes calls.
@@ -924,7 +924,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// The same closed loop on tokio with a precise timer, as Weir's side has one: each call
-/// is a future over a slot ([`Slots`]) whose deadline (call time + `latency`) goes into a
+/// is a future over a slot (`Slots`) whose deadline (call time + `latency`) goes into a
 /// binary heap on the task; the loop that drives `futures_buffered`'s
 /// `buffered_ordered` / `buffered_unordered` completes the due calls and arms one
 /// `timerfd` (registered with tokio's reactor through `AsyncFd`) at the earliest

@@ -6,7 +6,7 @@
 //! - Weir's exchange ([`weir_exchange`]): records encoded length-prefixed into 32 KiB
 //!   segments of a local pool, handed over local channels, decoded by the input gate.
 //! - Peers, the records passed by value, no serialization:
-//!   - [`crossbeam_channel`]: a bounded `crossbeam_channel`, one record per message;
+//!   - [`crossbeam_channel`](fn@crossbeam_channel): a bounded `crossbeam_channel`, one record per message;
 //!   - [`rtrb_per_record`]: an `rtrb` SPSC ring buffer, one record per slot, both sides
 //!     spinning (then yielding) when the ring is full or empty;
 //!   - [`crossbeam_channel_batched`]: a bounded `crossbeam_channel` of `Vec`s of 32 KiB

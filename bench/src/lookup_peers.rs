@@ -305,7 +305,7 @@ impl TokioClient {
     }
 }
 
-/// `n` lookups through `buffer_unordered(c)` over [`TokioClient`] on a tokio
+/// `n` lookups through `buffer_unordered(c)` over `TokioClient` on a tokio
 /// current-thread runtime; latency from call to answer, of one call in
 /// `LATENCY_SAMPLE_EVERY` as the operator samples it.
 pub fn tokio(server: &LookupServer, c: usize, n: u64) -> Measurement {

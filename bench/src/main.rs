@@ -1,4 +1,11 @@
 //! `weir`: the command of the Weir stream-processing core.
+// The doc comments of the argument structs are clap's `--help` text, written for a
+// terminal (`redis://[user:password@]host:port`), not rustdoc links.
+#![allow(
+    rustdoc::broken_intra_doc_links,
+    rustdoc::invalid_html_tags,
+    rustdoc::bare_urls
+)]
 
 use std::io::Write as _;
 use std::net::SocketAddr;

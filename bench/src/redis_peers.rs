@@ -12,7 +12,7 @@
 //!   on its one socket) shared by clones, on a tokio current-thread runtime, tuned as
 //!   its docs allow (no response timeout, a pipeline buffer of at least C,
 //!   `TCP_NODELAY`: see [`redis_rs_client`]), driven by one task per call in flight
-//!   ([`by_tasks`]); and in the two batched forms its users reach for in bulk
+//!   (`by_tasks`); and in the two batched forms its users reach for in bulk
 //!   enrichment, `redis::pipe()` of k `GET`s and `MGET` of k keys, C / k calls in flight
 //!   ([`peer_batch`]);
 //! - `fred`, likewise: one client (auto-pipelining on, its default; `TCP_NODELAY`),
@@ -284,7 +284,7 @@ pub fn peer_batch(c: usize) -> usize {
 }
 
 /// `n` GETs with redis-rs: one multiplexed connection (tuned: [`redis_rs_client`]) on a
-/// tokio current-thread runtime, driven as [`by_tasks`] says, each call `form`.
+/// tokio current-thread runtime, driven as `by_tasks` says, each call `form`.
 pub fn redis_rs(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement {
     use redis::AsyncCommands;
     let (core_a, _) = bench_cores();
@@ -339,7 +339,7 @@ fn full_values(lengths: impl Iterator<Item = Option<usize>>) -> usize {
 
 /// `n` GETs with fred: one client (auto-pipelining, its default; `TCP_NODELAY`), values
 /// as `Bytes` (no copy out of its read buffer), on a tokio current-thread runtime,
-/// driven as [`by_tasks`] says, each call `form`.
+/// driven as `by_tasks` says, each call `form`.
 pub fn fred(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement {
     use bytes::Bytes;
     use fred::prelude::{ClientLike, KeysInterface, TcpConfig};
@@ -396,7 +396,7 @@ pub fn fred(url: &RedisUrl, c: usize, form: PeerForm, n: u64) -> Measurement {
     })
 }
 
-/// A task's share of the work in [`by_tasks`]: it hands out the next keys and takes
+/// A task's share of the work in `by_tasks`: it hands out the next keys and takes
 /// each call's outcome.
 pub struct Share {
     next: Rc<std::cell::Cell<u64>>,

@@ -1,6 +1,6 @@
 //! Filling streams for the main job: `weir produce-stream` and the stream benchmark.
 //!
-//! Each entry is what the main job's stream source reads ([`job::record_fields`]):
+//! Each entry is what the main job's stream source reads (`job::record_fields`):
 //! `id` (unique over every stream of the server's database: the ids are reserved with
 //! one `INCRBY` of [`ID_COUNTER`], so streams filled by several producers, or several
 //! times, never share one, and a job reading them all checks each arrives once), `key`

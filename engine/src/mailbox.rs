@@ -1,13 +1,13 @@
 //! A task's inbox: mail from other threads and from the task itself.
 //!
 //! Flink's mailbox model: one thread owns a task's state; everyone else sends it mail.
-//! The task loop alternates between its default action and [`Mailbox::drain`], and
+//! The task loop alternates between its default action and `Mailbox::drain`, and
 //! parks with [`Mailbox::park`] when it has nothing to do.
 //!
 //! Three ways in, from fastest to slowest:
 //! - `send_local`: the owning thread mails itself (a plain `VecDeque`, no atomics);
-//! - a [`MailSender`]: one SPSC [`ring`](crate::ring) per sending worker thread, made
-//!   with [`Mailbox::connect`] at wiring time, before the threads start;
+//! - a [`MailSender`]: one SPSC [`ring`] per sending worker thread, made
+//!   with `Mailbox::connect` at wiring time, before the threads start;
 //! - a [`ForeignSender`]: threads that cannot be wired in advance (a user's thread pool
 //!   completing a future). They share one lock-free multi-producer queue
 //!   (`crossbeam_queue::SegQueue`), the engine's only MPSC path and never the fast path.

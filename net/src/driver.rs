@@ -1,5 +1,5 @@
 //! Choosing a driver (io_uring or epoll) for the engine's
-//! [`Driver`](weir_engine::runtime::Driver) interface, and the eventfd both use to be
+//! [`Driver`] interface, and the eventfd both use to be
 //! woken from another thread.
 
 use std::time::Duration;

@@ -1578,7 +1578,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     }
 
     /// One async call per batch of records (Flink's `AsyncBatchFunction`): `make`
-    /// returns subtask `i`'s [`AsyncBatchFunction`] and the [`IoHandler`] of its I/O
+    /// returns subtask `i`'s `AsyncBatchFunction` and the [`IoHandler`] of its I/O
     /// (if any); batches are cut at `batch.max_batch_size` records or
     /// `batch.batch_timeout` after their first, and at watermarks, a full operator and
     /// end of input. Otherwise it is [`async_wait_io`](Self::async_wait_io): capacity

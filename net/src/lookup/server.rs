@@ -2,7 +2,7 @@
 //!
 //! A TCP server on its own thread (an epoll event loop through `mio`) answering each
 //! request after a latency drawn from a [`Latency`] distribution. Delays are not
-//! sleeps: answers wait for their time in [`Answers`], so many thousands of requests
+//! sleeps: answers wait for their time in a deadline queue (`Answers`), so many thousands of requests
 //! wait at once and answers leave out of order. Fault injection: error responses,
 //! connection resets, stalls (a request is never answered) and malformed frames, each
 //! at a rate.

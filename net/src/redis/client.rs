@@ -23,7 +23,7 @@
 //! Failures, so that nothing hangs and the operator's timeouts and retries apply:
 //! every call on a connection that is reset or closed, whose set-up fails or times
 //! out, whose reply is malformed (not RESP, not what its command expects, longer than
-//! `max_reply_bytes`, or nested deeper than [`REPLY_DEPTH_MAX`]), whose server stays
+//! `max_reply_bytes`, or nested deeper than [`REPLY_DEPTH_MAX`](crate::redis::REPLY_DEPTH_MAX)), whose server stays
 //! silent for `request_timeout` while replies are due, or whose oldest command is not
 //! answered whole within `response_timeout` of being sent, fails with a [`RedisError`]
 //! and the connection is closed. The

@@ -22,7 +22,7 @@
 //! many frames per vectored write (headers and the producers' segments, no copy), and
 //! hands buffers to gates and takes them from producers through SPSC rings, waking their
 //! workers through their [`Notify`]. It is woken the same way: producers' channels and
-//! receive pools notify its [`Unparker`](weir_engine::park::Unparker), which costs a
+//! receive pools notify its [`Unparker`], which costs a
 //! system call only when the thread is parked.
 //!
 //! Every turn the thread grants credit, moves the buffers that have credit to their
