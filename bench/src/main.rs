@@ -33,11 +33,17 @@ use weir_net::DriverKind;
 #[command(
     name = "weir",
     version,
-    about = "Weir: a thread-per-core, lock-free stream-processing core"
+    about = "Weir: a thread-per-core, lock-free stream-processing core",
+    // `weir --records 1000` is `weir run --records 1000`: without a subcommand, the
+    // flags are `run`'s.
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Without a subcommand: `weir run` with these flags.
+    #[command(flatten)]
+    run: Box<RunArgs>,
 }
 
 #[derive(Subcommand)]
@@ -105,6 +111,9 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Prints the reference of every command and flag (markdown), generated from the
+    /// definitions `--help` shows: `weir cli-reference > docs/cli-reference.md`.
+    CliReference,
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
         /// Where the JSON is.
@@ -306,7 +315,7 @@ struct RunArgs {
     /// read, 16 bytes or more, e.g. `head -c 32 /dev/urandom | xxd -p -c 64`): a peer
     /// that cannot prove it holds the same one is refused. `--processes` makes one
     /// itself; without one, processes of the same job still find each other but prove
-    /// nothing (see the README's security section).
+    /// nothing (see "Who may talk to a job" in the README).
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Take a checkpoint this often (e.g. 1s, 200ms) into --checkpoint-dir: a crashed
@@ -458,8 +467,8 @@ struct ServeArgs {
     /// at their deadline and not one wake-up later (keeps a core busy meanwhile).
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     spin: Duration,
-    /// Timer slack: requests that arrive and answers that come due within this long
-    /// after a wake-up are taken together (answers leave up to this much late).
+    /// Timer slack: the answers due within this long after the earliest leave together
+    /// at one timer expiry, up to this much late (never early).
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     timer_slack: Duration,
 }
@@ -568,6 +577,110 @@ enum Suite {
     Remote,
 }
 
+/// Every command and flag of `weir` as markdown tables: the flag, its value, its
+/// default and its help text, taken from the same definitions as `--help`, so the
+/// reference cannot drift from the command (`docs/cli-reference.md` is checked against
+/// it by a test).
+fn cli_reference() -> String {
+    use clap::CommandFactory;
+    use std::fmt::Write as _;
+    fn cell(text: &str) -> String {
+        text.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('|', "\\|")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    }
+    fn table(out: &mut String, command: &clap::Command) {
+        let args: Vec<&clap::Arg> = command
+            .get_arguments()
+            .filter(|a| !a.is_hide_set() && a.get_id() != "help" && a.get_id() != "version")
+            .collect();
+        if args.is_empty() {
+            let _ = writeln!(out, "No flags.\n");
+            return;
+        }
+        let _ = writeln!(out, "| flag | value | default | what it does |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for arg in args {
+            let flag = match (arg.get_long(), arg.get_short()) {
+                (Some(long), Some(short)) => format!("`-{short}`, `--{long}`"),
+                (Some(long), None) => format!("`--{long}`"),
+                (None, Some(short)) => format!("`-{short}`"),
+                (None, None) => format!("`{}` (positional)", arg.get_id()),
+            };
+            let takes_value =
+                arg.get_num_args().is_some_and(|n| n.takes_values()) || arg.is_positional();
+            let possible: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|v| !v.is_hide_set())
+                .map(|v| v.get_name().to_string())
+                .collect();
+            let value = if !possible.is_empty() {
+                possible.join(" | ")
+            } else if takes_value {
+                arg.get_value_names()
+                    .map(|names| {
+                        names
+                            .iter()
+                            .map(|n| n.to_string())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .unwrap_or_else(|| arg.get_id().to_string().to_uppercase())
+            } else {
+                "—".to_string()
+            };
+            let default: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().to_string())
+                .collect();
+            let default = if default.is_empty() || !takes_value {
+                "—".to_string()
+            } else {
+                format!("`{}`", default.join(","))
+            };
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "| {flag} | {} | {default} | {} |",
+                cell(&value),
+                cell(&help)
+            );
+        }
+        let _ = writeln!(out);
+    }
+    let mut root = Cli::command();
+    // Resolves what the derive leaves to clap (which flags take values).
+    root.build();
+    let mut out = String::from(
+        "# `weir` command reference\n\nGenerated by `weir cli-reference` from the definitions `--help` shows (a \
+         test checks this file against them). `weir` without a command runs `weir run` with \
+         the flags of `weir run`. Durations are written like `1s`, `200ms`, `50us`.\n\n",
+    );
+    for command in root.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = command.get_name();
+        if name == "cli-reference" || name == "help" {
+            continue;
+        }
+        let about = command
+            .get_long_about()
+            .or(command.get_about())
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let _ = writeln!(out, "## `weir {name}`\n\n{}\n", cell(&about));
+        table(&mut out, command);
+    }
+    out
+}
+
 /// `weir` with no subcommand: `weir run` on its defaults.
 #[derive(Parser)]
 struct DefaultRun {
@@ -667,14 +780,16 @@ fn main() {
         }
     }
     let cli = Cli::parse();
-    let command = cli
-        .command
-        .unwrap_or_else(|| Command::Run(Box::new(DefaultRun::parse_from(["weir"]).args)));
+    let command = cli.command.unwrap_or(Command::Run(cli.run));
     match command {
         Command::Run(args) => std::process::exit(run_job(*args)),
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::ProduceStream(args) => std::process::exit(produce_stream(args)),
+        Command::CliReference => {
+            print!("{}", cli_reference());
+            std::process::exit(0)
+        }
         Command::Report { data, out, commit } => {
             if let Err(error) = weir_bench::report::generate(&data, &out, &commit) {
                 eprintln!("error: {error}");
@@ -1796,4 +1911,30 @@ fn debloat(args: DebloatArgs) -> i32 {
         }
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    /// `docs/cli-reference.md` is what `weir cli-reference` prints now.
+    #[test]
+    fn the_cli_reference_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli-reference.md");
+        let written = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            written == super::cli_reference(),
+            "docs/cli-reference.md is stale: regenerate it with \
+             `cargo run --release -- cli-reference > docs/cli-reference.md`"
+        );
+    }
+
+    /// Without a subcommand the flags are `weir run`'s.
+    #[test]
+    fn flags_without_a_subcommand_are_run_s() {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from(["weir", "--records", "5", "--cores", "0"])
+            .expect("parses as run's flags");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.records, 5);
+        assert!(super::Cli::try_parse_from(["weir", "run", "--records", "5"]).is_ok());
+    }
 }
