@@ -28,7 +28,9 @@ fn a_back_pressured_source_is_woken_by_the_recycled_buffer() {
     // and again, and only full buffers travel.
     let graph = Graph::new().with_exchange(ExchangeSpec {
         segment_size: 512,
-        segments: 2,
+        buffers_per_channel: 1,
+        floating_buffers: 0,
+        max_buffers_per_channel: 1,
         buffer_timeout: None,
         debloat: None,
     });

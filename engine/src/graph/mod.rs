@@ -68,6 +68,7 @@ use std::time::Duration;
 use crate::async_io::futures::{FutureFunction, LocalExecutor};
 use crate::async_io::{AsyncConfig, AsyncError, AsyncFunction, AsyncMetrics, AsyncWaitOperator};
 use crate::element::Record;
+use crate::error::ConfigError;
 use crate::exchange::codec::Codec;
 use crate::exchange::{
     local_channel, DebloatConfig, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
@@ -167,13 +168,27 @@ impl LiveCounters {
     }
 }
 
-/// Exchange settings, for every exchange of a graph.
+/// Exchange settings, for every exchange of a graph. The buffer budget is Flink's, by
+/// channel: a partition of `n` subpartitions has `buffers_per_channel × n +
+/// floating_buffers` segments (`taskmanager.network.memory.buffers-per-channel`, 2, and
+/// `floating-buffers-per-gate`, 8), of which one subpartition may hold at most
+/// `max_buffers_per_channel` (`max-buffers-per-channel`, 10), plus the overdraft (5)
+/// for a record that spans buffers. A local channel's consumer reads the producer's
+/// segments in place, so these are also the bytes in flight on a channel: at most
+/// `max_buffers_per_channel` segments, which an aligned barrier waits behind.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ExchangeSpec {
-    /// Bytes per segment.
+    /// Bytes per segment (Flink's `taskmanager.memory.segment-size`, 32 KiB).
     pub segment_size: usize,
-    /// Segments per upstream subtask's partition.
-    pub segments: usize,
+    /// Segments per subpartition in a partition's pool (Flink's exclusive buffers per
+    /// channel, 2).
+    pub buffers_per_channel: usize,
+    /// Segments a partition's pool has beyond those, shared by its subpartitions
+    /// (Flink's floating buffers per gate, 8).
+    pub floating_buffers: usize,
+    /// Segments one subpartition may hold at most (Flink's max buffers per channel,
+    /// 10): what one slow consumer can keep in flight.
+    pub max_buffers_per_channel: usize,
     /// Buffer timeout: `Some(0)` flushes after every record, `None` only when full.
     pub buffer_timeout: Option<Duration>,
     /// Buffer debloating at every input gate (`None`: off). Its `buffers_per_channel`
@@ -185,7 +200,9 @@ impl Default for ExchangeSpec {
     fn default() -> Self {
         ExchangeSpec {
             segment_size: 32 * 1024,
-            segments: 64,
+            buffers_per_channel: 2,
+            floating_buffers: 8,
+            max_buffers_per_channel: 10,
             buffer_timeout: Some(Duration::from_millis(1)),
             debloat: None,
         }
@@ -195,6 +212,10 @@ impl Default for ExchangeSpec {
 /// Smallest segment an exchange shrinks its segments to when a partition fans out to
 /// many subtasks (see [`ExchangeSpec::sizing`]).
 pub const FAN_OUT_SEGMENT_MIN: usize = 1024;
+
+/// Bytes of a partition's pool beyond which its segments shrink rather than grow in
+/// number (2 MiB: 64 segments of 32 KiB, Flink's budget at a fan-out of 28).
+pub const FAN_OUT_BUDGET_BYTES: usize = 2 * 1024 * 1024;
 
 /// Bytes of one buffer slot in a channel's ring.
 const CHANNEL_SLOT_BYTES: usize = std::mem::size_of::<crate::exchange::SharedBuffer>();
@@ -210,6 +231,8 @@ pub struct ExchangeSizing {
     /// Segments each upstream subtask's partition reserves (at least one per channel,
     /// plus one).
     pub segments_per_partition: usize,
+    /// Segments one subpartition may hold (at least 1, at most the partition's).
+    pub max_per_channel: usize,
     /// Buffers each channel can hold: the partition's segments plus its overdraft, so
     /// a send never finds it full.
     pub channel_capacity: usize,
@@ -229,22 +252,44 @@ impl ExchangeSizing {
 }
 
 impl ExchangeSpec {
+    /// Checks the settings: every count and size at least 1.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (what, value) in [
+            ("exchange segment size", self.segment_size),
+            ("exchange buffers per channel", self.buffers_per_channel),
+            (
+                "exchange max buffers per channel",
+                self.max_buffers_per_channel,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroCapacity { what });
+            }
+        }
+        Ok(())
+    }
+
     /// The exchange's sizes for `sources` partitions of `sinks` subpartitions each.
     ///
-    /// A partition needs a segment per channel and one more (Flink's minimum for a
+    /// A partition has `buffers_per_channel × sinks + floating_buffers` segments, and
+    /// never fewer than a segment per channel and one more (Flink's minimum for a
     /// result partition's pool): each channel may hold a buffer being written, which
     /// comes back only once it is full, so with no spare the writer could wait for a
-    /// segment that nothing returns. Past `segments - 1` channels the partition takes
-    /// more segments; they shrink instead (halving, down to
-    /// [`FAN_OUT_SEGMENT_MIN`] bytes) so that a partition keeps the
-    /// `segments × segment_size` bytes it has at a small fan-out and the network pool
-    /// grows with the number of sources, not with sources × sinks. Below `segments`
-    /// channels nothing changes.
+    /// segment that nothing returns. A large fan-out would make that
+    /// `sources × sinks` segments in all; past [`FAN_OUT_BUDGET_BYTES`] a partition's
+    /// segments shrink instead (halving, down to [`FAN_OUT_SEGMENT_MIN`] bytes), so that
+    /// the network pool grows with the number of sources, not with sources × sinks.
     pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
         let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
-        let per_partition = self.segments.max(sinks.saturating_add(1)).max(2);
+        let per_partition = self
+            .buffers_per_channel
+            .saturating_mul(sinks)
+            .saturating_add(self.floating_buffers)
+            .max(sinks.saturating_add(1))
+            .max(2);
+        let max_per_channel = self.max_buffers_per_channel.clamp(1, per_partition);
         let mut segment_size = self.segment_size;
-        let budget = self.segments.saturating_mul(self.segment_size);
+        let budget = FAN_OUT_BUDGET_BYTES.max(self.segment_size);
         while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
             && per_partition.saturating_mul(segment_size) > budget
         {
@@ -262,6 +307,7 @@ impl ExchangeSpec {
         ExchangeSizing {
             segment_size,
             segments_per_partition: per_partition,
+            max_per_channel,
             channel_capacity,
             network_segments,
             network_bytes: network_segments.saturating_mul(segment_size),
@@ -783,6 +829,10 @@ impl Graph {
         if let Some(debloat) = inner.exchange.debloat {
             debloat.validate()?;
         }
+        inner
+            .exchange
+            .validate()
+            .map_err(|e| GraphError::Runtime(RuntimeError::Config(e)))?;
         let mut plans = Vec::with_capacity(inner.stages.len());
         let mut offset = 0usize;
         for stage in &inner.stages {
@@ -976,7 +1026,7 @@ impl Graph {
             let sizing = inner.exchange.sizing(from.parallelism, fan_out);
             let per_partition = sizing.segments_per_partition;
             debloat[edge.to] = inner.exchange.debloat.map(|config| DebloatConfig {
-                buffers_per_channel: per_partition,
+                buffers_per_channel: sizing.max_per_channel,
                 max_size: sizing.segment_size.max(config.min_size),
                 ..config
             });
@@ -1023,7 +1073,7 @@ impl Graph {
                     continue;
                 };
                 let config = LocalPoolConfig::new(per_partition, row.len())
-                    .with_max_per_subpartition(per_partition)
+                    .with_max_per_subpartition(sizing.max_per_channel)
                     .with_overdraft(overdraft);
                 let pool = LocalBufferPool::with_notify(
                     &network,
