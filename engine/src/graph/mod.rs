@@ -1996,3 +1996,73 @@ impl<'g, T: Codec + 'static> Stream<'g, T> {
         })))
     }
 }
+
+#[cfg(test)]
+mod sizing_tests {
+    use super::*;
+
+    /// Flink's budget at a small fan-out: 2 per channel and 8 floating, at most 10 on
+    /// one channel; 32 KiB segments.
+    #[test]
+    fn a_small_fan_out_gets_flink_s_budget() {
+        let sizing = ExchangeSpec::default().sizing(2, 2);
+        assert_eq!(sizing.segments_per_partition, 2 * 2 + 8);
+        assert_eq!(sizing.max_per_channel, 10);
+        assert_eq!(sizing.segment_size, 32 * 1024);
+        assert_eq!(
+            sizing.channel_capacity,
+            12 + crate::limits::OVERDRAFT_SEGMENTS_DEFAULT
+        );
+    }
+
+    /// A large fan-out keeps a segment per channel and one more, in smaller segments,
+    /// so a partition stays near the fan-out budget.
+    #[test]
+    fn a_large_fan_out_shrinks_its_segments() {
+        let sizing = ExchangeSpec::default().sizing(200, 200);
+        assert!(sizing.segments_per_partition > 200);
+        assert!(sizing.segment_size < 32 * 1024);
+        assert!(sizing.segment_size >= FAN_OUT_SEGMENT_MIN);
+        assert!(
+            sizing.segments_per_partition * sizing.segment_size <= 2 * FAN_OUT_BUDGET_BYTES,
+            "{sizing:?}"
+        );
+    }
+
+    /// A zero count or size is refused by name; a channel's maximum never exceeds its
+    /// partition's pool.
+    #[test]
+    fn zero_settings_are_refused_and_maxima_are_clamped() {
+        for spec in [
+            ExchangeSpec {
+                segment_size: 0,
+                ..ExchangeSpec::default()
+            },
+            ExchangeSpec {
+                buffers_per_channel: 0,
+                ..ExchangeSpec::default()
+            },
+            ExchangeSpec {
+                max_buffers_per_channel: 0,
+                ..ExchangeSpec::default()
+            },
+        ] {
+            let error = spec.validate().expect_err("refused");
+            assert!(error.to_string().contains("exchange"), "{error}");
+        }
+        let spec = ExchangeSpec {
+            max_buffers_per_channel: 1000,
+            ..ExchangeSpec::default()
+        };
+        let sizing = spec.sizing(1, 1);
+        assert_eq!(sizing.max_per_channel, sizing.segments_per_partition);
+        // A graph with such an exchange is refused before anything starts.
+        let graph = Graph::new().with_exchange(ExchangeSpec {
+            buffers_per_channel: 0,
+            ..ExchangeSpec::default()
+        });
+        let _counted = graph.from_iter(|_: &SubtaskInfo| 0..10u64).count();
+        let error = graph.plan(1).expect_err("refused");
+        assert!(error.to_string().contains("buffers per channel"), "{error}");
+    }
+}
