@@ -23,7 +23,7 @@ fn in_flight(c: &mut Criterion) {
     let server = service(Latency::Fixed(Duration::ZERO));
     let server = &server;
     let mut group = common::curve(c, "lookup/latency0");
-    // io_uring only where the kernel allows it (see the README's requirements).
+    // io_uring only where the kernel allows it (see the guide's "Getting started", requirements).
     let uring = weir_net::build_driver(DriverKind::Uring).is_ok();
     for inflight in [16usize, 256, 1024] {
         if uring {

@@ -4,7 +4,7 @@
 //! The launcher picks a free loopback port per process, splits the machine's cores among
 //! them (or passes `--cores` on unchanged), and starts `weir run … --process I --peers
 //! A,B,…` for each, which run one process of the job each (the same code a process on
-//! another host runs: see the README's "Beyond one process"). The processes find each other,
+//! another host runs: see the guide's "Processes and hosts", `guide/src/cluster.md`). The processes find each other,
 //! run their subtasks, and write their report as JSON; the launcher prints one summary:
 //! records in and out summed, ids lost counted over all processes (each id's key names
 //! one sink subtask, so a process counts its duplicates itself and the launcher adds up

@@ -315,15 +315,16 @@ struct RunArgs {
     /// read, 16 bytes or more, e.g. `head -c 32 /dev/urandom | xxd -p -c 64`): a peer
     /// that cannot prove it holds the same one is refused. `--processes` makes one
     /// itself; without one, processes of the same job still find each other but prove
-    /// nothing (see "Who may talk to a job" in the README).
+    /// nothing (see "Who may talk to a job" in guide/src/transport.md).
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Take a checkpoint this often (e.g. 1s, 200ms) into --checkpoint-dir: a crashed
-    /// run restarted with --restore continues from the last one (see the README's
-    /// "Fault tolerance").
+    /// run restarted with --restore or --resume continues from the last one (see
+    /// guide/src/fault-tolerance.md).
     #[arg(long, value_parser = parse_positive_duration, requires = "checkpoint_dir")]
     checkpoint_interval: Option<Duration>,
-    /// Where checkpoints are written (`chk-<id>/` directories, the newest kept).
+    /// Where checkpoints are written (`chk-<id>/` directories, the newest
+    /// --checkpoints-retained kept).
     #[arg(long, requires = "checkpoint_interval")]
     checkpoint_dir: Option<PathBuf>,
     /// Unaligned checkpoints: barriers do not wait for each other at the key-by

@@ -6,7 +6,7 @@
 //! arrivals' spread that a machine slow enough to break it would also fail the hang
 //! guards.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,9 @@ use weir_engine::runtime::{
 
 /// Takes what the ringer made available; done once it took `total`.
 struct Arrivals {
+    /// Set at the first poll, which the ringer waits for: every arrival then comes
+    /// after the task's first look, so the first one wakes the worker.
+    polled: Arc<AtomicBool>,
     available: Arc<AtomicU64>,
     taken: u64,
     total: u64,
@@ -26,6 +29,7 @@ struct Arrivals {
 
 impl Task for Arrivals {
     fn poll(&mut self, _cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
+        self.polled.store(true, Ordering::Release);
         let available = self.available.load(Ordering::Acquire);
         if available > self.taken {
             self.taken = available;
@@ -51,13 +55,19 @@ fn fed(slack: Duration, total: u64, delay: Duration, gap: Duration) -> (RunRepor
         .expect("runtime");
     let available = Arc::new(AtomicU64::new(0));
     let takes = Arc::new(AtomicU64::new(0));
+    let polled = Arc::new(AtomicBool::new(false));
     let id = runtime.add_task(0);
     let bell: Unparker = runtime.task_unparker(id, signal::INPUT);
-    let (a, t) = (Arc::clone(&available), Arc::clone(&takes));
+    let (a, t, p) = (
+        Arc::clone(&available),
+        Arc::clone(&takes),
+        Arc::clone(&polled),
+    );
     runtime.set_task(
         id,
         Box::new(move |_| {
             Ok(Box::new(Arrivals {
+                polled: p,
                 available: a,
                 taken: 0,
                 total,
@@ -66,6 +76,9 @@ fn fed(slack: Duration, total: u64, delay: Duration, gap: Duration) -> (RunRepor
         }),
     );
     let ringer = std::thread::spawn(move || {
+        while !polled.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(delay);
         for _ in 0..total {
             available.fetch_add(1, Ordering::Release);

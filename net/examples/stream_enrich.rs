@@ -30,7 +30,7 @@
 //! starts from the stream's beginning each run. With `Graph::with_checkpointing`, the
 //! source's positions, the running totals and the sink's unanswered entries are in each
 //! checkpoint, and `Guarantee::ExactlyOnce` on the sink writes each checkpoint's output
-//! in one `MULTI`/`EXEC` (see the README's "Redis Streams in and out").
+//! in one `MULTI`/`EXEC` (see the guide's "Redis" chapter, `guide/src/redis.md`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
