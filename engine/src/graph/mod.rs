@@ -276,20 +276,28 @@ impl ExchangeSpec {
     /// result partition's pool): each channel may hold a buffer being written, which
     /// comes back only once it is full, so with no spare the writer could wait for a
     /// segment that nothing returns. A large fan-out would make that
-    /// `sources × sinks` segments in all; past [`FAN_OUT_BUDGET_BYTES`] a partition's
-    /// segments shrink instead (halving, down to [`FAN_OUT_SEGMENT_MIN`] bytes), so that
-    /// the network pool grows with the number of sources, not with sources × sinks.
+    /// `sources × sinks` segments in all (and every channel's ring as long as its
+    /// partition's pool); past [`FAN_OUT_BUDGET_BYTES`] a partition keeps what fits in
+    /// that budget, or that minimum if it is more, in segments that shrink (halving,
+    /// down to [`FAN_OUT_SEGMENT_MIN`] bytes), so that the network pool grows with the
+    /// number of sources, not with sources × sinks.
     pub fn sizing(&self, sources: usize, sinks: usize) -> ExchangeSizing {
         let overdraft = crate::limits::OVERDRAFT_SEGMENTS_DEFAULT;
-        let per_partition = self
+        let budget = FAN_OUT_BUDGET_BYTES.max(self.segment_size);
+        let minimum = sinks.saturating_add(1).max(2);
+        let flink = self
             .buffers_per_channel
             .saturating_mul(sinks)
-            .saturating_add(self.floating_buffers)
-            .max(sinks.saturating_add(1))
-            .max(2);
+            .saturating_add(self.floating_buffers);
+        let per_partition = if flink.saturating_mul(self.segment_size) <= budget {
+            flink.max(minimum)
+        } else {
+            // Past the budget: what it holds in full-size segments, or a segment per
+            // channel and one more (then smaller ones), whichever is more.
+            (budget / self.segment_size).max(minimum)
+        };
         let max_per_channel = self.max_buffers_per_channel.clamp(1, per_partition);
         let mut segment_size = self.segment_size;
-        let budget = FAN_OUT_BUDGET_BYTES.max(self.segment_size);
         while segment_size / 2 >= FAN_OUT_SEGMENT_MIN
             && per_partition.saturating_mul(segment_size) > budget
         {
