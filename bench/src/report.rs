@@ -85,48 +85,38 @@ fn little_limit(job: &Value) -> Option<f64> {
 
 /// The open-loop runs of the main job (`load-<rate>.json`), by offered rate.
 fn load_runs(data: &Path) -> Vec<(f64, Value)> {
-    let mut loads: Vec<(f64, Value)> = std::fs::read_dir(data)
+    numbered_runs(data, "load-")
+}
+
+/// The runs written as `<prefix><number>.json`, by that number.
+fn numbered_runs(data: &Path, prefix: &str) -> Vec<(f64, Value)> {
+    let mut runs: Vec<(f64, Value)> = std::fs::read_dir(data)
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .filter_map(|e| {
                     let name = e.file_name().to_string_lossy().to_string();
-                    let rate: f64 = name
-                        .strip_prefix("load-")?
+                    let number: f64 = name
+                        .strip_prefix(prefix)?
                         .strip_suffix(".json")?
                         .parse()
                         .ok()?;
-                    Some((rate, read(data, &name)?))
+                    Some((number, read(data, &name)?))
                 })
                 .collect()
         })
         .unwrap_or_default();
-    loads.sort_by(|a, b| a.0.total_cmp(&b.0));
-    loads
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs
 }
 
 /// The main job at 50 k records/s with the workers' timer slack at each setting
 /// (`slack-<µs>.json`): what the slack saves in CPU and wake-ups, and what it adds to
 /// the latency.
 fn slack_section(md: &mut String, data: &Path) {
-    let mut runs: Vec<(f64, Value)> = std::fs::read_dir(data)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().to_string();
-                    let slack: f64 = name
-                        .strip_prefix("slack-")?
-                        .strip_suffix(".json")?
-                        .parse()
-                        .ok()?;
-                    Some((slack, read(data, &name)?))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let runs = numbered_runs(data, "slack-");
     if runs.is_empty() {
         return;
     }
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let _ = writeln!(
         md,
         "\n### Timer slack at low load\n\nThe main job at 50 k records/s (open loop) with the workers' timer slack (`weir run --timer-slack`, default {:.0} µs): a worker woken by an arrival takes what arrives or comes due within the slack in the same turn. The embedded lookup service keeps no slack (it stands in for the external system).\n",

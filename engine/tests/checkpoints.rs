@@ -334,6 +334,35 @@ fn a_source_that_cannot_be_replayed_fails_its_checkpoints_and_says_why() {
     assert!(message.contains("cannot be replayed"), "{message}");
 }
 
+/// `records` numbers at 40 k/s, keyed over 2 subtasks, through a map that panics once
+/// (the first time it sees 4000, `failed` says whether it did), into part files under
+/// `out`, checkpointing into `dir`.
+fn fails_once_at_4000(
+    dir: &std::path::Path,
+    out: &std::path::Path,
+    records: u64,
+    failed: &Arc<std::sync::atomic::AtomicBool>,
+) -> Graph {
+    let (settings, _) = checkpointing(dir, AlignmentMode::Aligned);
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_checkpointing(settings);
+    let failed = Arc::clone(failed);
+    graph
+        .from_generator(records, Some(40_000.0), |n| n)
+        .key_by(|n: &u64| *n)
+        .map(move |n| {
+            if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
+                panic!("injected failure at record 4000");
+            }
+            n
+        })
+        .sink_to_files(out.to_path_buf(), |n: &u64, line: &mut Vec<u8>| {
+            line.extend_from_slice(format!("{n}\n").as_bytes());
+        });
+    graph
+}
+
 #[test]
 fn a_failed_task_restarts_the_job_from_its_latest_checkpoint() {
     use weir_engine::checkpoint::RestartStrategy;
@@ -347,24 +376,10 @@ fn a_failed_task_restarts_the_job_from_its_latest_checkpoint() {
     let (result, failure, restarts) = execute_with_restarts(
         "fixed-delay:3:10ms".parse::<RestartStrategy>().unwrap(),
         || {
-            let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
-            let graph = Graph::new()
-                .with_parallelism(2)
-                .with_checkpointing(settings);
-            let failed = Arc::clone(&failed);
-            graph
-                .from_generator(records, Some(40_000.0), |n| n)
-                .key_by(|n: &u64| *n)
-                .map(move |n| {
-                    if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
-                        panic!("injected failure at record 4000");
-                    }
-                    n
-                })
-                .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
-                    line.extend_from_slice(format!("{n}\n").as_bytes());
-                });
-            Ok((graph, runtime()))
+            Ok((
+                fails_once_at_4000(dir.path(), &out, records, &failed),
+                runtime(),
+            ))
         },
         |n, _, error| restarts_seen.push((n, error.to_string())),
     )
@@ -418,24 +433,10 @@ fn a_restart_over_a_damaged_newest_checkpoint_fails_by_name_and_never_starts_fre
                 bytes[middle] ^= 0x10;
                 std::fs::write(&state, bytes).unwrap();
             }
-            let (settings, _) = checkpointing(dir.path(), AlignmentMode::Aligned);
-            let graph = Graph::new()
-                .with_parallelism(2)
-                .with_checkpointing(settings);
-            let failed = Arc::clone(&failed);
-            graph
-                .from_generator(records, Some(40_000.0), |n| n)
-                .key_by(|n: &u64| *n)
-                .map(move |n| {
-                    if n == 4_000 && !failed.swap(true, Ordering::Relaxed) {
-                        panic!("injected failure at record 4000");
-                    }
-                    n
-                })
-                .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
-                    line.extend_from_slice(format!("{n}\n").as_bytes());
-                });
-            Ok((graph, runtime()))
+            Ok((
+                fails_once_at_4000(dir.path(), &out, records, &failed),
+                runtime(),
+            ))
         },
         |_, _, _| restarts_seen += 1,
     );

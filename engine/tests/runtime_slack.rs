@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
+use support::WaitUntil;
 use weir_engine::park::Unparker;
 use weir_engine::runtime::{
     signal, Cores, Progress, RunReport, Runtime, Task, TaskContext, TaskError,
@@ -122,29 +125,6 @@ fn without_slack_the_worker_never_sleeps_it_out() {
     assert_eq!(report.wakeups[0].slack, 0, "{:?}", report.wakeups[0]);
 }
 
-/// Idle until its deadline, `wait` after its first poll.
-struct DeadlineAfterArrival {
-    at_ns: Option<u64>,
-    wait: Duration,
-}
-
-impl Task for DeadlineAfterArrival {
-    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
-        let at = *self
-            .at_ns
-            .get_or_insert(cx.now_ns + self.wait.as_nanos() as u64);
-        Ok(if cx.now_ns >= at {
-            Progress::Done
-        } else {
-            Progress::Idle
-        })
-    }
-
-    fn next_deadline(&self) -> Option<u64> {
-        self.at_ns
-    }
-}
-
 /// A deadline that comes due within the slack after a wake-up runs at the turn after
 /// the slack (late by at most the slack, as a Linux thread's timers are), and one due
 /// later wakes the worker as usual: both tasks end, with no lost wake-up.
@@ -162,10 +142,7 @@ fn deadlines_within_the_slack_wait_for_it_and_later_ones_wake_the_worker() {
         runtime.set_task(
             id,
             Box::new(move |_| {
-                Ok(Box::new(DeadlineAfterArrival {
-                    at_ns: None,
-                    wait: Duration::from_millis(20 + wait_ms),
-                }) as Box<dyn Task>)
+                Ok(Box::new(WaitUntil::new(Duration::from_millis(20 + wait_ms))) as Box<dyn Task>)
             }),
         );
         // A wake-up by work a little after the start, so that the slack applies.

@@ -4,30 +4,10 @@
 
 use std::time::Duration;
 
+mod support;
+
+use support::WaitUntil;
 use weir_engine::runtime::{Cores, Progress, Runtime, Task, TaskContext, TaskError};
-
-/// Idle until `at_ns` (its deadline), then done.
-struct WaitUntil {
-    at_ns: Option<u64>,
-    wait: Duration,
-}
-
-impl Task for WaitUntil {
-    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<Progress, TaskError> {
-        let at = *self
-            .at_ns
-            .get_or_insert(cx.now_ns + self.wait.as_nanos() as u64);
-        Ok(if cx.now_ns >= at {
-            Progress::Done
-        } else {
-            Progress::Idle
-        })
-    }
-
-    fn next_deadline(&self) -> Option<u64> {
-        self.at_ns
-    }
-}
 
 /// Parks of a run whose one task waits 20 ms, with `spin`.
 fn parks(spin: Duration) -> u64 {
@@ -40,10 +20,7 @@ fn parks(spin: Duration) -> u64 {
     runtime.spawn(
         0,
         Box::new(|_driver| -> Result<Box<dyn Task>, TaskError> {
-            Ok(Box::new(WaitUntil {
-                at_ns: None,
-                wait: Duration::from_millis(20),
-            }))
+            Ok(Box::new(WaitUntil::new(Duration::from_millis(20))))
         }),
     );
     let report = runtime.run().expect("run");
