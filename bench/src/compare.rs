@@ -515,6 +515,9 @@ pub const WEIR_TIMER_UNORDERED: &str = "weir unordered (runtime worker, timer wh
 /// (a 1 ms sleep takes 1 to 2 ms), as every tokio user gets it.
 pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms timer tick)";
 
+/// Weir's exchange on its batch paths (`emit_run`, `poll_run`), runs of 256 records.
+pub const WEIR_EXCHANGE_RUNS: &str = "weir exchange, runs";
+
 /// The exchange experiments: records/s and latency through writer → channel → gate,
 /// 1→1 against peers that pass the records by value (a crossbeam channel, one record
 /// per message and a `Vec` of 32 KiB per message; an `rtrb` ring, one record per slot),
@@ -533,6 +536,15 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
                 ops,
                 Arc::new(move |n| {
                     exchange_peers::weir_exchange::<$n>(1, 1, Routing::RoundRobin, timeout, n)
+                }),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                WEIR_EXCHANGE_RUNS,
+                ops,
+                Arc::new(move |n| {
+                    exchange_peers::weir_exchange_runs::<$n>(1, 1, Routing::RoundRobin, timeout, n)
                 }),
                 None,
             ));

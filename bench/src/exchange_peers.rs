@@ -46,7 +46,7 @@ use hdrhistogram::Histogram;
 
 use weir_engine::exchange::codec::{Codec, FixedBytes, SliceEncoder};
 use weir_engine::exchange::{
-    local_channel, ChannelSelector, GateEvent, HashModulo, InputChannel, InputGate,
+    local_channel, ChannelSelector, GateEvent, GateRun, HashModulo, InputChannel, InputGate,
     LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin,
     Target, WriterConfig,
 };
@@ -133,6 +133,41 @@ pub fn weir_exchange<const N: usize>(
     timeout: Option<Duration>,
     n: u64,
 ) -> Measurement {
+    weir_exchange_by::<N>(Path::PerRecord, producers, consumers, routing, timeout, n)
+}
+
+/// [`weir_exchange`] on the batch paths, as a task moves records: the producer writes
+/// runs of [`CLOCK_EVERY`] records with [`RecordWriter::emit_run`] (one clock reading
+/// per run), the consumer takes runs of up to that many with
+/// [`InputGate::poll_run`]; both check and sample every record as the per-record form
+/// does.
+pub fn weir_exchange_runs<const N: usize>(
+    producers: usize,
+    consumers: usize,
+    routing: Routing,
+    timeout: Option<Duration>,
+    n: u64,
+) -> Measurement {
+    weir_exchange_by::<N>(Path::Runs, producers, consumers, routing, timeout, n)
+}
+
+/// How records pass the writer and the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// [`RecordWriter::emit`] and [`InputGate::poll_next`], one record each.
+    PerRecord,
+    /// [`RecordWriter::emit_run`] and [`InputGate::poll_run`].
+    Runs,
+}
+
+fn weir_exchange_by<const N: usize>(
+    path: Path,
+    producers: usize,
+    consumers: usize,
+    routing: Routing,
+    timeout: Option<Duration>,
+    n: u64,
+) -> Measurement {
     let network = NetworkBufferPool::new(producers * (POOL_SEGMENTS + 8), SEGMENT_SIZE_DEFAULT)
         .expect("pool");
     let mut inputs: Vec<Vec<Box<dyn InputChannel>>> = (0..consumers).map(|_| Vec::new()).collect();
@@ -164,21 +199,49 @@ pub fn weir_exchange<const N: usize>(
             let mut last_seq = vec![None::<u64>; gate.channels()];
             let mut count = 0u64;
             let mut backoff = Backoff::default();
+            let mut run = Vec::with_capacity(CLOCK_EVERY as usize);
+            let mut take = |value: &FixedBytes<N>, channel: usize| {
+                let seq = seq_of(value);
+                assert!(last_seq[channel].is_none_or(|l| l < seq), "out of order");
+                last_seq[channel] = Some(seq);
+                if let Some(created) = created_of(value) {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    latency.saturating_record(now.saturating_sub(created).max(1));
+                }
+            };
             start_gate.wait();
             loop {
-                match gate.poll_next().expect("exchange error") {
-                    Some(GateEvent::Record { value, channel }) => {
-                        let seq = seq_of(&value);
-                        assert!(last_seq[channel].is_none_or(|l| l < seq), "out of order");
-                        last_seq[channel] = Some(seq);
-                        if let Some(created) = created_of(&value) {
-                            let now = epoch.elapsed().as_nanos() as u64;
-                            latency.saturating_record(now.saturating_sub(created).max(1));
+                let next = match path {
+                    Path::PerRecord => gate.poll_next().expect("exchange error"),
+                    Path::Runs => match gate
+                        .poll_run(&mut run, CLOCK_EVERY as usize)
+                        .expect("exchange error")
+                    {
+                        Some(GateRun::Records {
+                            channel,
+                            count: taken,
+                        }) => {
+                            for value in run.drain(..) {
+                                take(&value, channel);
+                            }
+                            count += taken as u64;
+                            backoff.reset();
+                            continue;
                         }
+                        Some(GateRun::Event(event)) => Some(event),
+                        None => None,
+                    },
+                };
+                match next {
+                    Some(GateEvent::Record { value, channel }) => {
+                        take(&value, channel);
                         count += 1;
                         backoff.reset();
                     }
-                    Some(GateEvent::End) => return (count, latency, Instant::now()),
+                    Some(GateEvent::End) => {
+                        drop(take);
+                        return (count, latency, Instant::now());
+                    }
                     Some(
                         GateEvent::Watermark(_)
                         | GateEvent::Barrier { .. }
@@ -207,16 +270,39 @@ pub fn weir_exchange<const N: usize>(
             };
             let mut writer = RecordWriter::new(partition, selector, config).expect("writer");
             let mut value = record_template::<N>();
+            let mut run = vec![value; CLOCK_EVERY as usize];
             start_gate.wait();
             let mut clock = TurnClock::new(epoch);
-            for seq in 0..per_producer {
-                if seq % CLOCK_EVERY == 0 {
-                    clock.read();
-                    writer.on_timer(clock.now_ns).expect("timer flush");
+            match path {
+                Path::PerRecord => {
+                    for seq in 0..per_producer {
+                        if seq % CLOCK_EVERY == 0 {
+                            clock.read();
+                            writer.on_timer(clock.now_ns).expect("timer flush");
+                        }
+                        stamp(&mut value, seq, epoch);
+                        wait_available(&mut writer, &mut clock);
+                        writer.emit(&value, clock.now_ns).expect("emit");
+                    }
                 }
-                stamp(&mut value, seq, epoch);
-                wait_available(&mut writer, &mut clock);
-                writer.emit(&value, clock.now_ns).expect("emit");
+                Path::Runs => {
+                    let mut seq = 0;
+                    while seq < per_producer {
+                        clock.read();
+                        writer.on_timer(clock.now_ns).expect("timer flush");
+                        let len = (per_producer - seq).min(CLOCK_EVERY) as usize;
+                        for (i, value) in run[..len].iter_mut().enumerate() {
+                            stamp(value, seq + i as u64, epoch);
+                        }
+                        let mut rest = &run[..len];
+                        while !rest.is_empty() {
+                            wait_available(&mut writer, &mut clock);
+                            let taken = writer.emit_run(rest, clock.now_ns).expect("emit");
+                            rest = &rest[taken..];
+                        }
+                        seq += len as u64;
+                    }
+                }
             }
             finish(&mut writer, &mut clock);
         }));

@@ -311,6 +311,11 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         self.entries.len() + self.segments.pending_watermarks()
     }
 
+    /// Elements it takes before it is full: what a run may bring at once.
+    pub fn free_capacity(&self) -> usize {
+        self.capacity.saturating_sub(self.in_flight())
+    }
+
     /// Whether the next element must wait (back-pressure).
     pub fn is_full(&self) -> bool {
         self.in_flight() >= self.capacity

@@ -87,6 +87,22 @@ pub enum GateEvent<T> {
     },
 }
 
+/// What [`InputGate::poll_run_at`] yields: a run of records, or the event that splits
+/// runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateRun<T> {
+    /// `count` records of `channel`, in order, were appended to the caller's run.
+    Records {
+        /// The input channel they all came from.
+        channel: usize,
+        /// How many were appended (at least one).
+        count: usize,
+    },
+    /// An event (never [`GateEvent::Record`]): everything before it was in earlier
+    /// runs, nothing after it is.
+    Event(GateEvent<T>),
+}
+
 /// Counters of a gate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GateMetrics {
@@ -343,6 +359,76 @@ impl<T: Codec> InputGate<T> {
     /// clock (from the first empty poll to the next one that yields something) and
     /// driving the debloater, when there is one.
     pub fn poll_next_at(&mut self, now_ns: u64) -> Result<Option<GateEvent<T>>, ExchangeError> {
+        self.before_poll(now_ns, false)?;
+        let mut next = self.poll_next()?;
+        if next.is_none() && !self.draining.is_empty() && self.take_announcements()? {
+            next = self.poll_next()?;
+        }
+        self.after_poll(now_ns, next.is_some());
+        Ok(next)
+    }
+
+    /// The batch form of [`poll_next_at`](Self::poll_next_at): appends to `run` up to
+    /// `max` records of one channel, decoded in one pass over the buffer they lie in
+    /// (one length check, bounds check and decode per record, the rest once per run),
+    /// or yields the next event. A run never crosses an event, nor a buffer's end, so
+    /// records, watermarks, barriers and the end come in exactly the order and at the
+    /// positions [`poll_next_at`](Self::poll_next_at) gives them, as the gate's
+    /// equivalence tests check; channel fairness is the same (one buffer per turn).
+    /// `None`: nothing now. `max` of 0 is taken as 1.
+    pub fn poll_run_at(
+        &mut self,
+        now_ns: u64,
+        run: &mut Vec<T>,
+        max: usize,
+    ) -> Result<Option<GateRun<T>>, ExchangeError> {
+        self.before_poll(now_ns, true)?;
+        let mut next = self.poll_run(run, max)?;
+        if next.is_none() && !self.draining.is_empty() && self.take_announcements()? {
+            next = self.poll_run(run, max)?;
+        }
+        self.after_poll(now_ns, next.is_some());
+        Ok(next)
+    }
+
+    /// [`poll_run_at`](Self::poll_run_at) without the clock's bookkeeping (idle time,
+    /// debloating, alignment timeouts), as [`poll_next`](Self::poll_next) is to
+    /// [`poll_next_at`](Self::poll_next_at).
+    pub fn poll_run(
+        &mut self,
+        run: &mut Vec<T>,
+        max: usize,
+    ) -> Result<Option<GateRun<T>>, ExchangeError> {
+        if self.drained.is_empty() && self.events.is_empty() {
+            let max = max.max(1);
+            let channel = self.cursor;
+            let count = self.run_in_buffer(max, |mut body| {
+                let value = T::decode(&mut body)?;
+                if !body.is_empty() {
+                    return Err(crate::exchange::codec::DecodeError::Trailing(body.len()));
+                }
+                run.push(value);
+                Ok(())
+            })?;
+            if count > 0 {
+                return Ok(Some(GateRun::Records { channel, count }));
+            }
+        }
+        Ok(match self.poll_next()? {
+            None => None,
+            Some(GateEvent::Record { value, channel }) => {
+                run.push(value);
+                Some(GateRun::Records { channel, count: 1 })
+            }
+            Some(event) => Some(GateRun::Event(event)),
+        })
+    }
+
+    /// What every poll by the clock does first. Announcements of barriers ahead of the
+    /// data are looked at every few polls (every poll for runs, which are few), at every
+    /// poll while a channel is read ahead to its barrier, and whenever the gate is idle.
+    #[inline]
+    fn before_poll(&mut self, now_ns: u64, run: bool) -> Result<(), ExchangeError> {
         if self.debloat.as_ref().is_some_and(|d| d.is_due(now_ns)) {
             self.debloat_period(now_ns);
         }
@@ -354,26 +440,90 @@ impl<T: Codec> InputGate<T> {
             }
         }
         if !self.draining.is_empty() {
-            // Announcements are looked at every few polls, at every poll while a
-            // channel is read ahead to its barrier, and whenever the gate is idle.
             self.polls = self.polls.wrapping_add(1);
-            if self.polls % ANNOUNCEMENT_POLLS == 1 || self.any_draining {
+            if run || self.polls % ANNOUNCEMENT_POLLS == 1 || self.any_draining {
                 self.take_announcements()?;
             }
         }
-        let mut next = self.poll_next()?;
-        if next.is_none() && !self.draining.is_empty() && self.take_announcements()? {
-            next = self.poll_next()?;
-        }
-        match (&next, self.idle_since_ns) {
-            (None, None) => self.idle_since_ns = Some(now_ns),
-            (Some(_), Some(since)) => {
+        Ok(())
+    }
+
+    /// Idle time: from the first empty poll to the next one that yields something.
+    #[inline]
+    fn after_poll(&mut self, now_ns: u64, yielded: bool) {
+        match (yielded, self.idle_since_ns) {
+            (false, None) => self.idle_since_ns = Some(now_ns),
+            (true, Some(since)) => {
                 self.metrics.idle_ns += now_ns.saturating_sub(since);
                 self.idle_since_ns = None;
             }
             _ => {}
         }
-        Ok(next)
+    }
+
+    /// The records lying whole, one after another, in the current channel's current
+    /// buffer from its read offset: each record's bytes (without its length prefix) go
+    /// to `each`, up to `max` of them; stops at an event, a frame that continues in the
+    /// next buffer, or the buffer's end (where the buffer is recycled and the next
+    /// channel gets its turn). How many were taken. Recorded as channel state, when it
+    /// is being recorded, in one copy.
+    #[inline]
+    fn run_in_buffer(
+        &mut self,
+        max: usize,
+        mut each: impl FnMut(&[u8]) -> Result<(), crate::exchange::codec::DecodeError>,
+    ) -> Result<usize, ExchangeError> {
+        let channel = self.cursor;
+        let channels = self.channels.len();
+        if self.blocking && self.is_blocked(channel) {
+            return Ok(0);
+        }
+        let max_record_size = self.max_record_size;
+        let state = &mut self.channels[channel];
+        let Some(buffer) = &state.buffer else {
+            return Ok(0);
+        };
+        if state.partial.header_len != 0 {
+            return Ok(0);
+        }
+        let bytes = buffer.as_slice();
+        let start = state.offset;
+        let mut offset = start;
+        let mut count = 0;
+        while count < max {
+            let Some(prefix) = bytes.get(offset..offset + 4) else {
+                break;
+            };
+            let len = u32::from_le_bytes(prefix.try_into().expect("4 bytes"));
+            let end = offset + 4 + len as usize;
+            if len >= EVENT_TAG_MIN || len as usize > max_record_size || end > bytes.len() {
+                break;
+            }
+            if let Err(source) = each(&bytes[offset + 4..end]) {
+                // What was decoded before stays taken; the failing record is not.
+                state.offset = offset;
+                self.metrics.records_in += count as u64;
+                return Err(ExchangeError::Decode { channel, source });
+            }
+            offset = end;
+            count += 1;
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        if let Some(recording) = self.recording.as_mut() {
+            if recording.channels[channel] {
+                recording.bytes.extend_from_slice(&bytes[start..offset]);
+            }
+        }
+        state.offset = offset;
+        if offset == bytes.len() {
+            // Consumed: recycle now, and give the next channel its turn.
+            state.buffer = None;
+            self.cursor = (channel + 1) % channels;
+        }
+        self.metrics.records_in += count as u64;
+        Ok(count)
     }
 
     /// Ends a debloating period: a new size goes to every channel.
@@ -469,51 +619,16 @@ impl<T: Codec> InputGate<T> {
     #[inline]
     fn next_in_buffer(&mut self) -> Result<Option<GateEvent<T>>, ExchangeError> {
         let channel = self.cursor;
-        let count = self.channels.len();
-        if self.blocking && self.is_blocked(channel) {
-            return Ok(None);
-        }
-        let state = &mut self.channels[channel];
-        let Some(buffer) = &state.buffer else {
-            return Ok(None);
-        };
-        if state.partial.header_len != 0 {
-            return Ok(None);
-        }
-        let bytes = &buffer.as_slice()[state.offset..];
-        let Some(prefix) = bytes.get(..4) else {
-            return Ok(None);
-        };
-        let len = u32::from_le_bytes(prefix.try_into().expect("4 bytes"));
-        if len >= EVENT_TAG_MIN
-            || len as usize > self.max_record_size
-            || bytes.len() < 4 + len as usize
-        {
-            return Ok(None);
-        }
-        let frame = &bytes[4..4 + len as usize];
-        let mut body = frame;
-        let value =
-            T::decode(&mut body).map_err(|source| ExchangeError::Decode { channel, source })?;
-        if !body.is_empty() {
-            let source = crate::exchange::codec::DecodeError::Trailing(body.len());
-            return Err(ExchangeError::Decode { channel, source });
-        }
-        if let Some(recording) = self.recording.as_mut() {
-            if recording.channels[channel] {
-                recording
-                    .bytes
-                    .extend_from_slice(&bytes[..4 + len as usize]);
+        let mut value = None;
+        self.run_in_buffer(1, |mut body| {
+            let decoded = T::decode(&mut body)?;
+            if !body.is_empty() {
+                return Err(crate::exchange::codec::DecodeError::Trailing(body.len()));
             }
-        }
-        state.offset += 4 + len as usize;
-        if state.offset == buffer.len() {
-            // Consumed: recycle now, and give the next channel its turn.
-            state.buffer = None;
-            self.cursor = (channel + 1) % count;
-        }
-        self.metrics.records_in += 1;
-        Ok(Some(GateEvent::Record { value, channel }))
+            value = Some(decoded);
+            Ok(())
+        })?;
+        Ok(value.map(|value| GateEvent::Record { value, channel }))
     }
 
     /// A frame of `channel` other than a partial one: what it yields, if anything.

@@ -339,6 +339,68 @@ impl ResultPartition {
         Ok(true)
     }
 
+    /// The batch form of [`try_encode`](Self::try_encode): encodes `records` one after
+    /// another straight into `dest`'s current buffer while each fits in the room left,
+    /// committing them and counting their bytes once for the run. Returns how many were
+    /// written (0 as `try_encode`'s `false`: the first did not fit, or there is no
+    /// buffer); the record after the last written one goes the spanning way. A buffer
+    /// filled exactly is published and ended, as `try_encode` does.
+    #[inline]
+    pub(crate) fn try_encode_run<'a, T: Codec + 'a>(
+        &mut self,
+        dest: Dest,
+        records: impl Iterator<Item = &'a T>,
+        max_size: usize,
+        now_ns: u64,
+    ) -> Result<usize, ExchangeError> {
+        let has_builder = match dest {
+            Dest::One(sub) => self.subpartitions[sub].slot.builder.is_some(),
+            Dest::Shared => self.shared.builder.is_some(),
+        };
+        if !has_builder && !self.start(dest, false) {
+            return Ok(0);
+        }
+        let builder = match dest {
+            Dest::One(sub) => self.subpartitions[sub].slot.builder.as_mut(),
+            Dest::Shared => self.shared.builder.as_mut(),
+        }
+        .expect("started above");
+        let free = builder.free_mut();
+        let mut used = 0;
+        let mut written = 0;
+        for record in records {
+            let room = &mut free[used..];
+            if room.len() <= 4 {
+                break;
+            }
+            let (prefix, body) = room.split_at_mut(4);
+            let mut encoder = SliceEncoder::new(body);
+            record.encode(&mut encoder);
+            let Some(size) = encoder.finish() else {
+                break;
+            };
+            if size > max_size {
+                break;
+            }
+            prefix.copy_from_slice(&(size as u32).to_le_bytes());
+            used += 4 + size;
+            written += 1;
+        }
+        if written == 0 {
+            return Ok(0);
+        }
+        builder.commit(used);
+        let full = builder.is_full();
+        self.metrics.bytes_out += used as u64;
+        if self.unflushed_since_ns.is_none() {
+            self.unflushed_since_ns = Some(now_ns);
+        }
+        if full {
+            self.publish(dest, true)?;
+        }
+        Ok(written)
+    }
+
     /// Makes `dest`'s written bytes visible to its consumers and wakes them; with
     /// `finish`, also ends the buffer (the next write starts a new one).
     pub(crate) fn publish(&mut self, dest: Dest, finish: bool) -> Result<(), ExchangeError> {

@@ -31,7 +31,7 @@ use crate::checkpoint::elements::encode_elements;
 use crate::checkpoint::{Acks, AlignmentMode, KeyedState};
 use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
-use crate::exchange::{GateEvent, InputGate, RecordWriter};
+use crate::exchange::{GateEvent, GateRun, InputGate, RecordWriter};
 use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
 use super::keys::KeyHashCode;
@@ -48,12 +48,36 @@ pub(crate) const POLL_BATCH_MAX: usize = 256;
 pub(crate) trait Link<T> {
     /// Whether it takes another element now.
     fn accepts(&mut self) -> bool;
+    /// How many records the next run may hold (0 when it [`accepts`](Self::accepts)
+    /// nothing): an async operator its free capacity, so a run never overfills it;
+    /// other links take a whole run.
+    fn room(&mut self) -> usize {
+        if self.accepts() {
+            POLL_BATCH_MAX
+        } else {
+            0
+        }
+    }
     /// Takes an element (also when [`accepts`](Self::accepts) said no: it queues it).
     fn push(
         &mut self,
         element: StreamElement<T>,
         cx: &mut TaskContext<'_>,
     ) -> Result<(), TaskError>;
+    /// The batch form of [`push`](Self::push): takes every record of `run`, in order,
+    /// leaving it empty (its capacity stays with the caller). A run was admitted by one
+    /// [`accepts`](Self::accepts), as one element is; a link that cannot take all of it
+    /// queues the rest, as for `push`. The default pushes each record.
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        for record in run.drain(..) {
+            self.push(StreamElement::Record(record), cx)?;
+        }
+        Ok(())
+    }
     /// Moves queued work along; whether anything moved.
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError>;
     /// The input ended: whether this link and all after it are done (called again
@@ -151,6 +175,10 @@ macro_rules! forward_io {
         fn accepts(&mut self) -> bool {
             self.next.accepts()
         }
+        #[inline]
+        fn room(&mut self) -> usize {
+            self.next.room()
+        }
         fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
             self.next.poll(cx)
         }
@@ -190,6 +218,8 @@ macro_rules! forward_rest {
 pub(crate) struct MapLink<F, U> {
     pub(crate) f: F,
     pub(crate) next: Box<dyn Link<U>>,
+    /// The mapped run handed on (kept for its capacity).
+    pub(crate) run: Vec<Record<U>>,
 }
 
 impl<T, U, F: FnMut(T) -> U> Link<T> for MapLink<F, U> {
@@ -204,6 +234,20 @@ impl<T, U, F: FnMut(T) -> U> Link<T> for MapLink<F, U> {
             StreamElement::Watermark(w) => StreamElement::Watermark(w),
         };
         self.next.push(element, cx)
+    }
+
+    #[inline]
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        let f = &mut self.f;
+        self.run.extend(run.drain(..).map(|r| Record {
+            value: f(r.value),
+            timestamp: r.timestamp,
+        }));
+        self.next.push_run(&mut self.run, cx)
     }
     forward_rest!();
 }
@@ -227,12 +271,24 @@ impl<T, F: FnMut(&T) -> bool> Link<T> for FilterLink<F, T> {
         }
         self.next.push(element, cx)
     }
+
+    #[inline]
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        run.retain(|r| (self.f)(&r.value));
+        self.next.push_run(run, cx)
+    }
     forward_rest!();
 }
 
 pub(crate) struct FlatMapLink<F, U> {
     pub(crate) f: F,
     pub(crate) next: Box<dyn Link<U>>,
+    /// The run of outputs handed on (kept for its capacity).
+    pub(crate) run: Vec<Record<U>>,
 }
 
 impl<T, U, I: IntoIterator<Item = U>, F: FnMut(T) -> I> Link<T> for FlatMapLink<F, U> {
@@ -252,6 +308,22 @@ impl<T, U, I: IntoIterator<Item = U>, F: FnMut(T) -> I> Link<T> for FlatMapLink<
             StreamElement::Watermark(w) => self.next.push(StreamElement::Watermark(w), cx),
         }
     }
+
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        for r in run.drain(..) {
+            let timestamp = r.timestamp;
+            self.run.extend(
+                (self.f)(r.value)
+                    .into_iter()
+                    .map(|value| Record { value, timestamp }),
+            );
+        }
+        self.next.push_run(&mut self.run, cx)
+    }
     forward_rest!();
 }
 
@@ -268,6 +340,8 @@ pub(crate) struct AsyncLink<F: AsyncFunction> {
     pub(crate) stage: usize,
     /// Its section in the task's snapshot.
     pub(crate) position: u32,
+    /// Results handed on as a run (kept for its capacity).
+    run: Vec<Record<F::Out>>,
 }
 
 impl<F: AsyncFunction> AsyncLink<F> {
@@ -293,6 +367,7 @@ impl<F: AsyncFunction> AsyncLink<F> {
             in_flight_reported: 0,
             shared,
             stage,
+            run: Vec::new(),
         }
         .with_input(restored)
     }
@@ -316,12 +391,31 @@ impl<F: AsyncFunction> AsyncLink<F> {
         Ok(())
     }
 
+    /// Hands results on: the records at the front as one run (as many as the next link
+    /// has room for), a watermark on its own.
     fn move_out(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
         let mut moved = false;
-        while !self.output.is_empty() && self.next.accepts() {
-            if let Some(element) = self.output.pop_front() {
-                self.next.push(element, cx)?;
-                moved = true;
+        while !self.output.is_empty() {
+            let room = self.next.room();
+            if room == 0 {
+                break;
+            }
+            while self.run.len() < room {
+                match self.output.pop_front() {
+                    Some(StreamElement::Record(record)) => self.run.push(record),
+                    Some(watermark) => {
+                        self.output.push_front(watermark);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            moved = true;
+            if self.run.is_empty() {
+                let watermark = self.output.pop_front().expect("not empty");
+                self.next.push(watermark, cx)?;
+            } else {
+                self.next.push_run(&mut self.run, cx)?;
             }
         }
         Ok(moved)
@@ -344,6 +438,15 @@ where
     #[inline]
     fn accepts(&mut self) -> bool {
         self.input.is_empty() && !self.operator.is_full() && self.output.len() < POLL_BATCH_MAX
+    }
+
+    #[inline]
+    fn room(&mut self) -> usize {
+        if self.accepts() {
+            self.operator.free_capacity()
+        } else {
+            0
+        }
     }
 
     #[inline]
@@ -483,15 +586,22 @@ impl<T: Codec> WriterLink<T> {
         match element {
             StreamElement::Record(record) => {
                 self.writer.emit(record, now)?;
-                if let Some((partition, partitions)) = self.writer.selector().out_of_range {
-                    return Err(Box::new(GraphRunError::PartitionOutOfRange {
-                        stage: self.stage.clone(),
-                        partition,
-                        partitions,
-                    }));
-                }
+                self.check_partitions()?;
             }
             StreamElement::Watermark(w) => self.writer.emit_watermark(w.0, now)?,
+        }
+        Ok(())
+    }
+
+    /// A custom partitioner's choice out of range fails the job, naming the stage.
+    #[inline]
+    fn check_partitions(&self) -> Result<(), TaskError> {
+        if let Some((partition, partitions)) = self.writer.selector().out_of_range {
+            return Err(Box::new(GraphRunError::PartitionOutOfRange {
+                stage: self.stage.clone(),
+                partition,
+                partitions,
+            }));
         }
         Ok(())
     }
@@ -515,6 +625,27 @@ impl<T: Codec> Link<T> for WriterLink<T> {
             self.overflow.push_back(Out::Element(element));
             Ok(())
         }
+    }
+
+    #[inline]
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        let mut taken = 0;
+        if self.overflow.is_empty() && self.writer.is_available() {
+            taken = self.writer.emit_run(run, cx.now_ns)?;
+            self.check_partitions()?;
+        }
+        // What the pool could not take now waits, in order, behind the pending record.
+        self.overflow.extend(
+            run.drain(..)
+                .skip(taken)
+                .map(|r| Out::Element(StreamElement::Record(r))),
+        );
+        run.clear();
+        Ok(())
     }
 
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
@@ -620,6 +751,15 @@ impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
             StreamElement::Record(r) => self.sink.invoke(r.value, r.timestamp, cx.now_ns),
             StreamElement::Watermark(w) => self.sink.on_watermark(w.0),
         }
+    }
+
+    #[inline]
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<T>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        self.sink.invoke_batch(run.drain(..), cx.now_ns)
     }
 
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
@@ -750,13 +890,21 @@ pub(crate) enum Step<T> {
 
 /// An input gate of any record type, as a stage reads it.
 pub(crate) trait GateInput<T> {
-    fn next(&mut self, now_ns: u64) -> Result<Step<T>, TaskError>;
     /// The channel state of an unaligned checkpoint, once whole.
     fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)>;
     /// When an alignment in progress times out.
     fn alignment_deadline(&self) -> Option<u64>;
     /// See [`InputGate::in_pool_usage`].
     fn in_pool_usage(&self) -> f64;
+    /// The batch form of [`next`](Self::next): appends up to `max` records to `run`
+    /// (see [`InputGate::poll_run_at`]); what ended the run, if not `max` or the
+    /// buffer's end.
+    fn next_run(
+        &mut self,
+        now_ns: u64,
+        run: &mut Vec<Record<T>>,
+        max: usize,
+    ) -> Result<Option<Step<T>>, TaskError>;
 }
 
 impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
@@ -764,37 +912,43 @@ impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
         InputGate::in_pool_usage(self)
     }
 
+    fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)> {
+        InputGate::take_channel_state(self)
+    }
+
     #[inline]
-    fn next(&mut self, now_ns: u64) -> Result<Step<T>, TaskError> {
-        Ok(Step::Event(match self.poll_next_at(now_ns)? {
-            Some(GateEvent::Record { value, .. }) => {
-                SourceEvent::Record(value.value, value.timestamp)
-            }
-            Some(GateEvent::Watermark(w)) => SourceEvent::Watermark(w),
-            Some(GateEvent::End) => SourceEvent::End,
-            Some(GateEvent::Barrier {
-                id,
-                alignment,
-                unaligned,
-            }) => {
-                return Ok(Step::Barrier {
+    fn next_run(
+        &mut self,
+        now_ns: u64,
+        run: &mut Vec<Record<T>>,
+        max: usize,
+    ) -> Result<Option<Step<T>>, TaskError> {
+        Ok(match self.poll_run_at(now_ns, run, max)? {
+            Some(GateRun::Records { .. }) => None,
+            Some(GateRun::Event(event)) => Some(match event {
+                GateEvent::Record { value, .. } => {
+                    // Not yielded as an event; kept for the type's sake, in order.
+                    run.push(value);
+                    return Ok(None);
+                }
+                GateEvent::Watermark(w) => Step::Event(SourceEvent::Watermark(w)),
+                GateEvent::End => Step::Event(SourceEvent::End),
+                GateEvent::Barrier {
                     id,
                     alignment,
                     unaligned,
-                })
-            }
-            Some(GateEvent::CheckpointAborted { id, reason }) => {
-                return Ok(Step::Aborted {
+                } => Step::Barrier {
+                    id,
+                    alignment,
+                    unaligned,
+                },
+                GateEvent::CheckpointAborted { id, reason } => Step::Aborted {
                     id,
                     reason: *reason,
-                })
-            }
-            None => SourceEvent::Idle { until_ns: None },
-        }))
-    }
-
-    fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)> {
-        InputGate::take_channel_state(self)
+                },
+            }),
+            None => Some(Step::Event(SourceEvent::Idle { until_ns: None })),
+        })
     }
 
     fn alignment_deadline(&self) -> Option<u64> {
@@ -881,6 +1035,8 @@ pub(crate) struct StageTask<T> {
     source_io: Option<Box<dyn IoHandler>>,
     /// Live figures, when an exporter asked for them.
     metrics: Option<Arc<TaskMetrics>>,
+    /// The run of records being handed to the chain (kept for its capacity).
+    run: Vec<Record<T>>,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -906,6 +1062,7 @@ impl<T: 'static> StageTask<T> {
             checkpoint: None,
             source_io: None,
             metrics: None,
+            run: Vec::with_capacity(POLL_BATCH_MAX),
         }
     }
 
@@ -1143,14 +1300,32 @@ impl<T: 'static> StageTask<T> {
             let mut taken = 0;
             let mut records = 0;
             while taken < POLL_BATCH_MAX {
-                if !self.chain.accepts() {
+                // One look at the chain's room per run, not per record.
+                let room = self.chain.room().min(POLL_BATCH_MAX - taken);
+                if room == 0 {
                     self.blocked_since.get_or_insert(now);
                     break;
                 }
                 let step = match &mut self.input {
-                    StageInput::Source(_) if self.end_requested => Step::Event(SourceEvent::End),
-                    StageInput::Source(source) => Step::Event(source.poll_next(now)),
-                    StageInput::Gate(gate) => gate.next(now)?,
+                    StageInput::Source(_) if self.end_requested => {
+                        Some(Step::Event(SourceEvent::End))
+                    }
+                    StageInput::Source(source) => {
+                        source.poll_batch(now, &mut self.run, room).map(Step::Event)
+                    }
+                    StageInput::Gate(gate) => gate.next_run(now, &mut self.run, room)?,
+                };
+                if !self.run.is_empty() {
+                    if let Some(since) = self.blocked_since.take() {
+                        self.backpressured_ns += now.saturating_sub(since);
+                    }
+                    let count = self.run.len();
+                    records += count as u64;
+                    taken += count;
+                    self.chain.push_run(&mut self.run, cx)?;
+                }
+                let Some(step) = step else {
+                    continue;
                 };
                 let event = match step {
                     Step::Event(event) => event,

@@ -4,7 +4,7 @@
 //! The shape is Flink's DataStream API. A [`Graph`] holds the stages; a [`Stream`] is
 //! the output of the operators chained so far. `map`, `filter`, `flat_map` and
 //! `async_wait` chain onto the current stage: they run in the same task, on the same
-//! thread, one call per record, as Flink chains operators. An exchange (`forward`,
+//! thread, as Flink chains operators. An exchange (`forward`,
 //! `rebalance`, `rescale`, `key_by`, `broadcast`, `global`, `partition_custom`)
 //! ends the stage in a record writer and starts a new one behind an input gate; its
 //! records cross threads through the exchange's buffers (see
@@ -17,6 +17,23 @@
 //! operator forwards them (the async operator in order with its records, as Flink's),
 //! a gate emits the minimum over its channels, and a bounded source's end emits the
 //! final watermark `i64::MAX`.
+//!
+//! Records move in runs. A task takes its input a run at a time (up to 256 records
+//! per turn): a source fills a run ([`Source::poll_batch`](source::Source::poll_batch)),
+//! an input gate decodes the records lying whole in one buffer in one pass
+//! ([`InputGate::poll_run_at`](crate::exchange::InputGate::poll_run_at)), `map` and
+//! `filter` work through the run in a loop, a record writer selects the channels of the
+//! whole run and then encodes each stretch bound for one channel into its buffer with
+//! the buffer's bookkeeping once
+//! ([`RecordWriter::emit_run`](crate::exchange::RecordWriter::emit_run)), and a sink
+//! takes the run ([`Sink::invoke_batch`](sink::Sink::invoke_batch)). The semantics are
+//! the per-record ones: a watermark, barrier or end of input ends a run, so everything
+//! keeps its position; back-pressure is checked once per run, with an async operator's
+//! run never larger than its free capacity. Which form to write: the per-record
+//! methods (`Source::poll_next`, `Sink::invoke`) are what a source or sink must have,
+//! and the batch forms default to calling them; implement the batch form too when the
+//! work has a cheaper way for many records at once (a fetched batch handed over in
+//! one go, one request or one buffer append for a run).
 //!
 //! Nothing starts before the whole graph is checked: [`Graph::plan`] and
 //! [`Graph::execute`] refuse a graph that cannot run with a [`GraphError`] naming the
@@ -1572,7 +1589,11 @@ impl<'g, T: 'static> Stream<'g, T> {
         F: FnMut(T) -> U + Clone + Send + Sync + 'static,
     {
         self.chain("map", move |_, _, next| {
-            Ok(Box::new(MapLink { f: f.clone(), next }))
+            Ok(Box::new(MapLink {
+                f: f.clone(),
+                next,
+                run: Vec::new(),
+            }))
         })
     }
 
@@ -1593,7 +1614,11 @@ impl<'g, T: 'static> Stream<'g, T> {
         F: FnMut(T) -> I + Clone + Send + Sync + 'static,
     {
         self.chain("flat_map", move |_, _, next| {
-            Ok(Box::new(FlatMapLink { f: f.clone(), next }))
+            Ok(Box::new(FlatMapLink {
+                f: f.clone(),
+                next,
+                run: Vec::new(),
+            }))
         })
     }
 

@@ -14,6 +14,7 @@
 //! yield the same items each time it is made). A source that cannot be replayed makes
 //! every checkpoint of its job fail, saying so.
 
+use crate::element::Record;
 use crate::exchange::codec::Codec;
 use crate::runtime::TaskError;
 
@@ -56,6 +57,29 @@ pub trait Source<T>: 'static {
     /// The next event; `now_ns` is the run's clock (nanoseconds since it started,
     /// shared by all workers).
     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<T>;
+
+    /// The batch form of [`poll_next`](Self::poll_next): appends up to `max` records
+    /// to `run` and returns the event that ended the batch, or `None` when it ended
+    /// because `max` records were appended (the event is never
+    /// [`SourceEvent::Record`]; the records before it come first). The task calls this
+    /// form, with `max` at most the room its chain has. The default polls
+    /// [`poll_next`](Self::poll_next) until it gives something else than a record; a
+    /// source that has its records in bulk (a fetched batch, a generator) fills the run
+    /// in a loop of its own.
+    fn poll_batch(
+        &mut self,
+        now_ns: u64,
+        run: &mut Vec<Record<T>>,
+        max: usize,
+    ) -> Option<SourceEvent<T>> {
+        for _ in 0..max {
+            match self.poll_next(now_ns) {
+                SourceEvent::Record(value, timestamp) => run.push(Record { value, timestamp }),
+                event => return Some(event),
+            }
+        }
+        None
+    }
 
     /// Its position at a checkpoint barrier: everything it emitted so far is before
     /// it. `None` (the default): it cannot be replayed, and no checkpoint can hold it.
@@ -188,6 +212,48 @@ impl<T, F: FnMut(u64) -> T + 'static> Source<T> for Generator<F> {
         self.next += self.step;
         self.made += 1;
         SourceEvent::Record((self.make)(n), None)
+    }
+
+    /// Makes every record due (all that are left, unpaced), up to `max`, in one loop.
+    fn poll_batch(
+        &mut self,
+        now_ns: u64,
+        run: &mut Vec<Record<T>>,
+        max: usize,
+    ) -> Option<SourceEvent<T>> {
+        let left = if self.next >= self.count {
+            0
+        } else {
+            (self.count - self.next - 1) / self.step + 1
+        };
+        let mut take = left.min(max as u64);
+        if let Some(interval) = self.interval_ns {
+            let start = *self.start_ns.get_or_insert(now_ns);
+            // Record `made + i` is due at `start + (made + i) × interval`.
+            let due = now_ns.saturating_sub(start) / interval + 1;
+            take = take.min(due.saturating_sub(self.made));
+        }
+        run.reserve(take as usize);
+        for _ in 0..take {
+            let n = self.next;
+            self.next += self.step;
+            run.push(Record {
+                value: (self.make)(n),
+                timestamp: None,
+            });
+        }
+        self.made += take;
+        if take as usize == max {
+            return None;
+        }
+        // Ended, or the next one is not due yet: say which.
+        match self.poll_next(now_ns) {
+            SourceEvent::Record(value, timestamp) => {
+                run.push(Record { value, timestamp });
+                None
+            }
+            event => Some(event),
+        }
     }
 
     fn snapshot_state(&mut self) -> Option<Vec<u8>> {
