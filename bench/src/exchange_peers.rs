@@ -238,10 +238,7 @@ fn weir_exchange_by<const N: usize>(
                         count += 1;
                         backoff.reset();
                     }
-                    Some(GateEvent::End) => {
-                        drop(take);
-                        return (count, latency, Instant::now());
-                    }
+                    Some(GateEvent::End) => return (count, latency, Instant::now()),
                     Some(
                         GateEvent::Watermark(_)
                         | GateEvent::Barrier { .. }
