@@ -256,15 +256,26 @@ impl Exchange {
         }
     }
 
-    /// Waits (letting the readers run) until writer `w` may write; fails on a deadlock.
+    /// Waits until writer `w` may write, letting the readers run and the other writers
+    /// finish what they have pending (each is a task of its own); fails on a deadlock.
     fn ready(&mut self, w: usize) {
         for _ in 0..10_000 {
             if self.writers[w].poll_ready(0).unwrap() {
                 return;
             }
+            self.others(w);
             self.drain();
         }
         panic!("writer {w} cannot go on after its readers read everything");
+    }
+
+    /// Moves the other writers' pending writes on, as their tasks would.
+    fn others(&mut self, w: usize) {
+        for (other, writer) in self.writers.iter_mut().enumerate() {
+            if other != w && writer.has_pending() {
+                writer.poll_pending(0).unwrap();
+            }
+        }
     }
 
     /// Waits until writer `w` has nothing pending.
@@ -273,6 +284,7 @@ impl Exchange {
             if self.writers[w].poll_pending(0).unwrap() {
                 return;
             }
+            self.others(w);
             self.drain();
         }
         panic!("writer {w}'s pending write never completes");
