@@ -19,14 +19,14 @@
 //! final watermark `i64::MAX`.
 //!
 //! Records move in runs. A task takes its input a run at a time (up to 256 records
-//! per turn): a source fills a run ([`Source::poll_batch`](source::Source::poll_batch)),
+//! per turn): a source fills a run ([`Source::poll_batch`]),
 //! an input gate decodes the records lying whole in one buffer in one pass
 //! ([`InputGate::poll_run_at`](crate::exchange::InputGate::poll_run_at)), `map` and
 //! `filter` work through the run in a loop, a record writer selects the channels of the
 //! whole run and then encodes each stretch bound for one channel into its buffer with
 //! the buffer's bookkeeping once
 //! ([`RecordWriter::emit_run`](crate::exchange::RecordWriter::emit_run)), and a sink
-//! takes the run ([`Sink::invoke_batch`](sink::Sink::invoke_batch)). The semantics are
+//! takes the run ([`Sink::invoke_batch`]). The semantics are
 //! the per-record ones: a watermark, barrier or end of input ends a run, so everything
 //! keeps its position; back-pressure is checked once per run, with an async operator's
 //! run never larger than its free capacity. Which form to write: the per-record
