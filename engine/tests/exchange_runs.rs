@@ -17,43 +17,15 @@
 
 use proptest::prelude::*;
 use weir_engine::checkpoint::AlignmentMode;
-use weir_engine::exchange::codec::{Codec, DecodeError, Decoder, Encoder};
 use weir_engine::exchange::{
-    local_channel, ChannelSelector, GateEvent, GateRun, InputChannel, InputGate, LocalBufferPool,
-    LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, Target, WriterConfig,
+    local_channel, GateEvent, GateRun, InputChannel, InputGate, LocalBufferPool, LocalPoolConfig,
+    NetworkBufferPool, RecordWriter, ResultPartition, WriterConfig,
 };
 
-/// A record aimed at one subpartition, with a payload of its own length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Rec {
-    target: u32,
-    seq: u64,
-    payload: Vec<u8>,
-}
+#[path = "support/records.rs"]
+mod records;
 
-impl Codec for Rec {
-    fn encode<E: Encoder + ?Sized>(&self, out: &mut E) {
-        self.target.encode(out);
-        self.seq.encode(out);
-        self.payload.encode(out);
-    }
-    fn decode<D: Decoder + ?Sized>(input: &mut D) -> Result<Self, DecodeError> {
-        Ok(Rec {
-            target: u32::decode(input)?,
-            seq: u64::decode(input)?,
-            payload: Vec::decode(input)?,
-        })
-    }
-}
-
-/// Routes each record to the subpartition it names.
-struct ByTarget;
-
-impl ChannelSelector<Rec> for ByTarget {
-    fn select(&mut self, record: &Rec, subpartitions: usize) -> Target {
-        Target::One(record.target as usize % subpartitions)
-    }
-}
+use records::{ByTarget, Rec};
 
 /// One step of the writers' script.
 #[derive(Debug, Clone)]

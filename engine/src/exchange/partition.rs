@@ -301,42 +301,7 @@ impl ResultPartition {
         max_size: usize,
         now_ns: u64,
     ) -> Result<bool, ExchangeError> {
-        let has_builder = match dest {
-            Dest::One(sub) => self.subpartitions[sub].slot.builder.is_some(),
-            Dest::Shared => self.shared.builder.is_some(),
-        };
-        if !has_builder && !self.start(dest, false) {
-            return Ok(false);
-        }
-        let builder = match dest {
-            Dest::One(sub) => self.subpartitions[sub].slot.builder.as_mut(),
-            Dest::Shared => self.shared.builder.as_mut(),
-        }
-        .expect("started above");
-        let free = builder.free_mut();
-        if free.len() <= 4 {
-            return Ok(false);
-        }
-        let (prefix, body) = free.split_at_mut(4);
-        let mut encoder = SliceEncoder::new(body);
-        record.encode(&mut encoder);
-        let Some(size) = encoder.finish() else {
-            return Ok(false);
-        };
-        if size > max_size {
-            return Ok(false);
-        }
-        prefix.copy_from_slice(&(size as u32).to_le_bytes());
-        builder.commit(4 + size);
-        let full = builder.is_full();
-        self.metrics.bytes_out += 4 + size as u64;
-        if self.unflushed_since_ns.is_none() {
-            self.unflushed_since_ns = Some(now_ns);
-        }
-        if full {
-            self.publish(dest, true)?;
-        }
-        Ok(true)
+        Ok(self.try_encode_run(dest, std::iter::once(record), max_size, now_ns)? == 1)
     }
 
     /// The batch form of [`try_encode`](Self::try_encode): encodes `records` one after

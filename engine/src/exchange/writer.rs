@@ -313,17 +313,7 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         self.ready_to_write()?;
         let subpartitions = self.partition.subpartitions();
         let target = self.selector.select(record, subpartitions);
-        let dest = match target {
-            Target::One(sub) => {
-                assert!(
-                    sub < subpartitions,
-                    "selector chose subpartition {sub} of {subpartitions}"
-                );
-                Some(Dest::One(sub))
-            }
-            Target::All if self.broadcast => Some(Dest::Shared),
-            Target::All => None,
-        };
+        let dest = self.dest_of(target, subpartitions);
         // Fast path: the record fits in the current buffer; encode it there directly.
         if let Some(dest) = dest {
             if self
@@ -385,17 +375,7 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         let mut at = 0;
         while at < records.len() {
             let target = targets[at];
-            let dest = match target {
-                Target::One(sub) => {
-                    assert!(
-                        sub < subpartitions,
-                        "selector chose subpartition {sub} of {subpartitions}"
-                    );
-                    Some(Dest::One(sub))
-                }
-                Target::All if self.broadcast => Some(Dest::Shared),
-                Target::All => None,
-            };
+            let dest = self.dest_of(target, subpartitions);
             if let Some(dest) = dest {
                 let stretch = targets[at..].iter().take_while(|t| **t == target).count();
                 let written = self.partition.try_encode_run(
@@ -419,6 +399,23 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             }
         }
         Ok(at)
+    }
+
+    /// The buffer a record for `target` is encoded into directly; `None` for a record
+    /// that goes to every subpartition one by one (not a broadcast selector's).
+    #[inline]
+    fn dest_of(&self, target: Target, subpartitions: usize) -> Option<Dest> {
+        match target {
+            Target::One(sub) => {
+                assert!(
+                    sub < subpartitions,
+                    "selector chose subpartition {sub} of {subpartitions}"
+                );
+                Some(Dest::One(sub))
+            }
+            Target::All if self.broadcast => Some(Dest::Shared),
+            Target::All => None,
+        }
     }
 
     /// Serializes `record` into the scratch buffer and writes it across buffers.
