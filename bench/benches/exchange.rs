@@ -1,6 +1,7 @@
 //! Criterion curves for the local data exchange: time per record through record writer
 //! → local channel → input gate on two pinned cores, over record size (8, 100, 1000
-//! bytes: one chart, `exchange/1to1`), once per record and in runs of 256, with a
+//! bytes: one chart, `exchange/1to1`), once per record, in runs of 256 and in runs read
+//! in place, with a
 //! `crossbeam_channel` of the same records (one per message, and a `Vec` of 32 KiB per
 //! message) and an `rtrb` ring of records beside it, the cross-core ceiling (the values
 //! in recycled 32 KiB batches, no framework), and three references for the wire format's
@@ -19,12 +20,13 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use weir_bench::compare::{
     CROSSBEAM_BATCHED, CROSSBEAM_PER_RECORD, CROSS_CORE_CEILING, RTRB_PER_RECORD,
-    WEIR_EXCHANGE_RUNS, WIRE_COPY_REFERENCE, WIRE_CROSS_CORE_REFERENCE, WIRE_DECODE_REFERENCE,
+    WEIR_EXCHANGE_IN_PLACE, WEIR_EXCHANGE_RUNS, WIRE_COPY_REFERENCE, WIRE_CROSS_CORE_REFERENCE,
+    WIRE_DECODE_REFERENCE,
 };
 use weir_bench::exchange_peers::{
     cross_core_ceiling, crossbeam_channel, crossbeam_channel_batched, rtrb_per_record,
-    weir_exchange, weir_exchange_runs, wire_copy_reference, wire_cross_core_reference,
-    wire_decode_reference, Routing,
+    weir_exchange, weir_exchange_in_place, weir_exchange_runs, wire_copy_reference,
+    wire_cross_core_reference, wire_decode_reference, Routing,
 };
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_millis(100));
@@ -41,6 +43,12 @@ fn record_size(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(WEIR_EXCHANGE_RUNS, $n), &$n, |b, _| {
                 b.iter_custom(|n| {
                     weir_exchange_runs::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1)).elapsed
+                })
+            });
+            group.bench_with_input(BenchmarkId::new(WEIR_EXCHANGE_IN_PLACE, $n), &$n, |b, _| {
+                b.iter_custom(|n| {
+                    weir_exchange_in_place::<$n>(1, 1, Routing::RoundRobin, TIMEOUT, n.max(1))
+                        .elapsed
                 })
             });
             group.bench_with_input(BenchmarkId::new(CROSSBEAM_PER_RECORD, $n), &$n, |b, _| {

@@ -517,6 +517,8 @@ pub const TOKIO_TIMER_UNORDERED: &str = "tokio buffer_unordered + sleep (1 ms ti
 
 /// Weir's exchange on its batch paths (`emit_run`, `poll_run`), runs of 256 records.
 pub const WEIR_EXCHANGE_RUNS: &str = "weir exchange, runs";
+/// The same, the consumer reading each record in place (`poll_run_in_place`).
+pub const WEIR_EXCHANGE_IN_PLACE: &str = "weir exchange, runs read in place";
 
 /// The exchange experiments: records/s and latency through writer → channel → gate,
 /// 1→1 against peers that pass the records by value (a crossbeam channel, one record
@@ -545,6 +547,21 @@ pub fn exchange_cases(scale: f64) -> Vec<Case> {
                 ops,
                 Arc::new(move |n| {
                     exchange_peers::weir_exchange_runs::<$n>(1, 1, Routing::RoundRobin, timeout, n)
+                }),
+                None,
+            ));
+            cases.push(workload(
+                $experiment,
+                WEIR_EXCHANGE_IN_PLACE,
+                ops,
+                Arc::new(move |n| {
+                    exchange_peers::weir_exchange_in_place::<$n>(
+                        1,
+                        1,
+                        Routing::RoundRobin,
+                        timeout,
+                        n,
+                    )
                 }),
                 None,
             ));

@@ -47,8 +47,8 @@ use hdrhistogram::Histogram;
 use weir_engine::exchange::codec::{Codec, FixedBytes, SliceEncoder};
 use weir_engine::exchange::{
     local_channel, ChannelSelector, GateEvent, GateRun, HashModulo, InputChannel, InputGate,
-    LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordWriter, ResultPartition, RoundRobin,
-    Target, WriterConfig,
+    LocalBufferPool, LocalPoolConfig, NetworkBufferPool, RecordRef, RecordWriter, ResultPartition,
+    RoundRobin, Target, WriterConfig,
 };
 use weir_engine::limits::SEGMENT_SIZE_DEFAULT;
 
@@ -151,6 +151,21 @@ pub fn weir_exchange_runs<const N: usize>(
     weir_exchange_by::<N>(Path::Runs, producers, consumers, routing, timeout, n)
 }
 
+/// [`weir_exchange_runs`] with the consumer reading in place
+/// ([`InputGate::poll_run_in_place`]): each record's sequence number and creation time
+/// are read from its bytes in the segment (a record that spans segments comes decoded),
+/// so a record is copied once, into the segment, as the cross-core ceiling copies it
+/// once, into its batch.
+pub fn weir_exchange_in_place<const N: usize>(
+    producers: usize,
+    consumers: usize,
+    routing: Routing,
+    timeout: Option<Duration>,
+    n: u64,
+) -> Measurement {
+    weir_exchange_by::<N>(Path::InPlace, producers, consumers, routing, timeout, n)
+}
+
 /// How records pass the writer and the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -158,6 +173,8 @@ pub enum Path {
     PerRecord,
     /// [`RecordWriter::emit_run`] and [`InputGate::poll_run`].
     Runs,
+    /// [`RecordWriter::emit_run`] and [`InputGate::poll_run_in_place`].
+    InPlace,
 }
 
 fn weir_exchange_by<const N: usize>(
@@ -200,13 +217,17 @@ fn weir_exchange_by<const N: usize>(
             let mut count = 0u64;
             let mut backoff = Backoff::default();
             let mut run = Vec::with_capacity(CLOCK_EVERY as usize);
-            let mut take = |value: &FixedBytes<N>, channel: usize| {
-                let seq = seq_of(value);
+            // A record's checks, on its bytes (`FixedBytes` is encoded as it is), so the
+            // in-place path reads them where they lie.
+            let mut take = |bytes: &[u8; N], channel: usize| {
+                let value =
+                    |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+                let seq = value(0);
                 assert!(last_seq[channel].is_none_or(|l| l < seq), "out of order");
                 last_seq[channel] = Some(seq);
-                if let Some(created) = created_of(value) {
+                if N >= 16 && value(8) != 0 {
                     let now = epoch.elapsed().as_nanos() as u64;
-                    latency.saturating_record(now.saturating_sub(created).max(1));
+                    latency.saturating_record(now.saturating_sub(value(8)).max(1));
                 }
             };
             start_gate.wait();
@@ -222,8 +243,25 @@ fn weir_exchange_by<const N: usize>(
                             count: taken,
                         }) => {
                             for value in run.drain(..) {
-                                take(&value, channel);
+                                take(&value.0, channel);
                             }
+                            count += taken as u64;
+                            backoff.reset();
+                            continue;
+                        }
+                        Some(GateRun::Event(event)) => Some(event),
+                        None => None,
+                    },
+                    Path::InPlace => match gate
+                        .poll_run_in_place(CLOCK_EVERY as usize, |channel, record| match record {
+                            RecordRef::Bytes(bytes) => {
+                                take(bytes.try_into().expect("an N-byte record"), channel)
+                            }
+                            RecordRef::Value(value) => take(&value.0, channel),
+                        })
+                        .expect("exchange error")
+                    {
+                        Some(GateRun::Records { count: taken, .. }) => {
                             count += taken as u64;
                             backoff.reset();
                             continue;
@@ -234,7 +272,7 @@ fn weir_exchange_by<const N: usize>(
                 };
                 match next {
                     Some(GateEvent::Record { value, channel }) => {
-                        take(&value, channel);
+                        take(&value.0, channel);
                         count += 1;
                         backoff.reset();
                     }
@@ -282,7 +320,7 @@ fn weir_exchange_by<const N: usize>(
                         writer.emit(&value, clock.now_ns).expect("emit");
                     }
                 }
-                Path::Runs => {
+                Path::Runs | Path::InPlace => {
                     let mut seq = 0;
                     while seq < per_producer {
                         clock.read();

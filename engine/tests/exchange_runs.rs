@@ -1,7 +1,8 @@
 //! The batch paths of the exchange give exactly what the per-record paths give.
 //!
 //! [`RecordWriter::emit_run`] must write, byte for byte, what [`RecordWriter::emit`]
-//! writes for the same records, and [`InputGate::poll_run`] must yield the records,
+//! writes for the same records, and [`InputGate::poll_run`] (and its in-place form,
+//! [`InputGate::poll_run_in_place`]) must yield the records,
 //! watermarks, barriers, channel state and end that [`InputGate::poll_next`] yields,
 //! at the same positions. For random writers, fan-outs, segment sizes (records of up to
 //! several segments), record sizes, run boundaries, run lengths at the reader, event
@@ -118,7 +119,9 @@ struct Exchange {
     seen: Vec<Vec<Seen>>,
     states: Vec<Vec<(u64, Vec<u8>)>>,
     ended: Vec<bool>,
+    /// Writes in runs and reads in runs (of owned values, or in place).
     runs: bool,
+    in_place: bool,
     reads: Vec<usize>,
     read_turn: usize,
     scratch: Vec<Rec>,
@@ -126,7 +129,7 @@ struct Exchange {
 
 impl Exchange {
     /// `segments` per writer's pool.
-    fn new(case: &Case, segments: usize, runs: bool) -> Self {
+    fn new(case: &Case, segments: usize, read: Read) -> Self {
         let network =
             NetworkBufferPool::new(case.writers * (segments + 2), case.segment_size).unwrap();
         let mut inputs: Vec<Vec<Box<dyn InputChannel>>> =
@@ -169,7 +172,8 @@ impl Exchange {
             seen: vec![Vec::new(); case.fan_out],
             states: vec![Vec::new(); case.fan_out],
             ended: vec![false; case.fan_out],
-            runs,
+            runs: read != Read::Single,
+            in_place: read == Read::InPlace,
             reads: case.reads.clone(),
             read_turn: 0,
             scratch: Vec::new(),
@@ -184,7 +188,15 @@ impl Exchange {
                 let event = if self.runs {
                     let max = self.reads[self.read_turn % self.reads.len()];
                     self.read_turn += 1;
-                    match gate.poll_run(&mut self.scratch, max).unwrap() {
+                    let polled = if self.in_place {
+                        let scratch = &mut self.scratch;
+                        gate.poll_run_in_place(max, |_, record| {
+                            scratch.push(record.decode().expect("a whole record"))
+                        })
+                    } else {
+                        gate.poll_run(&mut self.scratch, max)
+                    };
+                    match polled.unwrap() {
                         None => None,
                         Some(GateRun::Records { channel, count }) => {
                             assert!(count >= 1 && count <= max.max(1), "run of {count}");
@@ -318,6 +330,17 @@ impl Exchange {
     }
 }
 
+/// How the readers read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// `poll_next`, writers `emit`.
+    Single,
+    /// `poll_run`, writers `emit_run`.
+    Runs,
+    /// `poll_run_in_place`, writers `emit_run`.
+    InPlace,
+}
+
 /// Segments enough that no writer ever waits.
 fn plenty(case: &Case) -> usize {
     let bytes: usize = case
@@ -351,14 +374,22 @@ proptest! {
     #[test]
     fn runs_write_and_read_exactly_what_single_records_do(case in case()) {
         let segments = plenty(&case);
-        let mut single = Exchange::new(&case, segments, false);
-        let mut runs = Exchange::new(&case, segments, true);
-        // Everything written first, then read: identical buffers, identical reads.
+        let mut single = Exchange::new(&case, segments, Read::Single);
         single.play(&case.steps);
-        runs.play(&case.steps);
-        for g in 0..case.fan_out {
-            prop_assert_eq!(&single.seen[g], &runs.seen[g], "gate {}", g);
-            prop_assert_eq!(&single.states[g], &runs.states[g], "gate {}'s channel state", g);
+        for read in [Read::Runs, Read::InPlace] {
+            let mut runs = Exchange::new(&case, segments, read);
+            // Everything written first, then read: identical buffers, identical reads.
+            runs.play(&case.steps);
+            for g in 0..case.fan_out {
+                prop_assert_eq!(&single.seen[g], &runs.seen[g], "{:?}: gate {}", read, g);
+                prop_assert_eq!(
+                    &single.states[g],
+                    &runs.states[g],
+                    "{:?}: gate {}'s channel state",
+                    read,
+                    g
+                );
+            }
         }
     }
 
@@ -366,8 +397,8 @@ proptest! {
     fn runs_under_back_pressure_lose_nothing_and_keep_each_channel_s_order(case in case()) {
         // A pool of a segment per subpartition and two more: writers wait often.
         let segments = case.fan_out + 2;
-        let mut single = Exchange::new(&case, segments, false);
-        let mut runs = Exchange::new(&case, segments, true);
+        let mut single = Exchange::new(&case, segments, Read::Single);
+        let mut runs = Exchange::new(&case, segments, Read::InPlace);
         single.play(&case.steps);
         runs.play(&case.steps);
         for g in 0..case.fan_out {

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{little_limit, load_runs, main_job_files, read, rows, Row};
-use crate::compare::{WEIR_EXCHANGE_RUNS, WIRE_CROSS_CORE_REFERENCE};
+use crate::compare::{WEIR_EXCHANGE_IN_PLACE, WEIR_EXCHANGE_RUNS, WIRE_CROSS_CORE_REFERENCE};
 
 /// The Weir row of `experiment` whose implementation starts with `weir`, and the peer
 /// row that starts with `peer`.
@@ -316,25 +316,18 @@ pub fn section(md: &mut String, data: &Path) {
             let mut met = true;
             for size in [100, 1000] {
                 let experiment = experiment(size);
-                if let (Some((runs, crossbeam)), Some((single, _))) = (
-                    pair(
-                        &rows,
-                        &experiment,
-                        WEIR_EXCHANGE_RUNS,
-                        "crossbeam_channel, Vec of 32 KiB",
-                    ),
-                    pair(
-                        &rows,
-                        &experiment,
-                        "weir exchange",
-                        "crossbeam_channel, Vec of 32 KiB",
-                    ),
+                let crossbeam = "crossbeam_channel, Vec of 32 KiB";
+                if let (Some((runs, peer)), Some((in_place, _)), Some((single, _))) = (
+                    pair(&rows, &experiment, WEIR_EXCHANGE_RUNS, crossbeam),
+                    pair(&rows, &experiment, WEIR_EXCHANGE_IN_PLACE, crossbeam),
+                    pair(&rows, &experiment, "weir exchange", crossbeam),
                 ) {
-                    let ratio = crossbeam.median_ns / runs.median_ns;
+                    let best = runs.median_ns.min(in_place.median_ns);
+                    let ratio = peer.median_ns / best;
                     met &= ratio >= 1.0;
                     figures.push(format!(
-                        "{size} B: {ratio:.2}× ({:.1} vs {:.1} ns; per record {:.1} ns)",
-                        runs.median_ns, crossbeam.median_ns, single.median_ns
+                        "{size} B: {ratio:.2}× ({best:.1} vs {:.1} ns; runs {:.1}, read in place {:.1}, per record {:.1} ns)",
+                        peer.median_ns, runs.median_ns, in_place.median_ns, single.median_ns
                     ));
                 }
             }
@@ -374,7 +367,13 @@ pub fn section(md: &mut String, data: &Path) {
                     bound: "What is left above the reference is the exchange's own work per run and per buffer (the run's channel selection, a buffer's publication and recycling through the pool, the gate's turn over its channels) and the reader's checks of each record, which the reference does not make.".into(),
                 });
             }
-            if let (Some((runs, ceiling)), Some((single, _))) = (
+            if let (Some((in_place, ceiling)), Some((runs, _)), Some((single, _))) = (
+                pair(
+                    &rows,
+                    &experiment(1000),
+                    WEIR_EXCHANGE_IN_PLACE,
+                    "cross-core ceiling",
+                ),
                 pair(
                     &rows,
                     &experiment(1000),
@@ -388,16 +387,16 @@ pub fn section(md: &mut String, data: &Path) {
                     "cross-core ceiling",
                 ),
             ) {
-                let share = ceiling.median_ns / runs.median_ns;
+                let share = ceiling.median_ns / in_place.median_ns;
                 targets.push(Target {
-                    figure: "local exchange in runs at 1000 B vs the cross-core copy ceiling"
-                        .into(),
+                    figure: "local exchange at 1000 B, runs read in place, vs the cross-core copy ceiling".into(),
                     target: "≥ 70%",
                     measured: format!(
-                        "{:.0}% ({:.1} vs {:.1} ns; per record {:.0}%)",
+                        "{:.0}% ({:.1} vs {:.1} ns; runs decoded {:.0}%, per record {:.0}%)",
                         share * 100.0,
-                        runs.median_ns,
+                        in_place.median_ns,
                         ceiling.median_ns,
+                        ceiling.median_ns / runs.median_ns * 100.0,
                         ceiling.median_ns / single.median_ns * 100.0
                     ),
                     met: Some(share >= 0.7),
@@ -532,12 +531,12 @@ fn wire_bound(rows: &[Row]) -> String {
         .map(|r| r.median_ns);
     let at_1000 = match (at(1000), ceiling) {
         (Some((reference, _)), Some(ceiling)) if reference > ceiling / 0.7 => format!(
-            "At 1000 B those copies alone, the wire-format reference{}, take longer than 70% of the ceiling allows ({:.1} ns): a serialising exchange cannot reach it, and records read in place from the segment (views, not copies; not built yet) is the next step.",
+            "At 1000 B those copies alone, the wire-format reference{}, take longer than 70% of the ceiling allows ({:.1} ns): a serialising exchange cannot reach it, and records read in place from the segment drop the second copy (the in-place row).",
             figures(1000),
             ceiling / 0.7
         ),
         (Some(_), Some(ceiling)) => format!(
-            "At 1000 B those copies alone, the wire-format reference{}, fit within 70% of the ceiling ({:.1} ns) in this run, so the rest is the exchange's own path; records read in place from the segment (views, not copies; not built yet) would also drop the second copy.",
+            "At 1000 B those copies alone, the wire-format reference{}, fit within 70% of the ceiling ({:.1} ns) in this run, so the rest is the exchange's own path; records read in place from the segment drop the second copy (the in-place row).",
             figures(1000),
             ceiling / 0.7
         ),

@@ -103,6 +103,36 @@ pub enum GateRun<T> {
     Event(GateEvent<T>),
 }
 
+/// A record as [`InputGate::poll_run_in_place_at`] hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordRef<'a, T> {
+    /// The record's encoding (without its length prefix) where it lies in the
+    /// channel's buffer: read it in place, with no copy; the buffer is recycled once the
+    /// run is done. The bytes are not decoded by the gate: [`decode`](Self::decode)
+    /// checks them as [`InputGate::poll_next`] does.
+    Bytes(&'a [u8]),
+    /// A record that spanned buffers (or was taken out of its channel ahead of its
+    /// turn), decoded.
+    Value(T),
+}
+
+impl<T: Codec> RecordRef<'_, T> {
+    /// The record as a value: decoded from the bytes (an error if they are not a whole
+    /// `T`), or the value itself.
+    pub fn decode(self) -> Result<T, crate::exchange::codec::DecodeError> {
+        match self {
+            RecordRef::Bytes(mut bytes) => {
+                let value = T::decode(&mut bytes)?;
+                if !bytes.is_empty() {
+                    return Err(crate::exchange::codec::DecodeError::Trailing(bytes.len()));
+                }
+                Ok(value)
+            }
+            RecordRef::Value(value) => Ok(value),
+        }
+    }
+}
+
 /// Counters of a gate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GateMetrics {
@@ -389,6 +419,55 @@ impl<T: Codec> InputGate<T> {
         }
         self.after_poll(now_ns, next.is_some());
         Ok(next)
+    }
+
+    /// [`poll_run_at`](Self::poll_run_at) reading in place: each record of the run goes
+    /// to `each` with its channel, as its bytes where they lie in the buffer
+    /// ([`RecordRef::Bytes`]: no decode, no copy; a 1000-byte record is copied once on
+    /// its way, into the segment) or, for a record that spanned buffers or was taken
+    /// ahead of its turn, decoded ([`RecordRef::Value`]). Runs, events and their order
+    /// are those of [`poll_run_at`](Self::poll_run_at); the count in
+    /// [`GateRun::Records`] is the records handed to `each`.
+    pub fn poll_run_in_place_at(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        mut each: impl FnMut(usize, RecordRef<'_, T>),
+    ) -> Result<Option<GateRun<T>>, ExchangeError> {
+        self.before_poll(now_ns, true)?;
+        let mut next = self.poll_run_in_place(max, &mut each)?;
+        if next.is_none() && !self.draining.is_empty() && self.take_announcements()? {
+            next = self.poll_run_in_place(max, &mut each)?;
+        }
+        self.after_poll(now_ns, next.is_some());
+        Ok(next)
+    }
+
+    /// [`poll_run_in_place_at`](Self::poll_run_in_place_at) without the clock's
+    /// bookkeeping.
+    pub fn poll_run_in_place(
+        &mut self,
+        max: usize,
+        mut each: impl FnMut(usize, RecordRef<'_, T>),
+    ) -> Result<Option<GateRun<T>>, ExchangeError> {
+        if self.drained.is_empty() && self.events.is_empty() {
+            let channel = self.cursor;
+            let count = self.run_in_buffer(max.max(1), |bytes| {
+                each(channel, RecordRef::Bytes(bytes));
+                Ok(())
+            })?;
+            if count > 0 {
+                return Ok(Some(GateRun::Records { channel, count }));
+            }
+        }
+        Ok(match self.poll_next()? {
+            None => None,
+            Some(GateEvent::Record { value, channel }) => {
+                each(channel, RecordRef::Value(value));
+                Some(GateRun::Records { channel, count: 1 })
+            }
+            Some(event) => Some(GateRun::Event(event)),
+        })
     }
 
     /// [`poll_run_at`](Self::poll_run_at) without the clock's bookkeeping (idle time,

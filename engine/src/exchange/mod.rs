@@ -24,7 +24,7 @@ pub mod writer;
 pub use buffer::{BufferBuilder, BufferConsumer, Read};
 pub use channel::{local_channel, ChannelSender, InputChannel, LocalInputChannel};
 pub use debloat::{DebloatConfig, Debloater};
-pub use input::{GateEvent, GateMetrics, GateRun, InputGate};
+pub use input::{GateEvent, GateMetrics, GateRun, InputGate, RecordRef};
 pub use partition::{PartitionMetrics, ResultPartition};
 pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, SharedBuffer};
 pub use writer::{
