@@ -6,10 +6,14 @@
 //! - `uring`, `epoll`: the two drivers;
 //! - `connect`: a client's connection on its worker's driver (a non-blocking connect
 //!   with a timeout, shut down when dropped);
-//! - [`lookup`]: the service (binary protocol, latency distributions, fault injection)
-//!   and the pipelined client that is an `AsyncFunction`;
-//! - [`redis`]: Redis as an external system, a pipelined client on the same drivers;
-//! - [`transport`]: remote channels over TCP with credit-based flow control.
+//! - [`connectors`]: the external systems, apart from the transport:
+//!   - [`lookup`]: the service (binary protocol, latency distributions, fault
+//!     injection) and the pipelined client that is an `AsyncFunction`;
+//!   - [`redis`]: Redis as an external system, a pipelined client on the same drivers,
+//!     and the Redis Streams source and sink;
+//! - [`transport`]: remote channels over TCP with credit-based flow control;
+//! - [`cluster`]: a graph over processes on the transport;
+//! - [`metrics`]: the Prometheus endpoint.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
@@ -20,15 +24,16 @@
 
 pub mod cluster;
 mod connect;
+pub mod connectors;
 mod conns;
 pub mod driver;
 pub mod epoll;
 pub mod error;
-pub mod lookup;
 pub mod metrics;
-pub mod redis;
 pub mod transport;
 pub mod uring;
+
+pub use connectors::{lookup, redis};
 
 /// The README's Rust examples, compiled and run by `cargo test` as doc tests, so that
 /// they cannot drift from the code.

@@ -1,0 +1,10 @@
+//! The external systems a job talks to, each on its worker's driver: the lookup
+//! service ([`lookup`]: its protocol, a service with latency distributions and fault
+//! injection, and the pipelined client that is an `AsyncFunction`) and Redis
+//! ([`redis`]: a pipelined client, and in [`redis::streams`] the Redis Streams source and
+//! sink, exactly once). They are kept apart from the transport, which moves the
+//! exchange's own buffers between processes. Each is also reachable at the crate's root
+//! (`weir_net::lookup`, `weir_net::redis`).
+
+pub mod lookup;
+pub mod redis;
