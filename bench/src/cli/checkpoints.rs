@@ -1,6 +1,5 @@
 //! `weir checkpoints`: the table of a checkpoint directory.
 
-
 /// `ms` since the Unix epoch as `YYYY-MM-DD hh:mm:ss.mmm` in UTC (days to a civil date by
 /// Howard Hinnant's algorithm, which needs no time-zone data).
 pub(crate) fn utc(ms: u64) -> String {
