@@ -98,6 +98,10 @@ pub(crate) enum Command {
     /// Prints the reference of every command and flag (markdown), generated from the
     /// definitions `--help` shows: `weir cli-reference > docs/cli-reference.md`.
     CliReference,
+    /// Prints the reference of every public configuration struct and builder of the
+    /// library crates (markdown), generated from their source and defaults:
+    /// `weir config-reference > docs/config-reference.md`.
+    ConfigReference,
     /// Writes REPORT.md and its plots from the JSON that scripts/report.sh collected.
     Report {
         /// Where the JSON is.

@@ -9,6 +9,7 @@
 
 mod args;
 mod checkpoints;
+mod config_reference;
 mod reference;
 mod run;
 mod tools;
@@ -20,6 +21,7 @@ use weir_bench::compare;
 
 use args::*;
 use checkpoints::*;
+use config_reference::*;
 use reference::*;
 use run::*;
 use tools::*;
@@ -46,6 +48,10 @@ fn main() {
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::ProduceStream(args) => std::process::exit(produce_stream(args)),
+        Command::ConfigReference => {
+            print!("{}", config_reference());
+            std::process::exit(0)
+        }
         Command::CliReference => {
             print!("{}", cli_reference());
             std::process::exit(0)
@@ -218,6 +224,18 @@ mod tests {
             written == super::reference::cli_reference(),
             "docs/cli-reference.md is stale: regenerate it with \
              `cargo run --release -- cli-reference > docs/cli-reference.md`"
+        );
+    }
+
+    /// `docs/config-reference.md` is what `weir config-reference` prints now.
+    #[test]
+    fn the_config_reference_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config-reference.md");
+        let written = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            written == super::config_reference::config_reference(),
+            "docs/config-reference.md is stale: regenerate it with \
+             `cargo run --release -- config-reference > docs/config-reference.md`"
         );
     }
 
