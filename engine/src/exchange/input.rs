@@ -5,6 +5,15 @@
 //! it, reassembles records and length prefixes that span buffers in a per-channel
 //! scratch vector, and drops (recycles) each buffer as soon as its last byte is read.
 //!
+//! Records come one at a time ([`InputGate::poll_next`]) or in runs
+//! ([`InputGate::poll_run_at`]): the records lying whole, one after another, in one
+//! channel's buffer, decoded in one pass, up to a count the caller sets. A run stops at
+//! an event, at a record that continues in the next buffer, and at the buffer's end, so
+//! the two forms yield the same records and events in the same order. In place
+//! ([`InputGate::poll_run_in_place_at`]), each record of a run is handed over as its
+//! bytes where they lie in the buffer, not decoded, so a large record is copied once on
+//! its way (into the segment, by the writer).
+//!
 //! Watermarks combine as Flink's `StatusWatermarkValve` does: the gate's watermark is
 //! the minimum over channels that have not ended and are not idle, and it is emitted
 //! only when it advances. A channel that sends [`IDLE_WATERMARK`] is idle until it

@@ -10,6 +10,12 @@
 //!
 //! Records and length prefixes may span buffers; the input gate reassembles them.
 //!
+//! A run of records ([`RecordWriter::emit_run`]) writes exactly the bytes that
+//! emitting each record would, with the per-record work of a batch: the selector picks
+//! every record's channel first, in a loop of its own, then each stretch of records
+//! bound for one channel is encoded straight into that channel's buffer, with the
+//! buffer's bookkeeping once per stretch and, at timeout 0, one publication per run.
+//!
 //! Back-pressure: a task checks [`RecordWriter::is_available`] before taking its next
 //! input (Flink's output availability). A record is serialized whole into the writer's
 //! scratch buffer first, so if the pool runs dry in the middle of it, the remainder
@@ -20,7 +26,8 @@
 //! Buffer timeout (Flink's output flusher): written bytes are published (made visible
 //! to the consumer, which reads them from the buffer while it is still being written)
 //! at most `timeout` after the first of them: `Some(0)` publishes after every record,
-//! `None` only when a buffer is full or on an event. A flush does not end the buffer.
+//! `None` only when a buffer is full or on an event (`Some(0)` publishes a run once, after
+//! its last record). A flush does not end the buffer.
 //! The task's timer wheel drives it through [`RecordWriter::next_flush_deadline`] and
 //! [`RecordWriter::on_timer`]; no thread per writer.
 
