@@ -133,7 +133,12 @@ fn doc_above(lines: &[&str], at: usize) -> String {
         i -= 1;
     }
     docs.reverse();
-    docs.join("\n")
+    // The prose only: an example (a fenced block) and what follows it are left to rustdoc.
+    let prose: Vec<&str> = docs
+        .into_iter()
+        .take_while(|line| !line.trim_start().starts_with("```"))
+        .collect();
+    prose.join("\n").trim_end().to_string()
 }
 
 /// Rustdoc's intra-doc links as plain code: ``[`X`](path)`` and ``[`X`]`` become `` `X` ``.

@@ -81,6 +81,41 @@ pub enum OutputMode {
 /// `invoke` starts the call for one input and hands the result back through `result`,
 /// now or later, on this thread or another. See [`ResultFuture`] for what happens when
 /// it is dropped without completing.
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_engine::async_io::{AsyncConfig, AsyncFunction, OutputMode, ResultFuture};
+/// use weir_engine::graph::{Graph, SubtaskInfo};
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// /// Squares even numbers at once; odd ones on a thread of its own, later.
+/// struct Square;
+///
+/// impl AsyncFunction for Square {
+///     type In = u64;
+///     type Out = u64;
+///     fn invoke(&mut self, n: &u64, result: ResultFuture<u64>) {
+///         let n = *n;
+///         if n % 2 == 0 {
+///             result.complete_one(n * n);
+///         } else {
+///             std::thread::spawn(move || result.complete_one(n * n));
+///         }
+///     }
+/// }
+///
+/// let graph = Graph::new();
+/// let out = graph
+///     .from_generator(10, None, |n| n)
+///     .async_wait(
+///         |_: &SubtaskInfo| Square,
+///         AsyncConfig::new(OutputMode::Ordered, 4).with_timeout(Duration::from_secs(5)),
+///     )
+///     .collect();
+/// graph.execute(Runtime::builder().cores(Cores::Count(1)).pin(false).build()?)?;
+/// assert_eq!(out.records(), [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait AsyncFunction: 'static {
     /// Input records.
     type In: 'static;
@@ -145,6 +180,18 @@ pub trait AsyncFunction: 'static {
 }
 
 /// Configuration of an [`AsyncWaitOperator`].
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_engine::async_io::{AsyncConfig, OutputMode, RetryStrategy};
+///
+/// // 100 calls in flight, results in input order, each call failed after 1 s, and a
+/// // failed call tried up to 3 times, 10 ms apart.
+/// let config: AsyncConfig<String> = AsyncConfig::new(OutputMode::Ordered, 100)
+///     .with_timeout(Duration::from_secs(1))
+///     .with_retry(RetryStrategy::fixed_delay(3, Duration::from_millis(10)).retry_on_any_error());
+/// # drop(config);
+/// ```
 pub struct AsyncConfig<T> {
     pub(crate) mode: OutputMode,
     pub(crate) capacity: usize,

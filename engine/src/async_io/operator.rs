@@ -214,6 +214,41 @@ impl Timers {
 /// passes, [`begin_finish`](Self::begin_finish) at end of input. Every call takes the
 /// current time of the task's clock in nanoseconds and a [`Collector`] for what it
 /// emits.
+///
+/// ```
+/// use weir_engine::async_io::{AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture};
+/// use weir_engine::element::StreamElement;
+///
+/// /// Doubles its input; the call completes within `invoke`.
+/// struct Double;
+/// impl AsyncFunction for Double {
+///     type In = u64;
+///     type Out = u64;
+///     fn invoke(&mut self, n: &u64, result: ResultFuture<u64>) {
+///         result.complete_one(n * 2);
+///     }
+/// }
+///
+/// // No other thread completes calls here, so nothing needs waking (`|| {}`).
+/// let config = AsyncConfig::new(OutputMode::Ordered, 8);
+/// let mut operator = AsyncWaitOperator::new(Double, config, || {})?;
+/// let mut out = Vec::new();
+/// for n in 1..=3 {
+///     operator.process_record(n, None, 0, &mut out)?;
+/// }
+/// operator.process_watermark(10, 0, &mut out)?;
+/// assert_eq!(
+///     out,
+///     [
+///         StreamElement::record(2, None),
+///         StreamElement::record(4, None),
+///         StreamElement::record(6, None),
+///         StreamElement::watermark(10),
+///     ]
+/// );
+/// assert_eq!(operator.in_flight(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct AsyncWaitOperator<F: AsyncFunction> {
     function: F,
     timeout_ns: Option<u64>,

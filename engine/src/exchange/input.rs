@@ -193,6 +193,47 @@ enum Frame<T> {
 }
 
 /// An input gate decoding records of type `T`.
+///
+/// Reading a run in place: each record's bytes where they lie in the buffer (a `u64`
+/// is its 8 little-endian bytes), decoded only where a record spanned buffers.
+///
+/// ```
+/// use weir_engine::exchange::{
+///     local_channel, GateEvent, GateRun, InputGate, LocalBufferPool, LocalPoolConfig,
+///     NetworkBufferPool, RecordRef, RecordWriter, ResultPartition, RoundRobin, WriterConfig,
+/// };
+///
+/// // One partition of one subpartition, its channel and the gate reading it.
+/// let network = NetworkBufferPool::new(16, 4096)?;
+/// let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(8, 1).with_overdraft(0))?;
+/// let (sender, receiver) = local_channel(8, None);
+/// let partition = ResultPartition::new(pool, vec![sender])?;
+/// let mut writer = RecordWriter::new(partition, RoundRobin::default(), WriterConfig::default())?;
+/// let mut gate: InputGate<u64> = InputGate::new(vec![Box::new(receiver)])?;
+///
+/// let records: Vec<u64> = (0..1_000).collect();
+/// let mut written = 0;
+/// while written < records.len() {
+///     // A run: the channels chosen first, then each stretch encoded into its buffer.
+///     written += writer.emit_run(&records[written..], 0)?;
+/// }
+/// writer.finish(0)?;
+///
+/// let mut sum = 0;
+/// loop {
+///     let next = gate.poll_run_in_place(256, |_channel, record| {
+///         sum += match record {
+///             RecordRef::Bytes(bytes) => u64::from_le_bytes(bytes.try_into().unwrap()),
+///             RecordRef::Value(value) => value,
+///         };
+///     })?;
+///     if let Some(GateRun::Event(GateEvent::End)) = next {
+///         break;
+///     }
+/// }
+/// assert_eq!(sum, records.iter().sum::<u64>());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct InputGate<T: Codec> {
     channels: Vec<ChannelState>,
     /// The channel being read (its current buffer is not finished) or to look at next.

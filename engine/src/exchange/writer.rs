@@ -182,6 +182,40 @@ pub struct WriterMetrics {
 }
 
 /// Serializes records of type `T` into a [`ResultPartition`].
+///
+/// ```
+/// use weir_engine::exchange::{
+///     local_channel, GateEvent, GateRun, InputGate, LocalBufferPool, LocalPoolConfig,
+///     NetworkBufferPool, RecordRef, RecordWriter, ResultPartition, RoundRobin, WriterConfig,
+/// };
+///
+/// // One partition of one subpartition, its channel and the gate reading it.
+/// let network = NetworkBufferPool::new(16, 4096)?;
+/// let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(8, 1).with_overdraft(0))?;
+/// let (sender, receiver) = local_channel(8, None);
+/// let partition = ResultPartition::new(pool, vec![sender])?;
+/// let mut writer = RecordWriter::new(partition, RoundRobin::default(), WriterConfig::default())?;
+/// let mut gate: InputGate<u64> = InputGate::new(vec![Box::new(receiver)])?;
+///
+/// let records: Vec<u64> = (0..1_000).collect();
+/// let mut written = 0;
+/// while written < records.len() {
+///     // A run: the channels chosen first, then each stretch encoded into its buffer.
+///     written += writer.emit_run(&records[written..], 0)?;
+/// }
+/// writer.finish(0)?;
+///
+/// let mut read = Vec::new();
+/// loop {
+///     match gate.poll_run(&mut read, 256)? {
+///         Some(GateRun::Event(GateEvent::End)) => break,
+///         Some(_) => {}
+///         None => unreachable!("everything was written before reading"),
+///     }
+/// }
+/// assert_eq!(read, records);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RecordWriter<T: Codec, S: ChannelSelector<T>> {
     partition: ResultPartition,
     selector: S,

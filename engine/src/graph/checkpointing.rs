@@ -43,6 +43,24 @@ pub type CheckpointListener = Arc<dyn Fn(&CheckpointMetadata, Duration) + Send +
 pub type AbortListener = Arc<dyn Fn(u64, &str) + Send + Sync>;
 
 /// How a graph checkpoints; see [`Graph::with_checkpointing`](super::Graph::with_checkpointing).
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_engine::checkpoint::AlignmentMode;
+/// use weir_engine::graph::{Checkpointing, Graph};
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// // Unaligned checkpoints every 20 ms into a directory of its own.
+/// let dir = std::env::temp_dir().join(format!("weir-doc-checkpointing-{}", std::process::id()));
+/// let checkpointing = Checkpointing::new(&dir, Duration::from_millis(20))
+///     .with_alignment(AlignmentMode::Unaligned);
+/// let graph = Graph::new().with_parallelism(2).with_checkpointing(checkpointing);
+/// let count = graph.from_generator(200_000, None, |n| n).rebalance().count();
+/// graph.execute(Runtime::builder().cores(Cores::Count(2)).pin(false).build()?)?;
+/// assert_eq!(count.records(), 200_000);
+/// std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Checkpointing {
     /// Interval, timeout, pause, concurrency, tolerated failures, retention.

@@ -648,6 +648,22 @@ struct Inner {
 }
 
 /// A job graph under construction; see the [module docs](self).
+///
+/// ```
+/// use weir_engine::graph::Graph;
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// // Every tenth number of 0..1000, spread over two subtasks and collected.
+/// let graph = Graph::new().with_parallelism(2);
+/// let out = graph
+///     .from_generator(1_000, None, |n| n)
+///     .filter(|n| n % 10 == 0)
+///     .rebalance()
+///     .collect();
+/// graph.execute(Runtime::builder().cores(Cores::Count(2)).pin(false).build()?)?;
+/// assert_eq!(out.records().len(), 100);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Graph {
     inner: RefCell<Inner>,
     live: Arc<LiveCounters>,
@@ -662,6 +678,30 @@ impl Default for Graph {
 }
 
 /// A stream of `T`: the output of the operators chained so far in one stage.
+///
+/// ```
+/// use weir_engine::graph::Graph;
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// // A running sum per key (n mod 3), keyed onto two subtasks.
+/// let graph = Graph::new().with_parallelism(2);
+/// let sums = graph
+///     .from_generator(30, None, |n| n)
+///     .key_by(|n: &u64| n % 3)
+///     .map_with_state(|n: &u64| n % 3, |n: u64, sum: &mut Option<u64>| {
+///         let total = sum.unwrap_or(0) + n;
+///         *sum = Some(total);
+///         (n % 3, total)
+///     })
+///     .collect();
+/// graph.execute(Runtime::builder().cores(Cores::Count(2)).pin(false).build()?)?;
+/// let mut last = [0u64; 3];
+/// for (key, total) in sums.records() {
+///     last[key as usize] = last[key as usize].max(total);
+/// }
+/// assert_eq!(last, [135, 145, 155]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use = "a stream does nothing until it ends in a sink"]
 pub struct Stream<'g, T> {
     graph: &'g Graph,

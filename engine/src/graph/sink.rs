@@ -18,6 +18,41 @@ use crate::runtime::TaskError;
 use super::LiveCounters;
 
 /// A user sink: one instance per subtask, built on its worker's thread.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use weir_engine::graph::{Graph, Sink, SubtaskInfo};
+/// use weir_engine::runtime::{Cores, Runtime, TaskError};
+///
+/// /// Sums what it gets, refuses zero, and adds its sum to a shared total at the end.
+/// struct Sum { sum: u64, total: Arc<AtomicU64> }
+///
+/// impl Sink<u64> for Sum {
+///     fn invoke(&mut self, n: u64, _ts: Option<i64>, _now_ns: u64) -> Result<(), TaskError> {
+///         if n == 0 {
+///             return Err("a zero reached the sink".into());
+///         }
+///         self.sum += n;
+///         Ok(())
+///     }
+///     fn finish(&mut self) -> Result<(), TaskError> {
+///         self.total.fetch_add(self.sum, Ordering::Relaxed);
+///         Ok(())
+///     }
+/// }
+///
+/// let total = Arc::new(AtomicU64::new(0));
+/// let shared = Arc::clone(&total);
+/// let graph = Graph::new().with_parallelism(2);
+/// graph
+///     .from_generator(100, None, |n| n + 1)
+///     .rebalance()
+///     .sink(move |_: &SubtaskInfo| Sum { sum: 0, total: Arc::clone(&shared) });
+/// graph.execute(Runtime::builder().cores(Cores::Count(2)).pin(false).build()?)?;
+/// assert_eq!(total.load(Ordering::Relaxed), 5050);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Sink<T>: 'static {
     /// Takes one record; `now_ns` is the run's clock. An error fails the job.
     fn invoke(&mut self, value: T, timestamp: Option<i64>, now_ns: u64) -> Result<(), TaskError>;

@@ -53,6 +53,39 @@ pub struct SourceFailed {
 }
 
 /// A user source: one instance per subtask, built on its worker's thread.
+///
+/// ```
+/// use weir_engine::graph::{Graph, Source, SourceEvent, SubtaskInfo};
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// /// Numbers below `end`, each subtask its share, with event time and a final
+/// /// watermark; replayable from the next number it would emit.
+/// struct Numbers { next: u64, step: u64, end: u64 }
+///
+/// impl Source<u64> for Numbers {
+///     fn poll_next(&mut self, _now_ns: u64) -> SourceEvent<u64> {
+///         if self.next >= self.end {
+///             return SourceEvent::End;
+///         }
+///         let n = self.next;
+///         self.next += self.step;
+///         SourceEvent::Record(n, Some(n as i64))
+///     }
+///     fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+///         Some(self.next.to_le_bytes().to_vec())
+///     }
+/// }
+///
+/// let graph = Graph::new().with_parallelism(2);
+/// let out = graph
+///     .from_source(|s: &SubtaskInfo| Numbers { next: s.index as u64, step: 2, end: 100 })
+///     .collect();
+/// graph.execute(Runtime::builder().cores(Cores::Count(2)).pin(false).build()?)?;
+/// let mut numbers = out.records();
+/// numbers.sort();
+/// assert!(numbers.into_iter().eq(0..100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Source<T>: 'static {
     /// The next event; `now_ns` is the run's clock (nanoseconds since it started,
     /// shared by all workers).

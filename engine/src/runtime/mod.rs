@@ -169,7 +169,22 @@ pub enum Cores {
     List(Vec<usize>),
 }
 
-/// Configures a [`Runtime`].
+/// Configures a [`Runtime`]: its workers' cores, pinning, spin and timer slack, and
+/// their drivers.
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// // A worker on each of cores 0 and 1, not pinned, parking at once when idle.
+/// let runtime = Runtime::builder()
+///     .cores(Cores::List(vec![0, 1]))
+///     .pin(false)
+///     .spin(Duration::ZERO)
+///     .build()?;
+/// # drop(runtime);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RuntimeBuilder {
     cores: Cores,
     pin: bool,
@@ -408,7 +423,25 @@ pub struct RunReport {
     pub polls: Vec<u64>,
 }
 
-/// Workers with their drivers, ready to run tasks.
+/// Workers with their drivers, ready to run tasks: a graph runs on one
+/// ([`Graph::execute`](crate::graph::Graph::execute)).
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_engine::graph::Graph;
+/// use weir_engine::runtime::{Cores, Runtime};
+///
+/// let runtime = Runtime::builder()
+///     .cores(Cores::Count(2))
+///     .pin(false)
+///     .timer_slack(Duration::from_micros(50))
+///     .build()?;
+/// let graph = Graph::new();
+/// let count = graph.from_generator(1_000, None, |n| n).count();
+/// graph.execute(runtime)?;
+/// assert_eq!(count.records(), 1_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Runtime {
     workers: Vec<WorkerSlot>,
     pin: bool,

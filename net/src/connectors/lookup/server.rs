@@ -127,7 +127,25 @@ struct Counters {
     malformed: AtomicU64,
 }
 
-/// A running lookup service; stops when dropped.
+/// A running lookup service; stops when dropped. A graph reaches it through
+/// [`lookup_function`](super::lookup_function) (the enrichment example of the guide's
+/// getting-started chapter, `net/examples/enrichment.rs`, runs both).
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_net::lookup::{Latency, LookupServer, ServerConfig};
+///
+/// // On a free loopback port, each answer 1 ms after its request, 64-byte values.
+/// let server = LookupServer::start(ServerConfig {
+///     latency: Latency::Fixed(Duration::from_millis(1)),
+///     value_size: 64,
+///     ..ServerConfig::default()
+/// })?;
+/// assert!(server.addr().ip().is_loopback());
+/// let stats = server.stop();
+/// assert_eq!(stats.requests, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct LookupServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
