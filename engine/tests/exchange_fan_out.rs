@@ -65,7 +65,7 @@ impl Exchange {
         };
         Exchange {
             network,
-            writer: RecordWriter::new(partition, ByTarget, config).unwrap(),
+            writer: RecordWriter::new(partition, ByTarget::default(), config).unwrap(),
             gates,
             read: vec![Vec::new(); s.fan_out],
             ended: vec![false; s.fan_out],

@@ -151,7 +151,7 @@ impl Exchange {
                 max_record_size: 1 << 20,
                 buffer_timeout: None,
             };
-            writers.push(RecordWriter::new(partition, ByTarget, config).unwrap());
+            writers.push(RecordWriter::new(partition, ByTarget::default(), config).unwrap());
         }
         let gates = inputs
             .into_iter()
@@ -327,6 +327,21 @@ impl Exchange {
             self.drain();
         }
         assert!(self.ended.iter().all(|e| *e), "every reader sees the end");
+        // Each writer asked its selector once per record it wrote, never ahead.
+        for (w, writer) in self.writers.iter().enumerate() {
+            let records: usize = steps
+                .iter()
+                .map(|s| match s {
+                    Step::Records(sw, recs, _) if *sw == w => recs.len(),
+                    _ => 0,
+                })
+                .sum();
+            assert_eq!(
+                writer.selector().calls,
+                records as u64,
+                "writer {w}'s selector calls"
+            );
+        }
     }
 }
 
@@ -438,4 +453,43 @@ proptest! {
             prop_assert_eq!(taken(&runs.seen[g]), all);
         }
     }
+}
+
+/// Timeout 0: the records a run wrote are visible to their readers even when a later
+/// record of the run waits for the pool, as they would be written one at a time.
+#[test]
+fn with_timeout_zero_a_run_publishes_what_it_wrote_before_a_pending_record() {
+    let network = NetworkBufferPool::new(4, 128).unwrap();
+    let config = LocalPoolConfig::new(2, 2)
+        .with_max_per_subpartition(2)
+        .with_overdraft(0);
+    let pool = LocalBufferPool::new(&network, config).unwrap();
+    let (s0, r0) = local_channel(2, None);
+    let (s1, r1) = local_channel(2, None);
+    let partition = ResultPartition::new(pool, vec![s0, s1]).unwrap();
+    let config = WriterConfig {
+        max_record_size: 1 << 20,
+        buffer_timeout: Some(std::time::Duration::ZERO),
+    };
+    let mut writer = RecordWriter::new(partition, ByTarget::default(), config).unwrap();
+    let mut gate0: InputGate<Rec> = InputGate::new(vec![Box::new(r0)]).unwrap();
+    let small = Rec {
+        target: 0,
+        seq: 0,
+        payload: vec![1; 8],
+    };
+    // Longer than the two segments the pool has: it waits for the reader.
+    let large = Rec {
+        target: 1,
+        seq: 1,
+        payload: vec![2; 300],
+    };
+    let taken = writer.emit_run(&[small.clone(), large], 0).unwrap();
+    assert_eq!(taken, 2);
+    assert!(writer.has_pending(), "the large record waits for buffers");
+    match gate0.poll_next().unwrap() {
+        Some(GateEvent::Record { value, .. }) => assert_eq!(value, small),
+        other => panic!("the first record is not visible: {other:?}"),
+    }
+    drop(r1);
 }

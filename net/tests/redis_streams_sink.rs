@@ -447,6 +447,9 @@ impl Sink<u64> for Recording {
     fn accepts(&mut self) -> bool {
         self.inner.accepts()
     }
+    fn room(&mut self) -> usize {
+        self.inner.room()
+    }
     fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
         self.inner.poll(now_ns)
     }

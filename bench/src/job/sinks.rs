@@ -62,6 +62,10 @@ impl Sink<Enriched> for StreamOut {
         self.out.accepts()
     }
 
+    fn room(&mut self) -> usize {
+        self.out.room()
+    }
+
     fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
         self.out.poll(now_ns)
     }

@@ -11,10 +11,10 @@
 //! Records and length prefixes may span buffers; the input gate reassembles them.
 //!
 //! A run of records ([`RecordWriter::emit_run`]) writes exactly the bytes that
-//! emitting each record would, with the per-record work of a batch: the selector picks
-//! every record's channel first, in a loop of its own, then each stretch of records
-//! bound for one channel is encoded straight into that channel's buffer, with the
-//! buffer's bookkeeping once per stretch and, at timeout 0, one publication per run.
+//! emitting each record would, with the per-record work of a batch: each stretch of
+//! records bound for one channel is encoded straight into that channel's buffer, with
+//! the buffer's bookkeeping once per stretch and, at timeout 0, one publication per
+//! run; the selector is asked once per record, as the encoder reaches it.
 //!
 //! Back-pressure: a task checks [`RecordWriter::is_available`] before taking its next
 //! input (Flink's output availability). A record is serialized whole into the writer's
@@ -221,8 +221,6 @@ pub struct RecordWriter<T: Codec, S: ChannelSelector<T>> {
     selector: S,
     broadcast: bool,
     scratch: Vec<u8>,
-    /// The channels selected for the run being written (kept for its capacity).
-    targets: Vec<Target>,
     pending: Option<Pending>,
     pending_since_ns: u64,
     max_record_size: usize,
@@ -257,7 +255,6 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             selector,
             broadcast,
             scratch: Vec::with_capacity(256),
-            targets: Vec::new(),
             pending: None,
             pending_since_ns: 0,
             max_record_size: config.max_record_size,
@@ -373,63 +370,58 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
     }
 
     /// The batch form of [`emit`](Self::emit): serializes and writes `records` in
-    /// order, as many as the pool allows, and returns how many it took. Channels are
-    /// selected for the whole run first (one call of the selector per record, in order,
-    /// in a loop of its own); then each stretch of records bound for the same
-    /// subpartition is encoded into its buffer in one pass, with the buffer's
-    /// bookkeeping once per stretch, and with timeout 0 the run is published once at its
-    /// end, not per record. Byte for byte the same output as emitting each record.
+    /// order, as many as the pool allows, and returns how many it took. Each stretch
+    /// of records bound for the same subpartition is encoded into its buffer in one
+    /// pass, with the buffer's bookkeeping once per stretch, and with timeout 0 what
+    /// the run wrote is published once, at its end, not per record. The selector is
+    /// asked once per record, in order, as the encoder reaches the record, and never
+    /// for a record the call does not take: byte for byte the output of emitting each
+    /// record, whatever the selector keeps (a round robin's position).
     ///
     /// If the pool runs dry in the middle of record `k`, that record's rest is pending
     /// (as for [`emit`](Self::emit)) and `k + 1` is returned: the caller keeps
     /// `records[k + 1..]` for after [`resume`](Self::resume).
     pub fn emit_run(&mut self, records: &[T], now_ns: u64) -> Result<usize, ExchangeError> {
         self.ready_to_write()?;
-        if records.is_empty() {
-            return Ok(0);
-        }
-        let subpartitions = self.partition.subpartitions();
-        let mut targets = std::mem::take(&mut self.targets);
-        targets.clear();
-        targets.extend(
-            records
-                .iter()
-                .map(|record| self.selector.select(record, subpartitions)),
-        );
-        let result = self.emit_selected(records, &targets, now_ns);
-        self.targets = targets;
-        let taken = result?;
-        if self.timeout_ns == Some(0) && self.pending.is_none() {
-            self.partition.flush_all()?;
-        }
-        Ok(taken)
-    }
-
-    /// Writes `records` to the `targets` already selected for them.
-    fn emit_selected(
-        &mut self,
-        records: &[T],
-        targets: &[Target],
-        now_ns: u64,
-    ) -> Result<usize, ExchangeError> {
         let subpartitions = self.partition.subpartitions();
         let mut at = 0;
+        // The target of `records[at]` when it was selected already: it ended the
+        // stretch before it by going elsewhere.
+        let mut selected: Option<Target> = None;
         while at < records.len() {
-            let target = targets[at];
-            let dest = self.dest_of(target, subpartitions);
-            if let Some(dest) = dest {
-                let stretch = targets[at..].iter().take_while(|t| **t == target).count();
-                let written = self.partition.try_encode_run(
-                    dest,
-                    records[at..at + stretch].iter(),
-                    self.max_record_size,
-                    now_ns,
-                )?;
+            let target = match selected.take() {
+                Some(target) => target,
+                None => self.selector.select(&records[at], subpartitions),
+            };
+            if let Some(dest) = self.dest_of(target, subpartitions) {
+                // This record and those after it bound for the same buffer, each selected
+                // when the encoder asks for it.
+                let selector = &mut self.selector;
+                let mut first = true;
+                let mut elsewhere = None;
+                let stretch = records[at..].iter().take_while(|record| {
+                    if std::mem::take(&mut first) {
+                        return true;
+                    }
+                    let to = selector.select(record, subpartitions);
+                    if to != target {
+                        elsewhere = Some(to);
+                    }
+                    to == target
+                });
+                let written =
+                    self.partition
+                        .try_encode_run(dest, stretch, self.max_record_size, now_ns)?;
                 self.metrics.records_out += written as u64;
                 at += written;
-                if written == stretch {
+                if at == records.len() {
+                    break;
+                }
+                if let Some(to) = elsewhere {
+                    selected = Some(to);
                     continue;
                 }
+                // Otherwise `records[at]` was selected for `target` and did not fit.
             }
             // The record does not fit in what is left of its buffer (or goes to every
             // subpartition one by one): the spanning path, which may leave it pending.
@@ -438,6 +430,12 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
             if self.pending.is_some() {
                 break;
             }
+        }
+        if self.timeout_ns == Some(0) {
+            // Also when a record is pending: the records before it are written whole
+            // and must not wait for it (its own bytes may show; the reader waits for
+            // the rest of it, as for any record that spans buffers).
+            self.partition.flush_all()?;
         }
         Ok(at)
     }

@@ -742,6 +742,11 @@ impl<T, S: Sink<T>> Link<T> for SinkLink<S> {
     }
 
     #[inline]
+    fn room(&mut self) -> usize {
+        self.sink.room().min(POLL_BATCH_MAX)
+    }
+
+    #[inline]
     fn push(
         &mut self,
         element: StreamElement<T>,

@@ -28,8 +28,9 @@
 //! ([`RecordWriter::emit_run`](crate::exchange::RecordWriter::emit_run)), and a sink
 //! takes the run ([`Sink::invoke_batch`]). The semantics are
 //! the per-record ones: a watermark, barrier or end of input ends a run, so everything
-//! keeps its position; back-pressure is checked once per run, with an async operator's
-//! run never larger than its free capacity. Which form to write: the per-record
+//! keeps its position; back-pressure is checked once per run, and a run is never larger
+//! than what the chain has room for (an async operator's free capacity, a sink's
+//! [`Sink::room`]). Which form to write: the per-record
 //! methods (`Source::poll_next`, `Sink::invoke`) are what a source or sink must have,
 //! and the batch forms default to calling them; implement the batch form too when the
 //! work has a cheaper way for many records at once (a fetched batch handed over in

@@ -56,12 +56,11 @@ use super::LiveCounters;
 pub trait Sink<T>: 'static {
     /// Takes one record; `now_ns` is the run's clock. An error fails the job.
     fn invoke(&mut self, value: T, timestamp: Option<i64>, now_ns: u64) -> Result<(), TaskError>;
-    /// The batch form of [`invoke`](Self::invoke): a run of records, in order. A run
-    /// was admitted by one [`accepts`](Self::accepts) (a task hands its chain at most
-    /// 256 records per run), so a sink that bounds its input takes the whole run and
-    /// answers `false` at the next `accepts`. The default invokes each record; a sink
-    /// that writes in batches (one request for the run, one buffer append) takes the run
-    /// here instead.
+    /// The batch form of [`invoke`](Self::invoke): a run of records, in order, at most
+    /// [`room`](Self::room) of them (a `flat_map` just before the sink may add to a run,
+    /// as it may push past `accepts` one record at a time). The default invokes each
+    /// record; a sink that writes in batches (one request for the run, one buffer
+    /// append) takes the run here instead.
     fn invoke_batch(
         &mut self,
         records: std::vec::Drain<'_, Record<T>>,
@@ -87,6 +86,17 @@ pub trait Sink<T>: 'static {
     /// unanswered. The default: always.
     fn accepts(&mut self) -> bool {
         true
+    }
+    /// How many records it takes now: the longest run its task hands it (0 holds its
+    /// input back, as `accepts` returning `false` does). The default: any number while
+    /// it [`accepts`](Self::accepts). A sink that bounds its input (a limit of writes
+    /// unanswered) says here how many more it takes, so a run never goes past the bound.
+    fn room(&mut self) -> usize {
+        if self.accepts() {
+            usize::MAX
+        } else {
+            0
+        }
     }
     /// Called each time its task is polled (a driver event for the sink's I/O polls
     /// it): moves its own work along; whether anything moved.

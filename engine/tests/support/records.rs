@@ -26,11 +26,16 @@ impl Codec for Rec {
     }
 }
 
-/// Routes each record to the subpartition it names.
-pub struct ByTarget;
+/// Routes each record to the subpartition it names, counting how often it was asked
+/// (a writer asks once per record it writes, never ahead).
+#[derive(Debug, Default)]
+pub struct ByTarget {
+    pub calls: u64,
+}
 
 impl ChannelSelector<Rec> for ByTarget {
     fn select(&mut self, record: &Rec, subpartitions: usize) -> Target {
+        self.calls += 1;
         Target::One(record.target as usize % subpartitions)
     }
 }

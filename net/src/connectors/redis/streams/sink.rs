@@ -1059,9 +1059,19 @@ impl Writer {
     }
 
     fn accepts(&mut self) -> bool {
+        self.room() > 0
+    }
+
+    /// Entries it takes now: what `max_in_flight` leaves (any number once it failed,
+    /// which the next poll reports).
+    fn room(&mut self) -> usize {
         self.pump();
         let in_flight = self.plain.len() + self.retry.len() + self.sent_entries;
-        self.failure.is_some() || in_flight < self.max_in_flight
+        if self.failure.is_some() {
+            usize::MAX
+        } else {
+            self.max_in_flight.saturating_sub(in_flight)
+        }
     }
 
     fn flushed(&mut self) -> bool {
@@ -1281,6 +1291,10 @@ impl<T: 'static, F: FnMut(&T, &mut Fields) + 'static> Sink<T> for StreamSink<T, 
 
     fn accepts(&mut self) -> bool {
         self.writer().map_or(true, |mut writer| writer.accepts())
+    }
+
+    fn room(&mut self) -> usize {
+        self.writer().map_or(usize::MAX, |mut writer| writer.room())
     }
 
     fn poll(&mut self, _now_ns: u64) -> Result<bool, TaskError> {
