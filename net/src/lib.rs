@@ -11,6 +11,7 @@
 //!     injection) and the pipelined client that is an `AsyncFunction`;
 //!   - [`redis`]: Redis as an external system, a pipelined client on the same drivers,
 //!     and the Redis Streams source and sink;
+//!   - [`kafka`]: the Kafka source and sink (rdkafka), exactly once;
 //! - [`transport`]: remote channels over TCP with credit-based flow control;
 //! - [`cluster`]: a graph over processes on the transport;
 //! - [`metrics`]: the Prometheus endpoint.
@@ -33,7 +34,7 @@ pub mod metrics;
 pub mod transport;
 pub mod uring;
 
-pub use connectors::{lookup, redis};
+pub use connectors::{kafka, lookup, redis};
 
 /// The README's Rust examples, compiled and run by `cargo test` as doc tests, so that
 /// they cannot drift from the code.

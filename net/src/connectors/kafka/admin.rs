@@ -1,0 +1,105 @@
+//! Topic administration for tools and tests (`weir produce-kafka`, the integration
+//! tests): blocking calls, made off the workers.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::error::KafkaError;
+use super::{block_on, client_config};
+
+/// An admin client of a cluster.
+pub struct KafkaAdmin {
+    brokers: String,
+    client: AdminClient<DefaultClientContext>,
+    timeout: Duration,
+}
+
+impl KafkaAdmin {
+    /// A client of the cluster at `brokers` (`host:port[,…]`); each call waits at most
+    /// `timeout` for its answer.
+    pub fn new(brokers: &str, timeout: Duration) -> Result<Self, KafkaError> {
+        let client = client_config(brokers, "weir-admin", &[], &[])
+            .create()
+            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        Ok(KafkaAdmin {
+            brokers: brokers.to_string(),
+            client,
+            timeout,
+        })
+    }
+
+    fn options(&self) -> AdminOptions {
+        AdminOptions::new().operation_timeout(Some(self.timeout))
+    }
+
+    /// Creates `topic` with `partitions` partitions (replication factor 1), or keeps it
+    /// as it is if it exists; returns whether it was created.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<bool, KafkaError> {
+        if partitions < 1 {
+            return Err(KafkaError::Config(format!(
+                "topic {topic:?}: {partitions} partitions; a topic needs at least 1"
+            )));
+        }
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let results = block_on(self.client.create_topics([&new], &self.options()))
+            .map_err(|e| self.failed(format!("creating topic {topic:?}"), e.to_string()))?;
+        match results.into_iter().next() {
+            Some(Ok(_)) => Ok(true),
+            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => Ok(false),
+            Some(Err((_, code))) => Err(self.failed(format!("creating topic {topic:?}"), code)),
+            None => Err(self.failed(format!("creating topic {topic:?}"), "no answer")),
+        }
+    }
+
+    /// Deletes `topic`; returns whether it existed.
+    pub fn delete_topic(&self, topic: &str) -> Result<bool, KafkaError> {
+        let results = block_on(self.client.delete_topics(&[topic], &self.options()))
+            .map_err(|e| self.failed(format!("deleting topic {topic:?}"), e.to_string()))?;
+        match results.into_iter().next() {
+            Some(Ok(_)) => Ok(true),
+            Some(Err((_, RDKafkaErrorCode::UnknownTopicOrPartition))) => Ok(false),
+            Some(Err((_, code))) => Err(self.failed(format!("deleting topic {topic:?}"), code)),
+            None => Err(self.failed(format!("deleting topic {topic:?}"), "no answer")),
+        }
+    }
+
+    /// How many partitions `topic` has (`None`: it does not exist).
+    pub fn partitions(&self, topic: &str) -> Result<Option<i32>, KafkaError> {
+        partitions_of(self.client.inner(), &self.brokers, topic, self.timeout)
+    }
+
+    fn failed(&self, what: String, reason: impl ToString) -> KafkaError {
+        KafkaError::call(format!("{what} at {}", self.brokers), reason)
+    }
+}
+
+/// How many partitions `topic` has, from a metadata request (`None`: unknown topic).
+pub(crate) fn partitions_of<C: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    brokers: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>, KafkaError> {
+    let metadata = client
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| KafkaError::call(format!("metadata of topic {topic:?} at {brokers}"), e))?;
+    let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(None);
+    };
+    if let Some(error) = found.error() {
+        if RDKafkaErrorCode::from(error) == RDKafkaErrorCode::UnknownTopicOrPartition {
+            return Ok(None);
+        }
+        return Err(KafkaError::call(
+            format!("metadata of topic {topic:?} at {brokers}"),
+            RDKafkaErrorCode::from(error),
+        ));
+    }
+    if found.partitions().is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(found.partitions().len() as i32))
+}
