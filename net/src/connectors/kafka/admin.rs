@@ -71,6 +71,60 @@ impl KafkaAdmin {
         partitions_of(self.client.inner(), &self.brokers, topic, self.timeout)
     }
 
+    /// Every message of `topic`, partition by partition, each in offset order, read up
+    /// to the end each partition has when it is reached (`read_uncommitted`: aborted
+    /// transactions' messages included, which a checker must sort out itself).
+    pub fn read_all(&self, topic: &str) -> Result<Vec<super::KafkaRecord>, KafkaError> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{Offset, TopicPartitionList};
+        let partitions = self.partitions(topic)?.ok_or_else(|| KafkaError::UnknownTopic {
+            topic: topic.to_string(),
+            brokers: self.brokers.clone(),
+        })?;
+        let own = [
+            ("group.id", "weir-read-all".to_string()),
+            ("enable.auto.commit", "false".to_string()),
+            ("enable.partition.eof", "true".to_string()),
+            ("isolation.level", "read_uncommitted".to_string()),
+        ];
+        let consumer: BaseConsumer = client_config(&self.brokers, "weir-read-all", &own, &[])
+            .create()
+            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| KafkaError::call("assigning", e))?;
+        }
+        consumer
+            .assign(&list)
+            .map_err(|e| KafkaError::call("assigning", e))?;
+        let mut ended = vec![false; partitions as usize];
+        let mut all = Vec::new();
+        let deadline = std::time::Instant::now() + self.timeout;
+        while !ended.iter().all(|e| *e) {
+            if std::time::Instant::now() > deadline {
+                return Err(KafkaError::call(
+                    format!("reading topic {topic:?}"),
+                    format!("not at the end of every partition within {:?}", self.timeout),
+                ));
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Ok(message)) => {
+                    all.push(super::KafkaMessage { message: &message }.to_record());
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    if let Some(e) = ended.get_mut(p as usize) {
+                        *e = true;
+                    }
+                }
+                Some(Err(e)) if super::is_unreachable(&e) => {}
+                Some(Err(e)) => return Err(KafkaError::call(format!("reading topic {topic:?}"), e)),
+            }
+        }
+        Ok(all)
+    }
+
     fn failed(&self, what: String, reason: impl ToString) -> KafkaError {
         KafkaError::call(format!("{what} at {}", self.brokers), reason)
     }

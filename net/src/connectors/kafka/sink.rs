@@ -762,7 +762,17 @@ impl<T: 'static> Sink<T> for KafkaSink<T> {
         }
         match &self.mode {
             Mode::AtLeastOnce(alo) => alo.unacked.is_empty() && alo.waiting.is_empty(),
-            Mode::ExactlyOnce(eos) => eos.current.is_empty() && eos.pending.is_empty(),
+            // What waits for a barrier (the records since the last one, a transaction
+            // whose checkpoint has not completed) is not the sink's to write yet: the
+            // task's final snapshot pre-commits it, and the checkpoint that completes
+            // after makes it committable. Only a committable transaction holds the end.
+            Mode::ExactlyOnce(eos) => {
+                eos.in_flight.is_none()
+                    && !eos
+                        .pending
+                        .front()
+                        .is_some_and(|(id, _)| *id <= eos.committable_through)
+            }
         }
     }
 
