@@ -86,13 +86,16 @@ impl KafkaAdmin {
             ("enable.auto.commit", "false".to_string()),
             ("enable.partition.eof", "true".to_string()),
             ("isolation.level", "read_uncommitted".to_string()),
+            ("auto.offset.reset", "earliest".to_string()),
         ];
         let consumer: BaseConsumer = client_config(&self.brokers, "weir-read-all", &own, &[])
             .create()
             .map_err(|e| KafkaError::Client(e.to_string()))?;
         let mut list = TopicPartitionList::new();
         for p in 0..partitions {
-            list.add_partition_offset(topic, p, Offset::Beginning)
+            // From offset 0 (out of range: the log's start), not `Beginning`: see the
+            // source's start positions.
+            list.add_partition_offset(topic, p, Offset::Offset(0))
                 .map_err(|e| KafkaError::call("assigning", e))?;
         }
         consumer

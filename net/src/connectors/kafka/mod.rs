@@ -39,7 +39,9 @@
 //! commits, which the exactly-once sink's marker relies on. What it does not serve
 //! correctly, measured against it: `read_committed` fetches return aborted records
 //! too; `ListOffsets` answers with the last record batch's base offset, so "latest",
-//! "by timestamp" and lag figures from it are off by up to a batch. The tests check
+//! "by timestamp" and lag figures from it are off by up to a batch, and its answer for
+//! the earliest offset is at times a later batch's base offset (which would skip the
+//! batches before it), so the earliest start asks for offset 0 instead. The tests check
 //! exactly once by the checkpoint each record is tagged with instead of through
 //! `read_committed` (see `sink`), and a source's bounded end is the end it reaches
 //! (end-of-partition), not a `ListOffsets` answer.

@@ -139,6 +139,12 @@ pub struct KafkaSinkConfig {
     /// A header naming each message's subtask, checkpoint and attempt (see the module
     /// docs), e.g. `weir-txn`; `None`: none.
     pub checkpoint_header: Option<String>,
+    /// Exactly once: a file each committed transaction is appended to, as a line
+    /// `{subtask} {checkpoint} {attempt}` written as soon as the broker acknowledged the
+    /// commit (the tags of [`checkpoint_header`](Self::checkpoint_header)): an audit
+    /// trail over every attempt of a job, for a reader that cannot trust a broker's
+    /// `read_committed`. `None`: none.
+    pub commit_log: Option<std::path::PathBuf>,
     /// librdkafka properties, set last (they override the sink's own).
     pub properties: Vec<(String, String)>,
 }
@@ -156,6 +162,7 @@ impl KafkaSinkConfig {
             delivery_timeout: Duration::from_secs(60),
             transaction_timeout: Duration::from_secs(60),
             checkpoint_header: None,
+            commit_log: None,
             properties: Vec::new(),
         }
     }
@@ -578,6 +585,7 @@ impl<T> KafkaSink<T> {
                     timeout: self.config.transaction_timeout,
                     subtask,
                     header: attempt_tag,
+                    commit_log: self.config.commit_log.clone(),
                 },
                 self.unparker.clone(),
             )?);
@@ -908,6 +916,7 @@ struct CommitterSetup {
     timeout: Duration,
     subtask: usize,
     header: Option<String>,
+    commit_log: Option<std::path::PathBuf>,
 }
 
 struct Committer {
@@ -957,6 +966,17 @@ impl Drop for Committer {
     }
 }
 
+/// Appends `line` to `path` in one write (`O_APPEND`: lines of several subtasks
+/// never interleave), creating the file.
+fn append_line(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(line.as_bytes())
+}
+
 fn commit_loop(
     setup: CommitterSetup,
     commands: mpsc::Receiver<Command>,
@@ -971,6 +991,7 @@ fn commit_loop(
         timeout,
         subtask,
         header,
+        commit_log,
     } = setup;
     let attempt = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1042,6 +1063,11 @@ fn commit_loop(
             producer.commit_transaction(timeout).map_err(|e| {
                 tx_call(&format!("committing checkpoint {checkpoint}'s transaction"), e)
             })?;
+            if let Some(path) = &commit_log {
+                append_line(path, &format!("{subtask} {checkpoint} {attempt}\n")).map_err(|e| {
+                    KafkaError::call(format!("appending to the commit log {}", path.display()), e)
+                })?;
+            }
             let failed = std::mem::take(&mut *deliveries.done.lock().unwrap_or_else(|e| e.into_inner()))
                 .into_iter()
                 .find_map(|(_, outcome)| outcome);
