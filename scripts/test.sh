@@ -59,6 +59,11 @@ cargo test --workspace
 # Kill -9 chaos, a few kills in one process and across two (scripts/chaos.sh alone runs 20).
 scripts/chaos.sh --kills 4 --records 100000
 scripts/chaos.sh --kills 4 --records 100000 --processes 2
+# Kafka: the example job killed with SIGKILL at random and resumed, the broker stalled
+# once; every order's result exactly once among the committed transactions.
+if [ -n "${WEIR_KAFKA_BROKERS:-}" ]; then
+  scripts/kafka-chaos.sh --kills 4 --orders 40000 --pause-broker
+fi
 # Operator faults: damaged checkpoints refused by name (one process and two), the
 # launcher of two processes killed alone.
 scripts/faults.sh --records 1000000
