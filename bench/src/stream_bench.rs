@@ -139,6 +139,7 @@ impl Bench {
         StreamIo {
             source: Some(source),
             sink: output.map(|stream| StreamSinkConfig::new(url, stream)),
+            ..StreamIo::default()
         }
     }
 

@@ -792,6 +792,121 @@ fn stream_flags_that_cannot_work_are_one_line_errors() {
     assert!(stderr.contains("name one stream"), "{stderr}");
 }
 
+/// `weir produce-kafka` fills a topic; `weir run --source kafka://… --bounded --sink
+/// kafka://… --sink-guarantee exactly-once` with checkpoints enriches every record once
+/// into another topic, in transactions, and says what it read and wrote.
+#[test]
+fn a_topic_is_enriched_into_another_topic_exactly_once() {
+    let Some(brokers) = weir_net::kafka::test_brokers("a_topic_is_enriched_into_another_topic")
+    else {
+        return;
+    };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let (input, output) = (format!("weir-cli-in-{stamp}"), format!("weir-cli-out-{stamp}"));
+    let dir = scratch("kafka-run");
+    let produced = weir(&[
+        "produce-kafka",
+        &format!("kafka://{brokers}/{input}"),
+        "--count",
+        "20000",
+        "--keys",
+        "500",
+    ]);
+    assert!(produced.status.success(), "{}", text(&produced.stderr));
+    assert!(text(&produced.stdout).contains("wrote 20000 records"), "{}", text(&produced.stdout));
+    let json = dir.join("run.json");
+    let run = weir(&[
+        "run",
+        "--quiet",
+        "--cores",
+        "2",
+        "--oversubscribe",
+        "--keys",
+        "500",
+        "--source",
+        &format!("kafka://{brokers}/{input}"),
+        "--bounded",
+        "--sink",
+        &format!("kafka://{brokers}/{output}"),
+        "--sink-guarantee",
+        "exactly-once",
+        "--transactional-id-prefix",
+        &format!("weir-cli-{stamp}"),
+        "--checkpoint-interval",
+        "100ms",
+        "--checkpoint-dir",
+        dir.join("chk").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = text(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", text(&run.stderr));
+    assert_eq!(row(&stdout, "records in").as_deref(), Some("20000"), "{stdout}");
+    assert_eq!(row(&stdout, "records out").as_deref(), Some("20000"), "{stdout}");
+    assert_eq!(row(&stdout, "lost / duplicated").as_deref(), Some("0 / 0"), "{stdout}");
+    let source = row(&stdout, "kafka source").expect("the source's line");
+    assert!(source.starts_with("20000 records"), "{source}");
+    let value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
+    assert_eq!(value["kafka_sink"]["delivered"], 20000, "{value}");
+    assert!(value["kafka_sink"]["transactions_committed"].as_u64().unwrap_or(0) >= 1);
+    // What the topic holds: every id once (one attempt, so no aborted copies).
+    let admin = weir_net::kafka::KafkaAdmin::new(&brokers, std::time::Duration::from_secs(30))
+        .expect("admin");
+    let mut ids: Vec<u64> = admin
+        .read_all(&output)
+        .expect("reads")
+        .iter()
+        .map(|m| {
+            let value = String::from_utf8(m.payload.clone().expect("value")).expect("text");
+            let fields: Vec<&str> = value.split(',').collect();
+            assert_eq!(fields.len(), 4, "{value}");
+            assert_eq!(m.key.as_deref(), Some(fields[1].as_bytes()));
+            fields[0].parse().expect("an id")
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..20_000).collect::<Vec<u64>>());
+}
+
+#[test]
+fn kafka_flags_that_cannot_work_are_one_line_errors() {
+    let refused = |args: &[&str]| {
+        let output = weir(args);
+        assert_eq!(output.status.code(), Some(2));
+        text(&output.stderr)
+    };
+    let stderr = refused(&["run", "--source", "kafka://127.0.0.1:1"]);
+    assert!(stderr.contains("names no topic"), "{stderr}");
+    let stderr = refused(&["run", "--source", "kafka://127.0.0.1:1/bad topic"]);
+    assert!(stderr.contains("not a legal topic name"), "{stderr}");
+    let stderr = refused(&["run", "--source", "kafka:/x"]);
+    assert!(stderr.contains("kafka://"), "{stderr}");
+    // Nothing listens on port 1: said before the job starts.
+    let stderr = assert_one_line_error(&weir(&["run", "--source", "kafka://127.0.0.1:1/in"]));
+    assert!(stderr.contains("is a broker running there?"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&[
+        "run",
+        "--sink",
+        "kafka://127.0.0.1:1/out",
+        "--sink-guarantee",
+        "exactly-once",
+    ]));
+    assert!(stderr.contains("--checkpoint-interval"), "{stderr}");
+    let stderr = assert_one_line_error(&weir(&["run", "--sink", "kafka://127.0.0.1:1/a,b"]));
+    assert!(stderr.contains("name one topic"), "{stderr}");
+    if let Some(brokers) = weir_net::kafka::test_brokers("kafka_flags_that_cannot_work") {
+        let stderr = assert_one_line_error(&weir(&[
+            "run",
+            "--source",
+            &format!("kafka://{brokers}/weir-no-such-topic-{}", std::process::id()),
+        ]));
+        assert!(stderr.contains("has no topic"), "{stderr}");
+    }
+}
+
 /// `--restore` of a path that does not exist, of a directory whose newest completed
 /// checkpoint is damaged, or a fresh start over committed output: each is refused by
 /// name before anything starts (one line, exit status 2), in one process and over two.

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use weir_bench::job;
 use weir_engine::checkpoint::RestartStrategy;
 use weir_net::lookup::Latency;
+use weir_net::kafka::{KafkaUrl, KafkaUrlError};
 use weir_net::redis::streams::{StartFrom, StreamUrl, StreamUrlError};
 use weir_net::redis::RedisUrl;
 use weir_net::DriverKind;
@@ -42,6 +43,9 @@ pub(crate) enum Command {
     /// Appends main-job records (fields id, key, t) to a Redis stream for `weir run
     /// --source`, pipelined, as fast as Redis takes them or at a rate.
     ProduceStream(ProduceStreamArgs),
+    /// Write test records to a Kafka topic for `weir run --source kafka://…` (values
+    /// `id,key,t` as text, keyed by the key), created if missing.
+    ProduceKafka(ProduceKafkaArgs),
     /// Weir against its peers in interleaved turns; prints medians and ratios.
     Compare {
         /// Which structures to compare.
@@ -370,15 +374,18 @@ pub(crate) struct RunArgs {
     /// http://ADDR/metrics while the job runs, e.g. 127.0.0.1:9249.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_addr: Option<String>,
-    /// Read the records from Redis streams instead of generating them:
+    /// Read the records from Redis streams or Kafka topics instead of generating them:
     /// redis-stream://[user:password@]host:port/stream[,stream…][?db=N], entries as
-    /// `weir produce-stream` writes them (fields id, key, t). Each stream is read whole by
-    /// one source subtask (stream i by subtask i mod parallelism); the run ends with the
-    /// streams under --bounded, else on Ctrl-C (the sources stop, what they read drains).
-    #[arg(long, value_name = "URL", value_parser = parse_stream_url, conflicts_with_all = ["rate", "records"])]
-    pub(crate) source: Option<Box<StreamUrl>>,
-    /// With --source: read up to the entries the streams hold when the job starts, then
-    /// end.
+    /// `weir produce-stream` writes them (fields id, key, t), each stream read whole by
+    /// one source subtask (stream i by subtask i mod parallelism); or
+    /// kafka://host:port[,host:port…]/topic[,topic…], messages as `weir produce-kafka`
+    /// writes them (`id,key,t`), partitions spread over the subtasks as Flink's Kafka
+    /// source spreads them. The run ends at the end of the input under --bounded, else on
+    /// Ctrl-C (the sources stop, what they read drains).
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint, conflicts_with_all = ["rate", "records"])]
+    pub(crate) source: Option<Endpoint>,
+    /// With --source: read up to the entries the streams hold when the job starts (Kafka:
+    /// to the end each partition has when reached), then end.
     #[arg(long, requires = "source")]
     pub(crate) bounded: bool,
     /// With --source: where reading starts: beginning, latest (entries added after the
@@ -388,25 +395,82 @@ pub(crate) struct RunArgs {
     pub(crate) source_start: StartFrom,
     /// With --source: read as consumer GROUP[:CONSUMER] of each stream (XREADGROUP; made
     /// at the start position where missing), acknowledging (XACK) what a completed
-    /// checkpoint covers; for streams other consumers share. Consumer: weir.
+    /// checkpoint covers; for streams other consumers share. Consumer: weir. Kafka: the
+    /// consumer group completed checkpoints commit the offsets to, for monitoring (a
+    /// restore reads its checkpoint's offsets, never the group's).
     #[arg(long, value_name = "GROUP[:CONSUMER]", requires = "source")]
     pub(crate) consumer_group: Option<String>,
     /// With --source: a stream without entries for this long stops holding back the
     /// watermark (Flink's idleness), e.g. 5s; default: never idle.
     #[arg(long, value_parser = parse_positive_duration, requires = "source")]
     pub(crate) source_idle_timeout: Option<Duration>,
-    /// Also append every enriched record to a Redis stream (fields id, key, value as hex,
-    /// t): redis-stream://[user:password@]host:port/stream.
-    #[arg(long, value_name = "URL", value_parser = parse_stream_url, conflicts_with = "output")]
-    pub(crate) sink: Option<Box<StreamUrl>>,
-    /// With --sink: at-least-once (each record appended at once; a connection lost may
-    /// append some twice), or exactly-once (each checkpoint's records in one MULTI/EXEC
-    /// when it completes; needs --checkpoint-interval).
+    /// Also write every enriched record to a Redis stream (fields id, key, value as hex,
+    /// t): redis-stream://[user:password@]host:port/stream; or to a Kafka topic (values
+    /// `id,key,value hex,t`, keyed by the key): kafka://host:port/topic, created if
+    /// missing.
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint, conflicts_with = "output")]
+    pub(crate) sink: Option<Endpoint>,
+    /// With --sink: at-least-once (each record written at once; a connection lost may
+    /// write some twice), or exactly-once (each checkpoint's records in one MULTI/EXEC,
+    /// or one Kafka transaction per sink subtask, when it completes; needs
+    /// --checkpoint-interval).
     #[arg(long, value_enum, default_value_t = SinkGuarantee::AtLeastOnce, requires = "sink")]
     pub(crate) sink_guarantee: SinkGuarantee,
     /// With --sink: trim the stream to about this many entries (XADD MAXLEN ~ N).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "sink")]
     pub(crate) sink_maxlen: Option<u64>,
+    /// With a Kafka --sink exactly once: the transactional ids' prefix
+    /// (`PREFIX-SUBTASK`); two jobs writing exactly once at a time need different ones.
+    #[arg(long, default_value = "weir-run", requires = "sink")]
+    pub(crate) transactional_id_prefix: String,
+}
+
+/// `--source` and `--sink`: a Redis stream or a Kafka topic.
+#[derive(Debug, Clone)]
+pub(crate) enum Endpoint {
+    Redis(Box<StreamUrl>),
+    Kafka(KafkaUrl),
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Redis(url) => url.fmt(f),
+            Endpoint::Kafka(url) => url.fmt(f),
+        }
+    }
+}
+
+impl Endpoint {
+    pub(crate) fn redis(&self) -> Option<&StreamUrl> {
+        match self {
+            Endpoint::Redis(url) => Some(url),
+            Endpoint::Kafka(_) => None,
+        }
+    }
+
+    pub(crate) fn kafka(&self) -> Option<&KafkaUrl> {
+        match self {
+            Endpoint::Kafka(url) => Some(url),
+            Endpoint::Redis(_) => None,
+        }
+    }
+}
+
+pub(crate) fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    if text.starts_with("kafka://") {
+        parse_kafka_url(text).map(Endpoint::Kafka)
+    } else if text.starts_with("redis-stream://") {
+        parse_stream_url(text).map(Endpoint::Redis)
+    } else {
+        parse_stream_url(text)
+            .map(Endpoint::Redis)
+            .map_err(|e| format!("{e}; or, for Kafka, kafka://host:port/topic"))
+    }
+}
+
+pub(crate) fn parse_kafka_url(text: &str) -> Result<KafkaUrl, String> {
+    text.parse().map_err(|e: KafkaUrlError| e.to_string())
 }
 
 /// `--sink-guarantee`.
@@ -513,6 +577,33 @@ pub(crate) struct ProduceStreamArgs {
     /// Trim the stream to about this many entries (XADD MAXLEN ~ N).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) maxlen: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ProduceKafkaArgs {
+    /// The topic: kafka://host:port[,host:port…]/topic.
+    #[arg(value_parser = parse_kafka_url)]
+    pub(crate) url: KafkaUrl,
+    /// Records to write: ids --first-id, --first-id + 1, … (the checking sink of `weir
+    /// run` counts an id seen twice as a duplicate: give later loads of one topic ids
+    /// after the earlier ones).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) count: u64,
+    /// The first record's id.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) first_id: u64,
+    /// Records per second (default: as fast as the broker takes them).
+    #[arg(long)]
+    pub(crate) rate: Option<f64>,
+    /// Distinct keys (match `weir run --keys`).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) keys: u64,
+    /// How keys are drawn: uniform, or zipf:<s>.
+    #[arg(long, default_value = "uniform", value_parser = parse_key_distribution)]
+    pub(crate) key_distribution: KeyDraw,
+    /// Partitions of the topic, when it is created.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..))]
+    pub(crate) partitions: i32,
 }
 
 /// `--key-distribution`: uniform, or Zipf with an exponent.

@@ -111,6 +111,16 @@ fn items() -> Vec<Item> {
             "net/src/connectors/redis/streams/sink.rs"
         ),
         item!(
+            "KafkaSourceConfig",
+            "weir_net::kafka::KafkaSourceConfig",
+            "net/src/connectors/kafka/source.rs"
+        ),
+        item!(
+            "KafkaSinkConfig",
+            "weir_net::kafka::KafkaSinkConfig",
+            "net/src/connectors/kafka/sink.rs"
+        ),
+        item!(
             "TransportConfig",
             "weir_net::transport::TransportConfig",
             "net/src/transport/mod.rs"

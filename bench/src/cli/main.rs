@@ -48,6 +48,7 @@ fn main() {
         Command::ServeLookup(args) => std::process::exit(serve(args)),
         Command::LoadRedis(args) => std::process::exit(load_redis(args)),
         Command::ProduceStream(args) => std::process::exit(produce_stream(args)),
+        Command::ProduceKafka(args) => std::process::exit(produce_kafka(args)),
         Command::ConfigReference => {
             print!("{}", config_reference());
             std::process::exit(0)

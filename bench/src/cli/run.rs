@@ -14,8 +14,12 @@ use weir_bench::job::{RunError, WorkerPlan};
 use weir_engine::async_io::OutputMode;
 use weir_engine::checkpoint::AlignmentMode;
 use weir_net::lookup::{Faults, LookupServer, ServerConfig};
+use weir_net::kafka::{
+    KafkaAdmin, KafkaSinkConfig, KafkaSinkStats, KafkaSourceConfig, KafkaSourceStats, KafkaUrl,
+    SinkGuarantee as KafkaGuarantee, StartOffsets,
+};
 use weir_net::redis::streams::{
-    ConsumerGroup, Guarantee, StreamSinkConfig, StreamSourceConfig, StreamUrl,
+    ConsumerGroup, Guarantee, StartFrom, StreamSinkConfig, StreamSourceConfig, StreamUrl,
 };
 
 /// `--source` and `--sink` as the job's stream settings, checked, and the server asked
@@ -32,7 +36,7 @@ pub(crate) fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
                 ))
             })
     };
-    let source = match &args.source {
+    let source = match args.source.as_ref().and_then(Endpoint::redis) {
         Some(url) => {
             let mut config = StreamSourceConfig::new(url.redis.clone(), url.streams.clone());
             config.bounded = args.bounded;
@@ -61,7 +65,7 @@ pub(crate) fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
         }
         None => None,
     };
-    let sink = match &args.sink {
+    let sink = match args.sink.as_ref().and_then(Endpoint::redis) {
         Some(url) => {
             let [stream] = url.streams.as_slice() else {
                 return Err(RunError::Setting(format!(
@@ -89,7 +93,118 @@ pub(crate) fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
         }
         None => None,
     };
-    Ok(job::StreamIo { source, sink })
+    let (kafka_source, kafka_sink) = kafka_io(args)?;
+    Ok(job::StreamIo {
+        source,
+        sink,
+        kafka_source,
+        kafka_sink,
+    })
+}
+
+/// `--source kafka://…` and `--sink kafka://…` as the job's Kafka settings, checked, and
+/// the brokers asked for the topics, so that a wrong address or a missing input topic
+/// is an error now; a missing output topic is created.
+#[allow(clippy::type_complexity)]
+fn kafka_io(
+    args: &RunArgs,
+) -> Result<
+    (
+        Option<(KafkaSourceConfig, Arc<KafkaSourceStats>)>,
+        Option<(KafkaSinkConfig, Arc<KafkaSinkStats>)>,
+    ),
+    RunError,
+> {
+    let unreachable = |what: &str, url: &KafkaUrl, e: weir_net::kafka::KafkaError| {
+        RunError::Setting(format!(
+            "{what} {url}: {e} (is a broker running there? `scripts/kafka.sh start` starts one \
+             on 127.0.0.1:19092)"
+        ))
+    };
+    let admin = |what: &str, url: &KafkaUrl| {
+        KafkaAdmin::new(&url.bootstrap(), Duration::from_secs(10))
+            .map_err(|e| unreachable(what, url, e))
+    };
+    let source = match args.source.as_ref().and_then(Endpoint::kafka) {
+        Some(url) => {
+            let mut config = KafkaSourceConfig::new(url.bootstrap(), url.topics.clone());
+            config.bounded = args.bounded;
+            config.start = match args.source_start {
+                StartFrom::Beginning => StartOffsets::Earliest,
+                StartFrom::Latest => StartOffsets::Latest,
+                StartFrom::Id(id) => {
+                    return Err(RunError::Setting(format!(
+                        "--source-start {id}: an entry id is a Redis stream's position; for \
+                         Kafka write beginning or latest"
+                    )))
+                }
+            };
+            config.idle_timeout = args.source_idle_timeout;
+            config.group_id = args
+                .consumer_group
+                .as_ref()
+                .map(|text| text.split_once(':').map_or(text.as_str(), |(g, _)| g).to_string());
+            config
+                .validate()
+                .map_err(|e| RunError::Setting(format!("--source {url}: {e}")))?;
+            let admin = admin("--source", url)?;
+            for topic in &url.topics {
+                match admin.partitions(topic) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        return Err(RunError::Setting(format!(
+                            "--source {url}: the broker has no topic {topic:?} (`weir \
+                             produce-kafka kafka://{}/{topic}` writes test records to one)",
+                            url.bootstrap()
+                        )))
+                    }
+                    Err(e) => return Err(unreachable("--source", url, e)),
+                }
+            }
+            Some((config, Arc::default()))
+        }
+        None => None,
+    };
+    let sink = match args.sink.as_ref().and_then(Endpoint::kafka) {
+        Some(url) => {
+            let [topic] = url.topics.as_slice() else {
+                return Err(RunError::Setting(format!("--sink {url}: name one topic to write")));
+            };
+            let mut config = KafkaSinkConfig::new(url.bootstrap(), topic.clone());
+            config.guarantee = match args.sink_guarantee {
+                SinkGuarantee::AtLeastOnce => KafkaGuarantee::AtLeastOnce,
+                SinkGuarantee::ExactlyOnce if args.checkpoint_interval.is_none() => {
+                    return Err(RunError::Setting(
+                        "--sink-guarantee exactly-once commits each checkpoint's records when \
+                         it completes: add --checkpoint-interval and --checkpoint-dir"
+                            .into(),
+                    ))
+                }
+                SinkGuarantee::ExactlyOnce => KafkaGuarantee::ExactlyOnce,
+            };
+            config.transactional_id_prefix = args.transactional_id_prefix.clone();
+            if args.sink_maxlen.is_some() {
+                return Err(RunError::Setting(
+                    "--sink-maxlen trims a Redis stream; a Kafka topic keeps what its retention \
+                     settings keep"
+                        .into(),
+                ));
+            }
+            config
+                .validate()
+                .map_err(|e| RunError::Setting(format!("--sink {url}: {e}")))?;
+            let admin = admin("--sink", url)?;
+            if admin
+                .create_topic(topic, 4)
+                .map_err(|e| unreachable("--sink", url, e))?
+            {
+                eprintln!("weir run: created topic {topic:?} (4 partitions) for --sink");
+            }
+            Some((config, Arc::default()))
+        }
+        None => None,
+    };
+    Ok((source, sink))
 }
 
 pub(crate) fn run_job(args: RunArgs) -> i32 {
@@ -260,9 +375,10 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     // before anything starts.
     job::spin_from_env().map_err(RunError::Setting)?;
     let streams = stream_io(args)?;
-    let records = match streams.source {
-        Some(_) => 0,
-        None => args.records,
+    let records = if streams.reads_input() {
+        0
+    } else {
+        args.records
     };
     job::check_memory(plan.workers(), records, args.capacity as usize)?;
     let mut json = match &args.json {
@@ -294,6 +410,18 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 sources
                     .stream_sinks
                     .push(("sink".to_string(), Arc::clone(&config.stats)));
+            }
+            if let Some((_, stats)) = &streams.kafka_source {
+                let stats = Arc::clone(stats);
+                sources
+                    .extra
+                    .push(Box::new(move |registry| stats.register("source", registry)));
+            }
+            if let Some((_, stats)) = &streams.kafka_sink {
+                let stats = Arc::clone(stats);
+                sources
+                    .extra
+                    .push(Box::new(move |registry| stats.register("sink", registry)));
             }
             let server = weir_net::metrics::MetricsServer::start(addr, sources)
                 .map_err(|e| RunError::Setting(e.to_string()))?;
@@ -474,12 +602,12 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     let bar = if args.quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        let (bar, template) = match settings.streams.source {
-            Some(_) => (
+        let (bar, template) = match settings.streams.reads_input() {
+            true => (
                 indicatif::ProgressBar::no_length(),
                 "{pos} records  {rate}  in flight {msg}  [{elapsed_precise}]",
             ),
-            None => (
+            false => (
                 indicatif::ProgressBar::new(settings.records),
                 "{bar:40} {pos}/{len} records  {rate}  in flight {msg}  [{elapsed_precise}]",
             ),
@@ -570,6 +698,39 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             "redis stream sink", s.entries, s.commands, s.transactions, s.reconnects, s.errors
         );
     }
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    if let Some((_, s)) = &settings.streams.kafka_source {
+        let lag: i64 = s
+            .lag
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|l| (*l).max(0))
+            .sum();
+        println!(
+            "  {:<28} {} records ({}) from {} partitions, {} skipped, {} errors, lag {lag}",
+            "kafka source",
+            load(&s.records),
+            job::bytes_text(load(&s.bytes)),
+            load(&s.partitions),
+            load(&s.skipped),
+            load(&s.errors)
+        );
+    }
+    if let Some((_, s)) = &settings.streams.kafka_sink {
+        println!(
+            "  {:<28} {} records ({}), {} delivered, {} transactions committed ({} found \
+             committed at restore), {} aborted, {} errors",
+            "kafka sink",
+            load(&s.records),
+            job::bytes_text(load(&s.bytes)),
+            load(&s.delivered),
+            load(&s.transactions_committed),
+            load(&s.transactions_found_committed),
+            load(&s.transactions_aborted),
+            load(&s.errors)
+        );
+    }
     let records = finished.report.received.max(1);
     let cpu_per_record_ns = cpu.as_nanos() as f64 / records as f64;
     let service_share = stats
@@ -645,6 +806,30 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
             }),
             _ => Value::Null,
         };
+        value["kafka_source"] = match (&args.source, &settings.streams.kafka_source) {
+            (Some(url), Some((_, s))) => serde_json::json!({
+                "url": url.to_string(),
+                "bounded": args.bounded,
+                "records": load(&s.records),
+                "bytes": load(&s.bytes),
+                "skipped": load(&s.skipped),
+                "errors": load(&s.errors),
+                "partitions": load(&s.partitions),
+            }),
+            _ => Value::Null,
+        };
+        value["kafka_sink"] = match (&args.sink, &settings.streams.kafka_sink) {
+            (Some(url), Some((_, s))) => serde_json::json!({
+                "url": url.to_string(),
+                "guarantee": format!("{:?}", args.sink_guarantee),
+                "records": load(&s.records),
+                "delivered": load(&s.delivered),
+                "transactions_committed": load(&s.transactions_committed),
+                "transactions_aborted": load(&s.transactions_aborted),
+                "errors": load(&s.errors),
+            }),
+            _ => Value::Null,
+        };
         value["cpu_s"] = Value::from(cpu.as_secs_f64());
         value["lookup_mean_latency_ms"] = match &redis {
             Some(_) => Value::Null,
@@ -674,7 +859,7 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
     }
     // The exactly-once check over every attempt that wrote the output (restarts and
     // restores included): what the sinks committed.
-    if let (Some(output), None) = (&settings.output, &settings.streams.source) {
+    if let (Some(output), false) = (&settings.output, settings.streams.reads_input()) {
         let audit = job::audit_output(output, settings.records)?;
         println!("  {:<28} {}", "committed output", job::audit_text(&audit));
         if audit.lost > 0 || audit.duplicated > 0 {

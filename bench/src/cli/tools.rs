@@ -1,5 +1,5 @@
-//! The smaller subcommands: `produce-stream`, `load-redis`, `serve-lookup`, `profile`,
-//! `debloat`.
+//! The smaller subcommands: `produce-stream`, `produce-kafka`, `load-redis`,
+//! `serve-lookup`, `profile`, `debloat`.
 
 use crate::*;
 use std::io::Write as _;
@@ -79,6 +79,119 @@ pub(crate) fn produce_stream(args: ProduceStreamArgs) -> i32 {
                 job::bytes_text(p.bytes),
                 args.url,
                 p.entries as f64 / seconds
+            );
+            0
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
+        }
+    }
+}
+
+/// `weir produce-kafka`: `--count` records `id,key,t` to a topic (created with
+/// `--partitions` if missing), keyed by the key, paced at `--rate` if given.
+pub(crate) fn produce_kafka(args: ProduceKafkaArgs) -> i32 {
+    let [topic] = args.url.topics.as_slice() else {
+        eprintln!("error: {}: name one topic to write", args.url);
+        return 2;
+    };
+    if let Some(rate) = args.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            eprintln!("error: --rate must be a positive number of records per second");
+            return 2;
+        }
+    }
+    if args.first_id.saturating_add(args.count) > job::STREAM_ID_MAX {
+        eprintln!(
+            "error: ids {}..{} reach past {} (the checking sink of weir run keeps a bitmap of \
+             ids): give a smaller --first-id or --count",
+            args.first_id,
+            args.first_id.saturating_add(args.count),
+            job::STREAM_ID_MAX
+        );
+        return 2;
+    }
+    let keys = match args.key_distribution {
+        KeyDraw::Uniform => KeyDistribution::Uniform { keys: args.keys },
+        KeyDraw::Zipf(s) => match job::Zipf::new(args.keys, s) {
+            Ok(zipf) => KeyDistribution::Zipf(zipf),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return 2;
+            }
+        },
+    };
+    let brokers = args.url.bootstrap();
+    let created = weir_net::kafka::KafkaAdmin::new(&brokers, Duration::from_secs(10))
+        .and_then(|admin| admin.create_topic(topic, args.partitions));
+    match created {
+        Ok(true) => eprintln!(
+            "weir produce-kafka: created topic {topic:?} ({} partitions)",
+            args.partitions
+        ),
+        Ok(false) => {}
+        Err(error) => {
+            eprintln!(
+                "error: {}: {error} (is a broker running there? `scripts/kafka.sh start` \
+                 starts one on 127.0.0.1:19092)",
+                args.url
+            );
+            return 1;
+        }
+    }
+    eprintln!(
+        "weir produce-kafka: {} records to {}{}",
+        args.count,
+        args.url,
+        args.rate
+            .map(|r| format!(" at {r} records/s"))
+            .unwrap_or_default()
+    );
+    let bar = indicatif::ProgressBar::new(args.count);
+    let started = std::time::Instant::now();
+    let mut rng = job::SEED | 1;
+    let mut bytes = 0u64;
+    let produced = weir_net::kafka::produce::produce(
+        &brokers,
+        topic,
+        args.count,
+        Duration::from_secs(60),
+        |n, out| {
+            if let Some(rate) = args.rate {
+                // Open loop: record n leaves at n / rate after the start, never before.
+                let due = Duration::from_secs_f64(n as f64 / rate);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let first = job::xorshift64star(&mut rng);
+            let key = keys.draw(first, || job::xorshift64star(&mut rng));
+            out.key = Some(key.to_string().into_bytes());
+            let _ = write!(
+                out.payload,
+                "{},{key},{}",
+                args.first_id + n,
+                job::wall_clock_ns()
+            );
+            bytes += out.payload.len() as u64;
+            if n % 4096 == 0 {
+                bar.set_position(n);
+            }
+        },
+    );
+    bar.finish_and_clear();
+    match produced {
+        Ok(report) => {
+            let seconds = report.elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "wrote {} records (ids {}..{}, {}) to {} in {seconds:.2} s: {:.0} records/s",
+                report.delivered,
+                args.first_id,
+                args.first_id + report.delivered,
+                job::bytes_text(bytes),
+                args.url,
+                report.delivered as f64 / seconds
             );
             0
         }

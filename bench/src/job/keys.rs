@@ -210,4 +210,4 @@ pub fn xorshift64star(state: &mut u64) -> u64 {
 }
 
 /// Seed of the key sampling.
-pub(crate) const SEED: u64 = 42;
+pub const SEED: u64 = 42;

@@ -13,7 +13,9 @@
 //!
 //! With [`StreamIo`] the job reads its records from Redis streams instead (entries as
 //! `weir produce-stream` writes them: fields `id`, `key` and `t`, the time it was
-//! produced) and appends each enriched record to a stream as well as checking it.
+//! produced) and appends each enriched record to a stream as well as checking it; or
+//! from Kafka topics (messages as `weir produce-kafka` writes them: `id,key,t` as
+//! text) and writes each enriched record to a topic.
 
 mod keys;
 mod records;
@@ -51,6 +53,9 @@ use weir_net::cluster::TransportChannels;
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupBatchFunction, LookupClient, LookupFunction,
     LookupRequest,
+};
+use weir_net::kafka::{
+    KafkaSink, KafkaSinkConfig, KafkaSinkStats, KafkaSource, KafkaSourceConfig, KafkaSourceStats,
 };
 use weir_net::redis::streams::{
     stream_sink, stream_source, Fields, StreamSinkConfig, StreamSourceConfig,
@@ -420,14 +425,28 @@ pub struct JobSettings {
     pub stop: JobStop,
 }
 
-/// The main job's Redis streams: records read from streams instead of generated, and
-/// each enriched record appended to a stream.
+/// The main job's input and output logs, Redis streams or Kafka topics: records read
+/// from them instead of generated, and each enriched record written to one.
 #[derive(Clone, Default)]
 pub struct StreamIo {
-    /// Where the records come from (`weir run --source`), instead of the generator.
+    /// Where the records come from (`weir run --source redis-stream://…`), instead of
+    /// the generator.
     pub source: Option<StreamSourceConfig>,
-    /// Where the enriched records also go (`weir run --sink`).
+    /// Where the enriched records also go (`weir run --sink redis-stream://…`).
     pub sink: Option<StreamSinkConfig>,
+    /// Where the records come from (`weir run --source kafka://…`), instead of the
+    /// generator, with the counters its subtasks share.
+    pub kafka_source: Option<(KafkaSourceConfig, Arc<KafkaSourceStats>)>,
+    /// Where the enriched records also go (`weir run --sink kafka://…`), with the
+    /// counters its subtasks share.
+    pub kafka_sink: Option<(KafkaSinkConfig, Arc<KafkaSinkStats>)>,
+}
+
+impl StreamIo {
+    /// Whether the records are read from a log (ids as written there), not generated.
+    pub fn reads_input(&self) -> bool {
+        self.source.is_some() || self.kafka_source.is_some()
+    }
 }
 
 /// Stops a running job with drain from another thread (`weir run` on Ctrl-C): its
@@ -911,8 +930,20 @@ fn execute(
         }
         graph = graph.with_checkpointing(checkpointing);
     }
-    let source = match &settings.streams.source {
-        Some(config) => {
+    let source = match (&settings.streams.source, &settings.streams.kafka_source) {
+        (_, Some((config, stats))) => {
+            let (config, stats) = (config.clone(), Arc::clone(stats));
+            let wall = settings.cluster.is_some();
+            graph
+                .from_source(move |info| KafkaInput {
+                    inner: KafkaSource::new(&config, info, kafka_record_fields)
+                        .with_stats(Arc::clone(&stats)),
+                    offset: None,
+                    wall,
+                })
+                .name("kafka source")
+        }
+        (Some(config), None) => {
             let config = config.clone();
             let wall = settings.cluster.is_some();
             graph
@@ -927,7 +958,7 @@ fn execute(
                 })
                 .name("redis-stream source")
         }
-        None => {
+        (None, None) => {
             let source_settings = settings.clone();
             graph
                 .from_source(move |info| MainSource::new(&source_settings, info))
@@ -1013,7 +1044,7 @@ fn execute(
     };
     let results: Arc<std::sync::Mutex<Vec<SinkResult>>> = Arc::default();
     let first_output = Arc::new(AtomicU64::new(u64::MAX));
-    let from_streams = settings.streams.source.is_some();
+    let from_streams = settings.streams.reads_input();
     let records = if from_streams { 0 } else { settings.records };
     let wall_clock = settings.cluster.is_some();
     {
@@ -1040,8 +1071,13 @@ fn execute(
             from_streams,
         };
         let keyed = enriched.key_by(|record: &Enriched| record.key);
-        match (output, settings.streams.sink.clone()) {
-            (_, Some(config)) => keyed.sink_io(move |info: &SubtaskInfo| {
+        match (output, settings.streams.sink.clone(), settings.streams.kafka_sink.clone()) {
+            (_, _, Some((config, stats))) => keyed.sink(move |info: &SubtaskInfo| KafkaOutput {
+                check: check(),
+                out: KafkaSink::new(&config, info, kafka_value).with_stats(Arc::clone(&stats)),
+                wall: (!wall_clock).then(WallClock::default),
+            }),
+            (_, Some(config), None) => keyed.sink_io(move |info: &SubtaskInfo| {
                 let format: fn(&Enriched, &mut Fields) = stream_fields;
                 let (out, io) = stream_sink(&config, info, format);
                 let sink = StreamOut {
@@ -1051,8 +1087,8 @@ fn execute(
                 };
                 (sink, io)
             }),
-            (None, None) => keyed.sink(move |_| check()),
-            (Some(dir), None) => keyed.sink(move |info: &SubtaskInfo| OutputSink {
+            (None, None, None) => keyed.sink(move |_| check()),
+            (Some(dir), None, None) => keyed.sink(move |info: &SubtaskInfo| OutputSink {
                 check: check(),
                 files: FileSink::new(
                     dir.clone(),

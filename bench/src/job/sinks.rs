@@ -10,9 +10,9 @@ use hdrhistogram::Histogram;
 use smallvec::SmallVec;
 use weir_engine::graph::{FileSink, LiveCounters, Sink};
 use weir_engine::runtime::TaskError;
+use weir_net::kafka::{KafkaOut, KafkaSink};
 use weir_net::redis::streams::{Fields, StreamSink};
 
-/// Why `weir run` cannot run, or why its job stopped: each message says what to change.
 /// Each enriched record as a stream entry: `id`, `key`, `value` (hex), and `t`, the
 /// time its input was created (nanoseconds since the Unix epoch), for a reader that
 /// measures end to end.
@@ -60,6 +60,72 @@ impl Sink<Enriched> for StreamOut {
 
     fn accepts(&mut self) -> bool {
         self.out.accepts()
+    }
+
+    fn room(&mut self) -> usize {
+        self.out.room()
+    }
+
+    fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
+        self.out.poll(now_ns)
+    }
+
+    fn flushed(&mut self) -> bool {
+        self.out.flushed()
+    }
+
+    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
+        self.out.snapshot_state(checkpoint)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        self.out.notify_checkpoint_complete(checkpoint)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        self.out.restore_state(state)
+    }
+}
+
+/// Each enriched record as a Kafka message: the value `id,key,value hex,t` (`t` as in
+/// [`stream_fields`]), keyed by the key in decimal.
+pub(crate) fn kafka_value(record: &Enriched, _timestamp: Option<i64>, out: &mut KafkaOut) {
+    use std::io::Write;
+    out.key = Some(record.key.to_string().into_bytes());
+    let _ = write!(out.payload, "{},{},", record.id, record.key);
+    for byte in record.value.iter() {
+        let _ = write!(out.payload, "{byte:02x}");
+    }
+    let _ = write!(out.payload, ",{}", record.created_ns);
+}
+
+/// The main job's sink with `--sink kafka://…`: the checking sink, and each record
+/// written to a topic (at least once, or exactly once in a transaction per checkpoint).
+pub(crate) struct KafkaOutput {
+    pub(crate) check: CheckSink,
+    pub(crate) out: KafkaSink<Enriched>,
+    /// Maps the records' creation times onto the wall clock (none over several
+    /// processes: they are in it already).
+    pub(crate) wall: Option<WallClock>,
+}
+
+impl Sink<Enriched> for KafkaOutput {
+    fn invoke(
+        &mut self,
+        mut value: Enriched,
+        timestamp: Option<i64>,
+        now_ns: u64,
+    ) -> Result<(), TaskError> {
+        self.check.invoke(value.clone(), timestamp, now_ns)?;
+        if let Some(wall) = self.wall.as_mut() {
+            value.created_ns = wall.map(now_ns, value.created_ns);
+        }
+        self.out.invoke(value, timestamp, now_ns)
+    }
+
+    fn finish(&mut self) -> Result<(), TaskError> {
+        self.out.finish()?;
+        self.check.finish()
     }
 
     fn room(&mut self) -> usize {

@@ -6,11 +6,11 @@ use super::*;
 use weir_engine::exchange::codec::Codec;
 use weir_engine::graph::{Source, SourceEvent, SubtaskInfo};
 use weir_engine::runtime::TaskError;
+use weir_net::kafka::{KafkaMessage, KafkaSource};
 use weir_net::redis::streams::{StreamEntry, StreamSource};
 
-/// Why `weir run` cannot run, or why its job stopped: each message says what to change.
 /// Nanoseconds of the host's wall clock (`CLOCK_REALTIME`).
-pub(crate) fn wall_clock_ns() -> u64 {
+pub fn wall_clock_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -233,21 +233,27 @@ pub(crate) struct StreamInput {
     pub(crate) wall: bool,
 }
 
+/// When a record read from a log was created, by the run's clock (or the wall clock
+/// over several processes): `produced` (its `t`, the wall clock when it was written)
+/// mapped onto the run's clock, or when read. `offset` is the wall clock minus the
+/// run's, taken at the first record.
+fn created_at(produced: Option<u64>, now_ns: u64, offset: &mut Option<u64>, wall: bool) -> u64 {
+    let offset = *offset.get_or_insert_with(|| wall_clock_ns().saturating_sub(now_ns));
+    match (produced, wall) {
+        (Some(t), true) => t,
+        (None, true) => now_ns + offset,
+        // Produced before the run started: its age counts from the start.
+        (Some(t), false) => t.saturating_sub(offset).min(now_ns),
+        (None, false) => now_ns,
+    }
+}
+
 impl Source<Lookup> for StreamInput {
     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
         match self.inner.poll_next(now_ns) {
             SourceEvent::Record(entry, timestamp) => match record_fields(&entry) {
                 Ok((id, key, produced)) => {
-                    let offset = *self
-                        .offset
-                        .get_or_insert_with(|| wall_clock_ns().saturating_sub(now_ns));
-                    let created_ns = match (produced, self.wall) {
-                        (Some(t), true) => t,
-                        (None, true) => now_ns + offset,
-                        // Produced before the run started: its age counts from the start.
-                        (Some(t), false) => t.saturating_sub(offset).min(now_ns),
-                        (None, false) => now_ns,
-                    };
+                    let created_ns = created_at(produced, now_ns, &mut self.offset, self.wall);
                     SourceEvent::Record(
                         Lookup(SourceRecord {
                             id,
@@ -259,6 +265,76 @@ impl Source<Lookup> for StreamInput {
                 }
                 Err(message) => SourceEvent::Failed(message),
             },
+            SourceEvent::Watermark(w) => SourceEvent::Watermark(w),
+            SourceEvent::Idle { until_ns } => SourceEvent::Idle { until_ns },
+            SourceEvent::End => SourceEvent::End,
+            SourceEvent::Failed(message) => SourceEvent::Failed(message),
+        }
+    }
+
+    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
+        self.inner.snapshot_state()
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
+        self.inner.restore_state(state)
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
+        self.inner.notify_checkpoint_complete(checkpoint)
+    }
+}
+
+/// The main job's record from a Kafka message as `weir produce-kafka` writes it: the
+/// value `id,key[,t]` in decimal (`t`: when it was produced, nanoseconds since the Unix
+/// epoch), `id` below [`STREAM_ID_MAX`]. Anything else fails the job naming the message
+/// (the source's decode policy is to fail).
+pub fn kafka_record_fields(message: &KafkaMessage<'_>) -> Result<(u64, u64, Option<u64>), String> {
+    let refuse = |why: &str| {
+        format!(
+            "{why}: weir run's main job reads messages as `weir produce-kafka` writes them \
+             (the value id,key,t in decimal); enrich topics of your own with a job like \
+             net/examples/kafka_enrich.rs"
+        )
+    };
+    let text = std::str::from_utf8(message.payload().unwrap_or_default())
+        .map_err(|_| refuse("the value is not UTF-8 text"))?;
+    let mut numbers = text.split(',').map(|f| f.parse::<u64>());
+    let (id, key, t) = match (numbers.next(), numbers.next(), numbers.next(), numbers.next()) {
+        (Some(Ok(id)), Some(Ok(key)), None, None) => (id, key, None),
+        (Some(Ok(id)), Some(Ok(key)), Some(Ok(t)), None) => (id, key, Some(t)),
+        _ => return Err(refuse(&format!("the value {text:?} is not id,key,t"))),
+    };
+    if id >= STREAM_ID_MAX {
+        return Err(refuse(&format!(
+            "id {id} is not below {STREAM_ID_MAX} (the checking sink keeps a bitmap of ids)"
+        )));
+    }
+    Ok((id, key, t))
+}
+
+/// The main job's source with `--source kafka://…`: the Kafka source's messages as
+/// records, each created when it was produced (its `t`) or when read. Offsets,
+/// watermarks and failures are the Kafka source's.
+pub(crate) struct KafkaInput {
+    pub(crate) inner: KafkaSource<(u64, u64, Option<u64>)>,
+    /// Wall clock minus the run's clock (taken at the first record).
+    pub(crate) offset: Option<u64>,
+    /// Over several processes: creation times stay in the wall clock.
+    pub(crate) wall: bool,
+}
+
+impl Source<Lookup> for KafkaInput {
+    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
+        match self.inner.poll_next(now_ns) {
+            SourceEvent::Record((id, key, produced), timestamp) => SourceEvent::Record(
+                Lookup(SourceRecord {
+                    id,
+                    key,
+                    created_ns: created_at(produced, now_ns, &mut self.offset, self.wall),
+                }),
+                timestamp,
+            ),
             SourceEvent::Watermark(w) => SourceEvent::Watermark(w),
             SourceEvent::Idle { until_ns } => SourceEvent::Idle { until_ns },
             SourceEvent::End => SourceEvent::End,

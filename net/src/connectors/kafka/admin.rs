@@ -14,6 +14,10 @@ use super::{block_on, client_config};
 pub struct KafkaAdmin {
     brokers: String,
     client: AdminClient<DefaultClientContext>,
+    /// Asks for topic metadata: a consumer's metadata requests never create the topic
+    /// (an admin client's, like a producer's, let a broker that auto-creates topics
+    /// create the one asked about).
+    lookup: rdkafka::consumer::BaseConsumer,
     timeout: Duration,
 }
 
@@ -24,9 +28,18 @@ impl KafkaAdmin {
         let client = client_config(brokers, "weir-admin", &[], &[])
             .create()
             .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let lookup = client_config(
+            brokers,
+            "weir-admin-lookup",
+            &[("allow.auto.create.topics", "false".to_string())],
+            &[],
+        )
+        .create()
+        .map_err(|e| KafkaError::Client(e.to_string()))?;
         Ok(KafkaAdmin {
             brokers: brokers.to_string(),
             client,
+            lookup,
             timeout,
         })
     }
@@ -68,7 +81,8 @@ impl KafkaAdmin {
 
     /// How many partitions `topic` has (`None`: it does not exist).
     pub fn partitions(&self, topic: &str) -> Result<Option<i32>, KafkaError> {
-        partitions_of(self.client.inner(), &self.brokers, topic, self.timeout)
+        use rdkafka::consumer::Consumer;
+        partitions_of(self.lookup.client(), &self.brokers, topic, self.timeout)
     }
 
     /// Every message of `topic`, partition by partition, each in offset order, read up
