@@ -141,5 +141,18 @@ if scripts/redis.sh install >/dev/null 2>&1; then
   "$weir" stream-bench $([ -n "$quick" ] && echo "--rounds 2 --scale 0.2") --json "$data/streams.json" > "$data/streams.md" ||
     echo "the stream benchmark failed; the report leaves it out" >&2
 fi
+echo "== kafka" >&2
+# Its own broker (scripts/kafka.sh); without one the report says the section was not
+# measured.
+kafka_ours=yes
+scripts/kafka.sh status >/dev/null 2>&1 && kafka_ours=""
+if kafka_env=$(scripts/kafka.sh start 2>/dev/null); then
+  eval "$kafka_env"
+  "$weir" kafka-bench --brokers "$WEIR_KAFKA_BROKERS" $([ -n "$quick" ] && echo "--records 100000 --latency-records 10000 --rounds 2") \
+    --json "$data/kafka.json" > "$data/kafka.md" || echo "the Kafka benchmark failed; the report leaves it out" >&2
+  [ -n "$kafka_ours" ] && { scripts/kafka.sh stop 2>/dev/null || true; }
+else
+  echo "no Kafka broker (scripts/kafka.sh start failed); the Kafka section is skipped" >&2
+fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 "$weir" report --data "$data" --out results --commit "$commit"

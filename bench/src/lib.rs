@@ -21,6 +21,7 @@ pub mod debloat;
 pub mod exchange_peers;
 pub mod flink;
 pub mod job;
+pub mod kafka_bench;
 pub mod lookup_peers;
 pub mod pool_peers;
 pub mod redis_peers;

@@ -680,6 +680,24 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
             let _ = writeln!(md, "\n## Redis Streams in and out\n\nNot measured in this run (`weir stream-bench` needs a redis-server: `scripts/redis.sh install`).\n");
         }
     }
+    match read(data, "kafka.json") {
+        Some(value) => {
+            let _ = writeln!(
+                md,
+                "\n## Kafka source → sink\n\nCommand: `{}` ({} rounds, the two sides alternating; medians), against the tansu broker `scripts/kafka.sh` starts (in-memory storage, on the same two cores). Weir: the Kafka source chained to the Kafka sink at least once, two subtasks; the peer: rdkafka's own consumer → producer loop doing the same parsing and formatting, a thread per half of the {} partitions, its clients set as Weir's set theirs (the ceiling for this client). Throughput: a topic of {} records read to its end into a fresh topic, until the last delivery is acknowledged; CPU of the whole process per record. Latency: {} records written at {} records/s, each record's age when a consumer of the output reads it (through the broker twice). Flink's `KafkaSource`/`KafkaSink` are not measured: the Flink jars this project installs carry no Kafka connector.",
+                value["command"].as_str().unwrap_or("weir kafka-bench"),
+                value["rounds"].as_u64().unwrap_or(0),
+                value["partitions"].as_u64().unwrap_or(0),
+                value["records"].as_u64().unwrap_or(0),
+                value["latency_records"].as_u64().unwrap_or(0),
+                value["rate"].as_f64().unwrap_or(0.0),
+            );
+            md.push_str(&crate::kafka_bench::render(&value));
+        }
+        None => {
+            let _ = writeln!(md, "\n## Kafka source → sink\n\nNot measured in this run (`weir kafka-bench` needs a broker: `scripts/kafka.sh start`).\n");
+        }
+    }
     let _ = writeln!(md, "\n## Flamegraphs\n");
     for (file, what) in [
         ("main-job.svg", "the main job (`weir run`)"),

@@ -81,6 +81,29 @@ pub(crate) enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Kafka source → sink against rdkafka's own consumer → producer loop: throughput
+    /// and CPU per record over a topic read to its end, and latency end to end at a
+    /// fixed rate; alternating turns, medians. Needs a broker (`scripts/kafka.sh start`).
+    KafkaBench {
+        /// The broker, host:port.
+        #[arg(long, default_value = "127.0.0.1:19092")]
+        brokers: String,
+        /// Records of a throughput turn.
+        #[arg(long, default_value_t = 500_000, value_parser = clap::value_parser!(u64).range(1000..))]
+        records: u64,
+        /// Records of a latency turn.
+        #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(100..))]
+        latency_records: u64,
+        /// Records per second of the latency turns.
+        #[arg(long, default_value_t = 10_000.0)]
+        rate: f64,
+        /// Rounds (each side runs each turn once per round).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        rounds: u32,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// The main job from Redis streams to a Redis stream beside the generator →
     /// counting sink job: throughput and CPU per record, and latency end to end at a
     /// fixed rate; interleaved rounds, medians. Starts its own redis-server.

@@ -89,6 +89,42 @@ fn main() {
         }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
         Command::Debloat(args) => std::process::exit(debloat(args)),
+        Command::KafkaBench {
+            brokers,
+            records,
+            latency_records,
+            rate,
+            rounds,
+            json,
+        } => {
+            if !(rate.is_finite() && rate >= 100.0) {
+                eprintln!("error: --rate must be at least 100 records/s, got {rate}");
+                std::process::exit(2);
+            }
+            let value = match weir_bench::kafka_bench::run(
+                &brokers,
+                records,
+                latency_records,
+                rate,
+                rounds as usize,
+                |line| eprintln!("{line}"),
+            ) {
+                Ok(value) => value,
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(1);
+                }
+            };
+            print!("{}", weir_bench::kafka_bench::render(&value));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&value).expect("JSON of plain values");
+                if let Err(error) = std::fs::write(&path, text) {
+                    eprintln!("error: cannot write {}: {error}", path.display());
+                    std::process::exit(1);
+                }
+            }
+            std::process::exit(0)
+        }
         Command::StreamBench {
             rounds,
             scale,
