@@ -69,6 +69,7 @@ if [ -n "$pause_broker" ]; then
 fi
 
 killed=0
+before_first=0
 finished_early=0
 paused=0
 for round in $(seq "$kills"); do
@@ -84,8 +85,12 @@ for round in $(seq "$kills"); do
     paused=1
     sleep 0.5
   fi
+  # Whether a checkpoint had completed yet (the restore point records it).
+  completed_yet=""
+  [ -f "$dir/chk/_completed" ] && completed_yet=yes
   if kill -9 "$pid" 2>/dev/null; then
     killed=$((killed + 1))
+    [ -n "$completed_yet" ] || before_first=$((before_first + 1))
   else
     finished_early=$((finished_early + 1))
   fi
@@ -105,7 +110,9 @@ else
   verdict=FAILED
 fi
 commits=$(wc -l <"$dir/commits" 2>/dev/null || echo 0)
-echo "kafka chaos: $verdict: $orders orders, $killed kills ($finished_early runs ended before their kill), broker paused $paused time(s), $commits commits logged"
+echo "kafka chaos: $verdict: $orders orders, $killed kills ($before_first before the first checkpoint completed, $finished_early runs ended before their kill), broker paused $paused time(s), $commits commits logged"
+# Copies of transactions a kill cut between pre-commit and commit (aborted, then sent
+# again by the next attempt) show in the check's line as messages in aborted copies.
 grep "kafka_enrich: .*exactly once\|FAILED" "$log" | tail -5
 if [ "$verdict" != passed ]; then
   echo "scripts/kafka-chaos.sh: see $log" >&2

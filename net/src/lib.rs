@@ -94,6 +94,12 @@ pub struct GuideFaultTolerance;
 #[doc = include_str!("../../guide/src/introduction.md")]
 pub struct GuideIntroduction;
 
+/// The guide's "kafka" chapter: any Rust block in it is compiled and run as a doc
+/// test.
+#[cfg(doctest)]
+#[doc = include_str!("../../guide/src/kafka.md")]
+pub struct GuideKafka;
+
 /// The guide's "lookup-protocol" chapter: any Rust block in it is compiled and run as a doc
 /// test.
 #[cfg(doctest)]

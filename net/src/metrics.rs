@@ -622,6 +622,29 @@ mod tests {
         assert!(text.contains("weir_task_busyTimeMsPerSecond"), "{text}");
     }
 
+    /// The Kafka connectors' counters, registered through `extra`, appear once under
+    /// the endpoint's `weir_` prefix, labelled by their name.
+    #[test]
+    fn kafka_counters_are_scraped_under_one_prefix() {
+        use crate::kafka::{KafkaSinkStats, KafkaSourceStats};
+        let live = Arc::new(LiveCounters::default());
+        let mut sources = MetricsSources::new(live);
+        let source = Arc::new(KafkaSourceStats::default());
+        source.records.store(7, std::sync::atomic::Ordering::Relaxed);
+        let sink = Arc::new(KafkaSinkStats::default());
+        sink.transactions_committed.store(3, std::sync::atomic::Ordering::Relaxed);
+        let (a, b) = (Arc::clone(&source), Arc::clone(&sink));
+        sources.extra.push(Box::new(move |r| a.register("in", r)));
+        sources.extra.push(Box::new(move |r| b.register("out", r)));
+        let text = render(&sources, &mut Previous::new());
+        assert!(text.contains("weir_kafka_source_records_total{source=\"in\"} 7"), "{text}");
+        assert!(
+            text.contains("weir_kafka_sink_transactions_committed_total{sink=\"out\"} 3"),
+            "{text}"
+        );
+        assert!(!text.contains("weir_weir_"), "{text}");
+    }
+
     /// Idle clients (connected, sending nothing) never hold a scrape back: with 100 of
     /// them open, a scrape is answered within 100 ms.
     #[test]

@@ -474,3 +474,49 @@ fn a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in() {
         .collect();
     assert_eq!(all, (0..20).collect::<Vec<_>>());
 }
+
+/// A topic deleted while a job reads it fails the source with an error naming the topic
+/// (found by the next partition discovery or by the fetch), rather than a source that
+/// waits on it for ever.
+#[test]
+fn a_topic_deleted_under_a_running_source_fails_it_by_name() {
+    let Some(brokers) = test_brokers("a_topic_deleted_under_a_running_source_fails_it_by_name")
+    else {
+        return;
+    };
+    let topic = unique("deleted");
+    fill(&brokers, &topic, 2, 100);
+    let mut config = KafkaSourceConfig::new(brokers.clone(), vec![topic.clone()]);
+    config.discovery_interval = Some(Duration::from_millis(200));
+    /// Counts what it is given, as it is given.
+    struct Count(Arc<AtomicU64>);
+    impl Sink<weir_net::kafka::KafkaRecord> for Count {
+        fn invoke(
+            &mut self,
+            _: weir_net::kafka::KafkaRecord,
+            _: Option<i64>,
+            _: u64,
+        ) -> Result<(), weir_engine::runtime::TaskError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+    let seen = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&seen);
+    let graph = Graph::new().with_parallelism(1);
+    graph
+        .from_source(move |info: &SubtaskInfo| KafkaSource::records(&config, info))
+        .sink(move |_: &SubtaskInfo| Count(Arc::clone(&counted)));
+    let job = graph.start(runtime()).expect("starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.load(Ordering::Relaxed) < 100 {
+        assert!(Instant::now() < deadline, "the records never came");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(admin(&brokers).delete_topic(&topic).expect("deletes"));
+    let started = Instant::now();
+    let (_, failure) = job.join();
+    let message = failure.expect("the job fails").to_string();
+    assert!(message.contains(&format!("topic {topic:?} does not exist")), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+}

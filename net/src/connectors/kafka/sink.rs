@@ -237,24 +237,24 @@ impl KafkaSinkStats {
             std::borrow::Cow::Owned(name.to_string()),
         ));
         let counter = |v: &AtomicU64| ConstCounter::new(v.load(Ordering::Relaxed));
-        sub.register("weir_kafka_sink_records", "Records given to the sink", counter(&self.records));
-        sub.register("weir_kafka_sink_bytes", "Bytes of keys and values given", counter(&self.bytes));
+        sub.register("kafka_sink_records", "Records given to the sink", counter(&self.records));
+        sub.register("kafka_sink_bytes", "Bytes of keys and values given", counter(&self.bytes));
         sub.register(
-            "weir_kafka_sink_delivered",
+            "kafka_sink_delivered",
             "Messages acknowledged or committed",
             counter(&self.delivered),
         );
         sub.register(
-            "weir_kafka_sink_transactions_committed",
+            "kafka_sink_transactions_committed",
             "Transactions committed",
             counter(&self.transactions_committed),
         );
         sub.register(
-            "weir_kafka_sink_transactions_aborted",
+            "kafka_sink_transactions_aborted",
             "Transactions aborted",
             counter(&self.transactions_aborted),
         );
-        sub.register("weir_kafka_sink_errors", "Client errors retried", counter(&self.errors));
+        sub.register("kafka_sink_errors", "Client errors retried", counter(&self.errors));
     }
 }
 

@@ -237,27 +237,27 @@ impl KafkaSourceStats {
         ));
         let counter = |v: &AtomicU64| ConstCounter::new(v.load(Ordering::Relaxed));
         sub.register(
-            "weir_kafka_source_records",
+            "kafka_source_records",
             "Records read",
             counter(&self.records),
         );
         sub.register(
-            "weir_kafka_source_bytes",
+            "kafka_source_bytes",
             "Bytes of keys and values read",
             counter(&self.bytes),
         );
         sub.register(
-            "weir_kafka_source_skipped",
+            "kafka_source_skipped",
             "Messages refused by the deserializer and skipped",
             counter(&self.skipped),
         );
         sub.register(
-            "weir_kafka_source_errors",
+            "kafka_source_errors",
             "Client errors retried",
             counter(&self.errors),
         );
         sub.register(
-            "weir_kafka_source_commits",
+            "kafka_source_commits",
             "Offset commits at completed checkpoints",
             counter(&self.commits),
         );
@@ -272,7 +272,7 @@ impl KafkaSourceStats {
                 std::borrow::Cow::Owned(partition.to_string()),
             ));
             part.register(
-                "weir_kafka_source_lag",
+                "kafka_source_lag",
                 "Records behind the partition's high watermark",
                 ConstGauge::new(*value),
             );
