@@ -109,7 +109,13 @@ impl Side {
 
 /// The Weir job: the Kafka source → the Kafka sink at least once, two subtasks.
 /// `bounded`: ends at the input's end; else runs until `stop` is set.
-fn weir_pipeline(brokers: &str, input: &str, output: &str, bounded: bool, stop: Arc<AtomicBool>) -> Result<(), String> {
+fn weir_pipeline(
+    brokers: &str,
+    input: &str,
+    output: &str,
+    bounded: bool,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
     let mut source = KafkaSourceConfig::new(brokers, vec![input.to_string()]);
     source.bounded = bounded;
     source.properties = vec![("fetch.wait.max.ms".into(), FETCH_WAIT_MS.into())];
@@ -154,11 +160,21 @@ fn weir_pipeline(brokers: &str, input: &str, output: &str, bounded: bool, stop: 
 }
 
 /// The peer: a thread per subtask's partitions, each a consumer → producer loop.
-fn rdkafka_pipeline(brokers: &str, input: &str, output: &str, bounded: bool, stop: Arc<AtomicBool>) -> Result<(), String> {
+fn rdkafka_pipeline(
+    brokers: &str,
+    input: &str,
+    output: &str,
+    bounded: bool,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
     let threads: Vec<_> = (0..PARALLELISM)
         .map(|index| {
-            let (brokers, input, output, stop) =
-                (brokers.to_string(), input.to_string(), output.to_string(), Arc::clone(&stop));
+            let (brokers, input, output, stop) = (
+                brokers.to_string(),
+                input.to_string(),
+                output.to_string(),
+                Arc::clone(&stop),
+            );
             std::thread::spawn(move || -> Result<(), String> {
                 let consumer: BaseConsumer = ClientConfig::new()
                     .set("bootstrap.servers", &brokers)
@@ -207,7 +223,10 @@ fn rdkafka_pipeline(brokers: &str, input: &str, output: &str, bounded: bool, sto
                                     .payload(payload.as_slice());
                                 match producer.send(record) {
                                     Ok(()) => break,
-                                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                                    Err((
+                                        RdError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                                        _,
+                                    )) => {
                                         producer.poll(Duration::from_millis(1));
                                     }
                                     Err((e, _)) => return Err(e.to_string()),
@@ -223,18 +242,29 @@ fn rdkafka_pipeline(brokers: &str, input: &str, output: &str, bounded: bool, sto
                     }
                     producer.poll(Duration::ZERO);
                 }
-                producer.flush(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+                producer
+                    .flush(Duration::from_secs(60))
+                    .map_err(|e| e.to_string())?;
                 Ok(())
             })
         })
         .collect();
     for thread in threads {
-        thread.join().map_err(|_| "a peer thread panicked".to_string())??;
+        thread
+            .join()
+            .map_err(|_| "a peer thread panicked".to_string())??;
     }
     Ok(())
 }
 
-fn pipeline(side: Side, brokers: &str, input: &str, output: &str, bounded: bool, stop: Arc<AtomicBool>) -> Result<(), String> {
+fn pipeline(
+    side: Side,
+    brokers: &str,
+    input: &str,
+    output: &str,
+    bounded: bool,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
     match side {
         Side::Weir => weir_pipeline(brokers, input, output, bounded, stop),
         Side::Rdkafka => rdkafka_pipeline(brokers, input, output, bounded, stop),
@@ -242,7 +272,12 @@ fn pipeline(side: Side, brokers: &str, input: &str, output: &str, bounded: bool,
 }
 
 /// Counts the messages of `topic` and, from `t` in each value, the age when read.
-fn consume_latency(brokers: &str, topic: &str, count: u64, deadline: Duration) -> Result<Histogram<u64>, String> {
+fn consume_latency(
+    brokers: &str,
+    topic: &str,
+    count: u64,
+    deadline: Duration,
+) -> Result<Histogram<u64>, String> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "weir-bench-latency")
@@ -254,7 +289,8 @@ fn consume_latency(brokers: &str, topic: &str, count: u64, deadline: Duration) -
         .map_err(|e| e.to_string())?;
     let mut all = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        all.add_partition_offset(topic, p, Offset::Offset(0)).map_err(|e| e.to_string())?;
+        all.add_partition_offset(topic, p, Offset::Offset(0))
+            .map_err(|e| e.to_string())?;
     }
     consumer.assign(&all).map_err(|e| e.to_string())?;
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("bounds");
@@ -262,7 +298,9 @@ fn consume_latency(brokers: &str, topic: &str, count: u64, deadline: Duration) -
     let mut seen = 0;
     while seen < count {
         if started.elapsed() > deadline {
-            return Err(format!("{seen} of {count} records reached the output in {deadline:?}"));
+            return Err(format!(
+                "{seen} of {count} records reached the output in {deadline:?}"
+            ));
         }
         if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
             let now = wall_ns();
@@ -276,10 +314,17 @@ fn consume_latency(brokers: &str, topic: &str, count: u64, deadline: Duration) -
 }
 
 /// One throughput turn: seconds and CPU seconds for `records`.
-fn throughput_turn(side: Side, brokers: &str, input: &str, records: u64) -> Result<(f64, f64), String> {
+fn throughput_turn(
+    side: Side,
+    brokers: &str,
+    input: &str,
+    records: u64,
+) -> Result<(f64, f64), String> {
     let admin = KafkaAdmin::new(brokers, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let output = topic("out");
-    admin.create_topic(&output, PARTITIONS).map_err(|e| e.to_string())?;
+    admin
+        .create_topic(&output, PARTITIONS)
+        .map_err(|e| e.to_string())?;
     let cpu = process_cpu();
     let started = Instant::now();
     pipeline(side, brokers, input, &output, true, Arc::default())?;
@@ -294,41 +339,62 @@ fn throughput_turn(side: Side, brokers: &str, input: &str, records: u64) -> Resu
 fn latency_turn(side: Side, brokers: &str, records: u64, rate: f64) -> Result<(u64, u64), String> {
     let admin = KafkaAdmin::new(brokers, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let (input, output) = (topic("lat-in"), topic("lat-out"));
-    admin.create_topic(&input, PARTITIONS).map_err(|e| e.to_string())?;
-    admin.create_topic(&output, PARTITIONS).map_err(|e| e.to_string())?;
+    admin
+        .create_topic(&input, PARTITIONS)
+        .map_err(|e| e.to_string())?;
+    admin
+        .create_topic(&output, PARTITIONS)
+        .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     let running = {
-        let (brokers, input, output, stop) =
-            (brokers.to_string(), input.clone(), output.clone(), Arc::clone(&stop));
+        let (brokers, input, output, stop) = (
+            brokers.to_string(),
+            input.clone(),
+            output.clone(),
+            Arc::clone(&stop),
+        );
         std::thread::spawn(move || pipeline(side, &brokers, &input, &output, false, stop))
     };
     let writer = {
         let (brokers, input) = (brokers.to_string(), input.clone());
         std::thread::spawn(move || {
             let started = Instant::now();
-            produce(&brokers, &input, records, Duration::from_secs(60), |n, out| {
-                let due = Duration::from_secs_f64(n as f64 / rate);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-                let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
-                out.key = Some(key.to_string().into_bytes());
-                format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
-            })
+            produce(
+                &brokers,
+                &input,
+                records,
+                Duration::from_secs(60),
+                |n, out| {
+                    let due = Duration::from_secs_f64(n as f64 / rate);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
+                    out.key = Some(key.to_string().into_bytes());
+                    format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
+                },
+            )
             .map_err(|e| e.to_string())
         })
     };
     let deadline = Duration::from_secs_f64(records as f64 / rate + 60.0);
     let histogram = consume_latency(brokers, &output, records, deadline);
     stop.store(true, Ordering::Relaxed);
-    let produced = writer.join().map_err(|_| "the writer panicked".to_string())?;
-    let ran = running.join().map_err(|_| "the pipeline panicked".to_string())?;
+    let produced = writer
+        .join()
+        .map_err(|_| "the writer panicked".to_string())?;
+    let ran = running
+        .join()
+        .map_err(|_| "the pipeline panicked".to_string())?;
     produced?;
     ran?;
     let histogram = histogram?;
     let _ = admin.delete_topic(&input);
     let _ = admin.delete_topic(&output);
-    Ok((histogram.value_at_quantile(0.5), histogram.value_at_quantile(0.99)))
+    Ok((
+        histogram.value_at_quantile(0.5),
+        histogram.value_at_quantile(0.99),
+    ))
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -348,12 +414,20 @@ pub fn run(
 ) -> Result<Value, String> {
     let admin = KafkaAdmin::new(brokers, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let input = topic("in");
-    admin.create_topic(&input, PARTITIONS).map_err(|e| e.to_string())?;
-    let written = produce(brokers, &input, records, Duration::from_secs(120), |n, out| {
-        let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
-        out.key = Some(key.to_string().into_bytes());
-        format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
-    })
+    admin
+        .create_topic(&input, PARTITIONS)
+        .map_err(|e| e.to_string())?;
+    let written = produce(
+        brokers,
+        &input,
+        records,
+        Duration::from_secs(120),
+        |n, out| {
+            let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
+            out.key = Some(key.to_string().into_bytes());
+            format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
+        },
+    )
     .map_err(|e| e.to_string())?;
     log(&format!("wrote {} records to {input}", written.delivered));
     let sides = [Side::Weir, Side::Rdkafka];
@@ -363,7 +437,11 @@ pub fn run(
     for round in 0..rounds {
         for (i, side) in sides.iter().enumerate() {
             // Alternate which side goes first.
-            let side = if round % 2 == 0 { *side } else { sides[sides.len() - 1 - i] };
+            let side = if round % 2 == 0 {
+                *side
+            } else {
+                sides[sides.len() - 1 - i]
+            };
             let slot = sides.iter().position(|s| *s == side).expect("a side");
             let (seconds, cpu) = throughput_turn(side, brokers, &input, records)?;
             let (p50, p99) = latency_turn(side, brokers, latency_records, rate)?;
@@ -427,8 +505,14 @@ pub fn render(value: &Value) -> String {
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     md.push_str(&format!(
         "\nWeir ÷ the loop: throughput {:.2}×, CPU per record {:.2}×, p50 {:.2}×, p99 {:.2}×.\n",
-        ratio(get("weir", "records_per_s"), get("rdkafka loop", "records_per_s")),
-        ratio(get("weir", "cpu_us_per_record"), get("rdkafka loop", "cpu_us_per_record")),
+        ratio(
+            get("weir", "records_per_s"),
+            get("rdkafka loop", "records_per_s")
+        ),
+        ratio(
+            get("weir", "cpu_us_per_record"),
+            get("rdkafka loop", "cpu_us_per_record")
+        ),
         ratio(get("weir", "p50_us"), get("rdkafka loop", "p50_us")),
         ratio(get("weir", "p99_us"), get("rdkafka loop", "p99_us")),
     ));

@@ -804,7 +804,10 @@ fn a_topic_is_enriched_into_another_topic_exactly_once() {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let (input, output) = (format!("weir-cli-in-{stamp}"), format!("weir-cli-out-{stamp}"));
+    let (input, output) = (
+        format!("weir-cli-in-{stamp}"),
+        format!("weir-cli-out-{stamp}"),
+    );
     let dir = scratch("kafka-run");
     let produced = weir(&[
         "produce-kafka",
@@ -815,7 +818,11 @@ fn a_topic_is_enriched_into_another_topic_exactly_once() {
         "500",
     ]);
     assert!(produced.status.success(), "{}", text(&produced.stderr));
-    assert!(text(&produced.stdout).contains("wrote 20000 records"), "{}", text(&produced.stdout));
+    assert!(
+        text(&produced.stdout).contains("wrote 20000 records"),
+        "{}",
+        text(&produced.stdout)
+    );
     let json = dir.join("run.json");
     let run = weir(&[
         "run",
@@ -843,15 +850,32 @@ fn a_topic_is_enriched_into_another_topic_exactly_once() {
     ]);
     let stdout = text(&run.stdout);
     assert!(run.status.success(), "{stdout}\n{}", text(&run.stderr));
-    assert_eq!(row(&stdout, "records in").as_deref(), Some("20000"), "{stdout}");
-    assert_eq!(row(&stdout, "records out").as_deref(), Some("20000"), "{stdout}");
-    assert_eq!(row(&stdout, "lost / duplicated").as_deref(), Some("0 / 0"), "{stdout}");
+    assert_eq!(
+        row(&stdout, "records in").as_deref(),
+        Some("20000"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row(&stdout, "records out").as_deref(),
+        Some("20000"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row(&stdout, "lost / duplicated").as_deref(),
+        Some("0 / 0"),
+        "{stdout}"
+    );
     let source = row(&stdout, "kafka source").expect("the source's line");
     assert!(source.starts_with("20000 records"), "{source}");
     let value: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
     assert_eq!(value["kafka_sink"]["delivered"], 20000, "{value}");
-    assert!(value["kafka_sink"]["transactions_committed"].as_u64().unwrap_or(0) >= 1);
+    assert!(
+        value["kafka_sink"]["transactions_committed"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1
+    );
     // What the topic holds: every id once (one attempt, so no aborted copies).
     let admin = weir_net::kafka::KafkaAdmin::new(&brokers, std::time::Duration::from_secs(30))
         .expect("admin");
@@ -901,7 +925,10 @@ fn kafka_flags_that_cannot_work_are_one_line_errors() {
         let stderr = assert_one_line_error(&weir(&[
             "run",
             "--source",
-            &format!("kafka://{brokers}/weir-no-such-topic-{}", std::process::id()),
+            &format!(
+                "kafka://{brokers}/weir-no-such-topic-{}",
+                std::process::id()
+            ),
         ]));
         assert!(stderr.contains("has no topic"), "{stderr}");
     }

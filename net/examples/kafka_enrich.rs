@@ -172,7 +172,10 @@ impl Enriched {
 
     fn read(text: &[u8]) -> Option<Enriched> {
         let text = std::str::from_utf8(text).ok()?;
-        let numbers: Vec<u64> = text.split(',').map(|f| f.parse().ok()).collect::<Option<_>>()?;
+        let numbers: Vec<u64> = text
+            .split(',')
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
         let [order, user, cents, score, user_total] = numbers[..] else {
             return None;
         };
@@ -273,7 +276,9 @@ impl Options {
         }
         if options.command != Command::All && (options.input.is_none() || options.output.is_none())
         {
-            return Err(format!("produce, run and check need --in and --out\n{USAGE}"));
+            return Err(format!(
+                "produce, run and check need --in and --out\n{USAGE}"
+            ));
         }
         Ok(options)
     }
@@ -368,7 +373,9 @@ fn run_job(options: &Options) -> Result<RunSummary, Box<dyn std::error::Error>> 
     let checkpointing = Checkpointing::new(&dir, options.interval)
         .with_alignment(AlignmentMode::Aligned)
         .restore_from(&dir);
-    let graph = Graph::new().with_parallelism(2).with_checkpointing(checkpointing);
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_checkpointing(checkpointing);
     let source_stats = Arc::new(KafkaSourceStats::default());
     let sink_stats = Arc::new(KafkaSinkStats::default());
     let (read, written) = (Arc::clone(&source_stats), Arc::clone(&sink_stats));
@@ -401,8 +408,10 @@ fn run_job(options: &Options) -> Result<RunSummary, Box<dyn std::error::Error>> 
             },
         )
         .sink(move |info: &SubtaskInfo| {
-            KafkaSink::new(&sink, info, |e: &Enriched, _, out: &mut KafkaOut| e.write(out))
-                .with_stats(Arc::clone(&written))
+            KafkaSink::new(&sink, info, |e: &Enriched, _, out: &mut KafkaOut| {
+                e.write(out)
+            })
+            .with_stats(Arc::clone(&written))
         });
     let runtime = Runtime::builder()
         .cores(Cores::Count(2))
@@ -439,7 +448,14 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
         let text = String::from_utf8_lossy(view);
         let numbers: Option<Vec<u64>> = text.split(',').map(|f| f.parse().ok()).collect();
         if let Some([order, user, cents]) = numbers.as_deref() {
-            inputs.insert(*order, Order { order: *order, user: *user, cents: *cents });
+            inputs.insert(
+                *order,
+                Order {
+                    order: *order,
+                    user: *user,
+                    cents: *cents,
+                },
+            );
         }
     }
     // The commit log: subtask and checkpoint → the attempt that committed it.
@@ -450,7 +466,9 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
         for line in text.lines() {
             let fields: Vec<u64> = line.split(' ').filter_map(|f| f.parse().ok()).collect();
             let [subtask, checkpoint, attempt] = fields[..] else {
-                checked.problems.push(format!("commit log line {line:?} is not three numbers"));
+                checked
+                    .problems
+                    .push(format!("commit log line {line:?} is not three numbers"));
                 continue;
             };
             if let Some(other) = logged.insert((subtask, checkpoint), attempt) {
@@ -473,7 +491,11 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
             .find(|(name, _)| name == TAG)
             .and_then(|(_, v)| v.as_deref())
             .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|t| t.split(':').map(|f| f.parse::<u64>().ok()).collect::<Option<Vec<_>>>());
+            .and_then(|t| {
+                t.split(':')
+                    .map(|f| f.parse::<u64>().ok())
+                    .collect::<Option<Vec<_>>>()
+            });
         let Some([subtask, checkpoint, attempt]) = tag.as_deref() else {
             checked.problems.push(format!(
                 "message at offset {} of partition {} has no {TAG} tag",
@@ -515,7 +537,10 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
                 continue;
             }
             for record in records {
-                outputs.entry(record.scored.order.order).or_default().push(*record);
+                outputs
+                    .entry(record.scored.order.order)
+                    .or_default()
+                    .push(*record);
             }
         }
     }
@@ -526,7 +551,9 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
             Some([one]) => {
                 checked.orders += 1;
                 if one.scored.order != *input {
-                    checked.problems.push(format!("order {order} came out as {one:?}"));
+                    checked
+                        .problems
+                        .push(format!("order {order} came out as {one:?}"));
                 }
                 per_user.entry(input.user).or_default().push(*one);
             }
@@ -536,7 +563,9 @@ fn check(options: &Options) -> Result<Checked, Box<dyn std::error::Error>> {
         }
     }
     for order in outputs.keys().filter(|o| !inputs.contains_key(o)) {
-        checked.problems.push(format!("order {order} was never an input"));
+        checked
+            .problems
+            .push(format!("order {order} was never an input"));
     }
     for (user, records) in &mut per_user {
         // A user's orders lie in one partition in order-id order.
@@ -589,8 +618,12 @@ fn main() {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis());
-            options.input.get_or_insert(format!("weir-example-orders-{stamp}"));
-            options.output.get_or_insert(format!("weir-example-enriched-{stamp}"));
+            options
+                .input
+                .get_or_insert(format!("weir-example-orders-{stamp}"));
+            options
+                .output
+                .get_or_insert(format!("weir-example-enriched-{stamp}"));
         }
         if matches!(options.command, Command::All | Command::Produce) {
             produce_orders(&options)?;
@@ -626,7 +659,11 @@ mod tests {
     fn orders_parse_and_malformed_ones_are_refused() {
         let good = Enriched {
             scored: Scored {
-                order: Order { order: 7, user: 3, cents: 250 },
+                order: Order {
+                    order: 7,
+                    user: 3,
+                    cents: 250,
+                },
                 score: 99,
             },
             user_total: 1000,
@@ -650,7 +687,14 @@ mod tests {
         let scratch = std::env::temp_dir().join(format!("weir-kafka-example-{stamp}"));
         let mut options = Options::parse(
             [
-                "--brokers", &brokers, "--orders", "3000", "--users", "50", "--interval", "50",
+                "--brokers",
+                &brokers,
+                "--orders",
+                "3000",
+                "--users",
+                "50",
+                "--interval",
+                "50",
             ]
             .map(String::from)
             .into_iter(),

@@ -630,14 +630,20 @@ mod tests {
         let live = Arc::new(LiveCounters::default());
         let mut sources = MetricsSources::new(live);
         let source = Arc::new(KafkaSourceStats::default());
-        source.records.store(7, std::sync::atomic::Ordering::Relaxed);
+        source
+            .records
+            .store(7, std::sync::atomic::Ordering::Relaxed);
         let sink = Arc::new(KafkaSinkStats::default());
-        sink.transactions_committed.store(3, std::sync::atomic::Ordering::Relaxed);
+        sink.transactions_committed
+            .store(3, std::sync::atomic::Ordering::Relaxed);
         let (a, b) = (Arc::clone(&source), Arc::clone(&sink));
         sources.extra.push(Box::new(move |r| a.register("in", r)));
         sources.extra.push(Box::new(move |r| b.register("out", r)));
         let text = render(&sources, &mut Previous::new());
-        assert!(text.contains("weir_kafka_source_records_total{source=\"in\"} 7"), "{text}");
+        assert!(
+            text.contains("weir_kafka_source_records_total{source=\"in\"} 7"),
+            "{text}"
+        );
         assert!(
             text.contains("weir_kafka_sink_transactions_committed_total{sink=\"out\"} 3"),
             "{text}"

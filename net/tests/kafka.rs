@@ -45,7 +45,9 @@ fn admin(brokers: &str) -> KafkaAdmin {
 /// Creates `topic` with `partitions` and writes `0..count` (value: the number with the
 /// codec, key: the number as decimal text).
 fn fill(brokers: &str, topic: &str, partitions: i32, count: u64) {
-    assert!(admin(brokers).create_topic(topic, partitions).expect("creates"));
+    assert!(admin(brokers)
+        .create_topic(topic, partitions)
+        .expect("creates"));
     let report = produce(brokers, topic, count, Duration::from_secs(30), |n, out| {
         out.key = Some(n.to_string().into_bytes());
         n.encode(&mut out.payload);
@@ -102,8 +104,7 @@ fn info(index: usize, parallelism: usize, parker: &Parker, checkpointing: bool) 
 /// watermark; each subtask reads the partitions Flink's rule gives it.
 #[test]
 fn a_bounded_source_reads_every_partition_once_in_order() {
-    let Some(brokers) = test_brokers("a_bounded_source_reads_every_partition_once_in_order")
-    else {
+    let Some(brokers) = test_brokers("a_bounded_source_reads_every_partition_once_in_order") else {
         return;
     };
     let topic = unique("bounded");
@@ -153,7 +154,11 @@ fn take<T: 'static>(source: &mut impl Source<T>, parker: &Parker, count: usize) 
     let deadline = Instant::now() + Duration::from_secs(30);
     let start = Instant::now();
     while got.len() < count {
-        assert!(Instant::now() < deadline, "only {} of {count} in 30 s", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} in 30 s",
+            got.len()
+        );
         let now = start.elapsed().as_nanos() as u64;
         match source.poll_next(now) {
             SourceEvent::Record(value, _) => got.push(value),
@@ -195,7 +200,10 @@ fn a_restored_source_reads_on_at_its_checkpointed_offsets() {
     let mut b = after_in_first.clone();
     a.sort_unstable();
     b.sort_unstable();
-    assert_eq!(a, b, "the restored source read something else than the first would have");
+    assert_eq!(
+        a, b,
+        "the restored source read something else than the first would have"
+    );
     // A state for another parallelism is refused by name.
     let mut other = KafkaSource::<u64>::codec(&config, &info(1, 7, &parker, true));
     let refused = other.restore_state(&state);
@@ -208,7 +216,8 @@ fn a_restored_source_reads_on_at_its_checkpointed_offsets() {
 /// under the skip policy it is passed and counted, the rest read.
 #[test]
 fn a_message_that_cannot_be_decoded_fails_naming_it_or_is_skipped() {
-    let Some(brokers) = test_brokers("a_message_that_cannot_be_decoded_fails_naming_it_or_is_skipped")
+    let Some(brokers) =
+        test_brokers("a_message_that_cannot_be_decoded_fails_naming_it_or_is_skipped")
     else {
         return;
     };
@@ -231,7 +240,10 @@ fn a_message_that_cannot_be_decoded_fails_naming_it_or_is_skipped() {
         .collect();
     let (_, failure) = graph.execute_to_end(runtime()).expect("starts");
     let message = failure.expect("the job fails").to_string();
-    assert!(message.contains(&format!("topic {topic:?} partition 0 offset 6")), "{message}");
+    assert!(
+        message.contains(&format!("topic {topic:?} partition 0 offset 6")),
+        "{message}"
+    );
 
     config.on_decode_error = DecodeErrorPolicy::Skip;
     let stats = Arc::new(weir_net::kafka::KafkaSourceStats::default());
@@ -258,7 +270,10 @@ fn an_unknown_topic_and_a_wrong_address_are_clear_errors() {
     let missing = unique("missing");
     let cases = [
         (brokers.clone(), format!("topic {missing:?} does not exist")),
-        ("127.0.0.1:1".to_string(), "no broker at 127.0.0.1:1 answered".to_string()),
+        (
+            "127.0.0.1:1".to_string(),
+            "no broker at 127.0.0.1:1 answered".to_string(),
+        ),
     ];
     for (at, expected) in cases {
         let mut config = KafkaSourceConfig::new(at, vec![missing.clone()]);
@@ -271,12 +286,20 @@ fn an_unknown_topic_and_a_wrong_address_are_clear_errors() {
         let (_, failure) = graph.execute_to_end(runtime()).expect("starts");
         let message = failure.expect("the job fails").to_string();
         assert!(message.contains(&expected), "{message}");
-        assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            started.elapsed()
+        );
     }
     // Invalid settings are refused up front.
     let mut config = KafkaSourceConfig::new(brokers, vec!["t".into()]);
     config.max_prefetch_bytes = 0;
-    assert!(config.validate().unwrap_err().to_string().contains("max_prefetch_bytes"));
+    assert!(config
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("max_prefetch_bytes"));
 }
 
 /// At least once, every record arrives, and each keyed record is in the partition
@@ -330,8 +353,15 @@ fn checkpointing(dir: &Path) -> (Checkpointing, Arc<AtomicU64>) {
     (settings, completed)
 }
 
-fn exactly_once_job(settings: Checkpointing, config: &KafkaSinkConfig, records: u64, rate: Option<f64>) -> Graph {
-    let graph = Graph::new().with_parallelism(2).with_checkpointing(settings);
+fn exactly_once_job(
+    settings: Checkpointing,
+    config: &KafkaSinkConfig,
+    records: u64,
+    rate: Option<f64>,
+) -> Graph {
+    let graph = Graph::new()
+        .with_parallelism(2)
+        .with_checkpointing(settings);
     let config = config.clone();
     graph
         .from_generator(records, rate, |n| n)
@@ -387,7 +417,10 @@ fn the_sink_writes_exactly_once_across_a_stop_and_restore() {
     }
     job.controller().cancel();
     let (_, failure) = job.join();
-    assert!(matches!(failure, Some(RuntimeError::Cancelled { .. })), "{failure:?}");
+    assert!(
+        matches!(failure, Some(RuntimeError::Cancelled { .. })),
+        "{failure:?}"
+    );
     let before = numbers_in(&brokers, &topic);
     assert!(before.len() < records as usize, "meant to stop mid-way");
     let mut distinct = before.clone();
@@ -424,7 +457,8 @@ fn drain<T: 'static>(sink: &mut KafkaSink<T>, parker: &Parker) {
 /// transactions are in and writes nothing (nothing twice).
 #[test]
 fn a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in() {
-    let Some(brokers) = test_brokers("a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in")
+    let Some(brokers) =
+        test_brokers("a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in")
     else {
         return;
     };
@@ -438,13 +472,19 @@ fn a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in() {
     for n in 0..10 {
         first.invoke(n, None, 0).expect("takes");
     }
-    let _one = first.snapshot_state(1).expect("pre-commits").expect("state");
+    let _one = first
+        .snapshot_state(1)
+        .expect("pre-commits")
+        .expect("state");
     first.notify_checkpoint_complete(1).expect("commits");
     drain(&mut first, &parker);
     for n in 10..20 {
         first.invoke(n, None, 0).expect("takes");
     }
-    let two = first.snapshot_state(2).expect("pre-commits").expect("state");
+    let two = first
+        .snapshot_state(2)
+        .expect("pre-commits")
+        .expect("state");
     drop(first); // dies before checkpoint 2's commit
     let committed: Vec<u64> = admin(&brokers)
         .read_all(&topic)
@@ -463,7 +503,10 @@ fn a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in() {
             assert_eq!(stats.transactions_committed.load(Ordering::Relaxed), 1);
         } else {
             assert_eq!(stats.transactions_committed.load(Ordering::Relaxed), 0);
-            assert_eq!(stats.transactions_found_committed.load(Ordering::Relaxed), 1);
+            assert_eq!(
+                stats.transactions_found_committed.load(Ordering::Relaxed),
+                1
+            );
         }
     }
     let all: Vec<u64> = admin(&brokers)
@@ -474,4 +517,3 @@ fn a_restored_sink_commits_what_was_pre_committed_and_skips_what_is_in() {
         .collect();
     assert_eq!(all, (0..20).collect::<Vec<_>>());
 }
-

@@ -13,11 +13,11 @@ use weir_bench::job::{JobProgress, KeyDistribution};
 use weir_bench::job::{RunError, WorkerPlan};
 use weir_engine::async_io::OutputMode;
 use weir_engine::checkpoint::AlignmentMode;
-use weir_net::lookup::{Faults, LookupServer, ServerConfig};
 use weir_net::kafka::{
     KafkaAdmin, KafkaSinkConfig, KafkaSinkStats, KafkaSourceConfig, KafkaSourceStats, KafkaUrl,
     SinkGuarantee as KafkaGuarantee, StartOffsets,
 };
+use weir_net::lookup::{Faults, LookupServer, ServerConfig};
 use weir_net::redis::streams::{
     ConsumerGroup, Guarantee, StartFrom, StreamSinkConfig, StreamSourceConfig, StreamUrl,
 };
@@ -140,10 +140,11 @@ fn kafka_io(
                 }
             };
             config.idle_timeout = args.source_idle_timeout;
-            config.group_id = args
-                .consumer_group
-                .as_ref()
-                .map(|text| text.split_once(':').map_or(text.as_str(), |(g, _)| g).to_string());
+            config.group_id = args.consumer_group.as_ref().map(|text| {
+                text.split_once(':')
+                    .map_or(text.as_str(), |(g, _)| g)
+                    .to_string()
+            });
             config
                 .validate()
                 .map_err(|e| RunError::Setting(format!("--source {url}: {e}")))?;
@@ -168,7 +169,9 @@ fn kafka_io(
     let sink = match args.sink.as_ref().and_then(Endpoint::kafka) {
         Some(url) => {
             let [topic] = url.topics.as_slice() else {
-                return Err(RunError::Setting(format!("--sink {url}: name one topic to write")));
+                return Err(RunError::Setting(format!(
+                    "--sink {url}: name one topic to write"
+                )));
             };
             let mut config = KafkaSinkConfig::new(url.bootstrap(), topic.clone());
             config.guarantee = match args.sink_guarantee {

@@ -20,26 +20,38 @@ pub(crate) const UNUSED_SERVICE: SocketAddr = SocketAddr::V4(std::net::SocketAdd
     0,
 ));
 
+/// A load's `--rate` checked and its keys' distribution, for `produce-stream` and
+/// `produce-kafka` (`what`: what the rate counts).
+fn load_settings(
+    rate: Option<f64>,
+    draw: KeyDraw,
+    keys: u64,
+    what: &str,
+) -> Result<KeyDistribution, String> {
+    if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err(format!(
+            "--rate must be a positive number of {what} per second"
+        ));
+    }
+    Ok(match draw {
+        KeyDraw::Uniform => KeyDistribution::Uniform { keys },
+        KeyDraw::Zipf(s) => {
+            KeyDistribution::Zipf(job::Zipf::new(keys, s).map_err(|e| e.to_string())?)
+        }
+    })
+}
+
 pub(crate) fn produce_stream(args: ProduceStreamArgs) -> i32 {
     let [stream] = args.url.streams.as_slice() else {
         eprintln!("error: {}: name one stream to append to", args.url);
         return 2;
     };
-    if let Some(rate) = args.rate {
-        if !(rate.is_finite() && rate > 0.0) {
-            eprintln!("error: --rate must be a positive number of entries per second");
+    let keys = match load_settings(args.rate, args.key_distribution, args.keys, "entries") {
+        Ok(keys) => keys,
+        Err(error) => {
+            eprintln!("error: {error}");
             return 2;
         }
-    }
-    let keys = match args.key_distribution {
-        KeyDraw::Uniform => KeyDistribution::Uniform { keys: args.keys },
-        KeyDraw::Zipf(s) => match job::Zipf::new(args.keys, s) {
-            Ok(zipf) => KeyDistribution::Zipf(zipf),
-            Err(error) => {
-                eprintln!("error: {error}");
-                return 2;
-            }
-        },
     };
     eprintln!(
         "weir produce-stream: {} entries to {}{}",
@@ -96,12 +108,13 @@ pub(crate) fn produce_kafka(args: ProduceKafkaArgs) -> i32 {
         eprintln!("error: {}: name one topic to write", args.url);
         return 2;
     };
-    if let Some(rate) = args.rate {
-        if !(rate.is_finite() && rate > 0.0) {
-            eprintln!("error: --rate must be a positive number of records per second");
+    let keys = match load_settings(args.rate, args.key_distribution, args.keys, "records") {
+        Ok(keys) => keys,
+        Err(error) => {
+            eprintln!("error: {error}");
             return 2;
         }
-    }
+    };
     if args.first_id.saturating_add(args.count) > job::STREAM_ID_MAX {
         eprintln!(
             "error: ids {}..{} reach past {} (the checking sink of weir run keeps a bitmap of \
@@ -112,16 +125,6 @@ pub(crate) fn produce_kafka(args: ProduceKafkaArgs) -> i32 {
         );
         return 2;
     }
-    let keys = match args.key_distribution {
-        KeyDraw::Uniform => KeyDistribution::Uniform { keys: args.keys },
-        KeyDraw::Zipf(s) => match job::Zipf::new(args.keys, s) {
-            Ok(zipf) => KeyDistribution::Zipf(zipf),
-            Err(error) => {
-                eprintln!("error: {error}");
-                return 2;
-            }
-        },
-    };
     let brokers = args.url.bootstrap();
     let created = weir_net::kafka::KafkaAdmin::new(&brokers, Duration::from_secs(10))
         .and_then(|admin| admin.create_topic(topic, args.partitions));

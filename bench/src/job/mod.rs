@@ -50,12 +50,12 @@ use weir_engine::graph::{
 use weir_engine::runtime::Controller;
 use weir_engine::runtime::{Cores, RunReport, Runtime, RuntimeError};
 use weir_net::cluster::TransportChannels;
+use weir_net::kafka::{
+    KafkaSink, KafkaSinkConfig, KafkaSinkStats, KafkaSource, KafkaSourceConfig, KafkaSourceStats,
+};
 use weir_net::lookup::{
     format_duration, ClientConfig, ClientIo, LookupBatchFunction, LookupClient, LookupFunction,
     LookupRequest,
-};
-use weir_net::kafka::{
-    KafkaSink, KafkaSinkConfig, KafkaSinkStats, KafkaSource, KafkaSourceConfig, KafkaSourceStats,
 };
 use weir_net::redis::streams::{
     stream_sink, stream_source, Fields, StreamSinkConfig, StreamSourceConfig,
@@ -938,6 +938,7 @@ fn execute(
                 .from_source(move |info| KafkaInput {
                     inner: KafkaSource::new(&config, info, kafka_record_fields)
                         .with_stats(Arc::clone(&stats)),
+                    fields: |fields| Ok(*fields),
                     offset: None,
                     wall,
                 })
@@ -951,6 +952,7 @@ fn execute(
                     let (inner, io) = stream_source(&config, info);
                     let input = StreamInput {
                         inner,
+                        fields: |entry| record_fields(entry),
                         offset: None,
                         wall,
                     };
@@ -1071,7 +1073,11 @@ fn execute(
             from_streams,
         };
         let keyed = enriched.key_by(|record: &Enriched| record.key);
-        match (output, settings.streams.sink.clone(), settings.streams.kafka_sink.clone()) {
+        match (
+            output,
+            settings.streams.sink.clone(),
+            settings.streams.kafka_sink.clone(),
+        ) {
             (_, _, Some((config, stats))) => keyed.sink(move |info: &SubtaskInfo| KafkaOutput {
                 check: check(),
                 out: KafkaSink::new(&config, info, kafka_value).with_stats(Arc::clone(&stats)),

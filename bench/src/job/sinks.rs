@@ -29,17 +29,24 @@ pub(crate) fn stream_fields(record: &Enriched, fields: &mut Fields) {
         .push_fmt("t", format_args!("{}", record.created_ns));
 }
 
-/// The main job's sink with `--sink`: the checking sink, and each record appended to a
-/// stream (at least once, or exactly once at checkpoints).
-pub(crate) struct StreamOut {
+/// The main job's sink with `--sink`: the checking sink, and each record written to a
+/// log (a Redis stream or a Kafka topic; at least once, or exactly once at
+/// checkpoints) by `out`, which the wrapper hands every call of the sink's life.
+pub(crate) struct LogOutput<S> {
     pub(crate) check: CheckSink,
-    pub(crate) out: StreamSink<Enriched, fn(&Enriched, &mut Fields)>,
+    pub(crate) out: S,
     /// Maps the records' creation times onto the wall clock (none over several
     /// processes: they are in it already).
     pub(crate) wall: Option<WallClock>,
 }
 
-impl Sink<Enriched> for StreamOut {
+/// `--sink redis-stream://…`.
+pub(crate) type StreamOut = LogOutput<StreamSink<Enriched, fn(&Enriched, &mut Fields)>>;
+
+/// `--sink kafka://…`.
+pub(crate) type KafkaOutput = LogOutput<KafkaSink<Enriched>>;
+
+impl<S: Sink<Enriched>> Sink<Enriched> for LogOutput<S> {
     fn invoke(
         &mut self,
         mut value: Enriched,
@@ -97,60 +104,6 @@ pub(crate) fn kafka_value(record: &Enriched, _timestamp: Option<i64>, out: &mut 
         let _ = write!(out.payload, "{byte:02x}");
     }
     let _ = write!(out.payload, ",{}", record.created_ns);
-}
-
-/// The main job's sink with `--sink kafka://…`: the checking sink, and each record
-/// written to a topic (at least once, or exactly once in a transaction per checkpoint).
-pub(crate) struct KafkaOutput {
-    pub(crate) check: CheckSink,
-    pub(crate) out: KafkaSink<Enriched>,
-    /// Maps the records' creation times onto the wall clock (none over several
-    /// processes: they are in it already).
-    pub(crate) wall: Option<WallClock>,
-}
-
-impl Sink<Enriched> for KafkaOutput {
-    fn invoke(
-        &mut self,
-        mut value: Enriched,
-        timestamp: Option<i64>,
-        now_ns: u64,
-    ) -> Result<(), TaskError> {
-        self.check.invoke(value.clone(), timestamp, now_ns)?;
-        if let Some(wall) = self.wall.as_mut() {
-            value.created_ns = wall.map(now_ns, value.created_ns);
-        }
-        self.out.invoke(value, timestamp, now_ns)
-    }
-
-    fn finish(&mut self) -> Result<(), TaskError> {
-        self.out.finish()?;
-        self.check.finish()
-    }
-
-    fn room(&mut self) -> usize {
-        self.out.room()
-    }
-
-    fn poll(&mut self, now_ns: u64) -> Result<bool, TaskError> {
-        self.out.poll(now_ns)
-    }
-
-    fn flushed(&mut self) -> bool {
-        self.out.flushed()
-    }
-
-    fn snapshot_state(&mut self, checkpoint: u64) -> Result<Option<Vec<u8>>, TaskError> {
-        self.out.snapshot_state(checkpoint)
-    }
-
-    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
-        self.out.notify_checkpoint_complete(checkpoint)
-    }
-
-    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
-        self.out.restore_state(state)
-    }
 }
 
 /// The main job's sink with `--output`: the checking sink, and each record's line in

@@ -222,17 +222,6 @@ pub fn record_fields(entry: &StreamEntry) -> Result<(u64, u64, Option<u64>), Str
     Ok((id, needed("key")?, number("t")?))
 }
 
-/// The main job's source with `--source`: the stream source's entries as records, each
-/// created when it was produced (its `t`, mapped onto the run's clock), or when read.
-/// Positions, acknowledgements and failures are the stream source's.
-pub(crate) struct StreamInput {
-    pub(crate) inner: StreamSource,
-    /// Wall clock minus the run's clock (taken at the first record).
-    pub(crate) offset: Option<u64>,
-    /// Over several processes: creation times stay in the wall clock.
-    pub(crate) wall: bool,
-}
-
 /// When a record read from a log was created, by the run's clock (or the wall clock
 /// over several processes): `produced` (its `t`, the wall clock when it was written)
 /// mapped onto the run's clock, or when read. `offset` is the wall clock minus the
@@ -245,43 +234,6 @@ fn created_at(produced: Option<u64>, now_ns: u64, offset: &mut Option<u64>, wall
         // Produced before the run started: its age counts from the start.
         (Some(t), false) => t.saturating_sub(offset).min(now_ns),
         (None, false) => now_ns,
-    }
-}
-
-impl Source<Lookup> for StreamInput {
-    fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
-        match self.inner.poll_next(now_ns) {
-            SourceEvent::Record(entry, timestamp) => match record_fields(&entry) {
-                Ok((id, key, produced)) => {
-                    let created_ns = created_at(produced, now_ns, &mut self.offset, self.wall);
-                    SourceEvent::Record(
-                        Lookup(SourceRecord {
-                            id,
-                            key,
-                            created_ns,
-                        }),
-                        timestamp,
-                    )
-                }
-                Err(message) => SourceEvent::Failed(message),
-            },
-            SourceEvent::Watermark(w) => SourceEvent::Watermark(w),
-            SourceEvent::Idle { until_ns } => SourceEvent::Idle { until_ns },
-            SourceEvent::End => SourceEvent::End,
-            SourceEvent::Failed(message) => SourceEvent::Failed(message),
-        }
-    }
-
-    fn snapshot_state(&mut self) -> Option<Vec<u8>> {
-        self.inner.snapshot_state()
-    }
-
-    fn restore_state(&mut self, state: &[u8]) -> Result<(), TaskError> {
-        self.inner.restore_state(state)
-    }
-
-    fn notify_checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), TaskError> {
-        self.inner.notify_checkpoint_complete(checkpoint)
     }
 }
 
@@ -300,7 +252,12 @@ pub fn kafka_record_fields(message: &KafkaMessage<'_>) -> Result<(u64, u64, Opti
     let text = std::str::from_utf8(message.payload().unwrap_or_default())
         .map_err(|_| refuse("the value is not UTF-8 text"))?;
     let mut numbers = text.split(',').map(|f| f.parse::<u64>());
-    let (id, key, t) = match (numbers.next(), numbers.next(), numbers.next(), numbers.next()) {
+    let (id, key, t) = match (
+        numbers.next(),
+        numbers.next(),
+        numbers.next(),
+        numbers.next(),
+    ) {
         (Some(Ok(id)), Some(Ok(key)), None, None) => (id, key, None),
         (Some(Ok(id)), Some(Ok(key)), Some(Ok(t)), None) => (id, key, Some(t)),
         _ => return Err(refuse(&format!("the value {text:?} is not id,key,t"))),
@@ -313,28 +270,42 @@ pub fn kafka_record_fields(message: &KafkaMessage<'_>) -> Result<(u64, u64, Opti
     Ok((id, key, t))
 }
 
-/// The main job's source with `--source kafka://…`: the Kafka source's messages as
-/// records, each created when it was produced (its `t`) or when read. Offsets,
-/// watermarks and failures are the Kafka source's.
-pub(crate) struct KafkaInput {
-    pub(crate) inner: KafkaSource<(u64, u64, Option<u64>)>,
+/// The main job's source with `--source`: a log's entries or messages (a Redis stream
+/// source's, a Kafka source's) as records, each created when it was produced (its `t`,
+/// mapped onto the run's clock) or when read; `fields` takes an item's id, key and `t`,
+/// or says why it has none. Positions, acknowledgements and failures are the inner
+/// source's.
+pub(crate) struct LogInput<S, E> {
+    pub(crate) inner: S,
+    pub(crate) fields: fn(&E) -> Result<(u64, u64, Option<u64>), String>,
     /// Wall clock minus the run's clock (taken at the first record).
     pub(crate) offset: Option<u64>,
     /// Over several processes: creation times stay in the wall clock.
     pub(crate) wall: bool,
 }
 
-impl Source<Lookup> for KafkaInput {
+/// `--source redis-stream://…`.
+pub(crate) type StreamInput = LogInput<StreamSource, StreamEntry>;
+
+/// `--source kafka://…`: the Kafka source decodes each message's fields itself
+/// ([`kafka_record_fields`]).
+pub(crate) type KafkaInput =
+    LogInput<KafkaSource<(u64, u64, Option<u64>)>, (u64, u64, Option<u64>)>;
+
+impl<S: Source<E>, E: 'static> Source<Lookup> for LogInput<S, E> {
     fn poll_next(&mut self, now_ns: u64) -> SourceEvent<Lookup> {
         match self.inner.poll_next(now_ns) {
-            SourceEvent::Record((id, key, produced), timestamp) => SourceEvent::Record(
-                Lookup(SourceRecord {
-                    id,
-                    key,
-                    created_ns: created_at(produced, now_ns, &mut self.offset, self.wall),
-                }),
-                timestamp,
-            ),
+            SourceEvent::Record(item, timestamp) => match (self.fields)(&item) {
+                Ok((id, key, produced)) => SourceEvent::Record(
+                    Lookup(SourceRecord {
+                        id,
+                        key,
+                        created_ns: created_at(produced, now_ns, &mut self.offset, self.wall),
+                    }),
+                    timestamp,
+                ),
+                Err(message) => SourceEvent::Failed(message),
+            },
             SourceEvent::Watermark(w) => SourceEvent::Watermark(w),
             SourceEvent::Idle { until_ns } => SourceEvent::Idle { until_ns },
             SourceEvent::End => SourceEvent::End,

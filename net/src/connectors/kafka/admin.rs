@@ -91,10 +91,12 @@ impl KafkaAdmin {
     pub fn read_all(&self, topic: &str) -> Result<Vec<super::KafkaRecord>, KafkaError> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::{Offset, TopicPartitionList};
-        let partitions = self.partitions(topic)?.ok_or_else(|| KafkaError::UnknownTopic {
-            topic: topic.to_string(),
-            brokers: self.brokers.clone(),
-        })?;
+        let partitions = self
+            .partitions(topic)?
+            .ok_or_else(|| KafkaError::UnknownTopic {
+                topic: topic.to_string(),
+                brokers: self.brokers.clone(),
+            })?;
         let own = [
             ("group.id", "weir-read-all".to_string()),
             ("enable.auto.commit", "false".to_string()),
@@ -122,7 +124,10 @@ impl KafkaAdmin {
             if std::time::Instant::now() > deadline {
                 return Err(KafkaError::call(
                     format!("reading topic {topic:?}"),
-                    format!("not at the end of every partition within {:?}", self.timeout),
+                    format!(
+                        "not at the end of every partition within {:?}",
+                        self.timeout
+                    ),
                 ));
             }
             match consumer.poll(Duration::from_millis(100)) {
@@ -136,7 +141,9 @@ impl KafkaAdmin {
                     }
                 }
                 Some(Err(e)) if super::is_unreachable(&e) => {}
-                Some(Err(e)) => return Err(KafkaError::call(format!("reading topic {topic:?}"), e)),
+                Some(Err(e)) => {
+                    return Err(KafkaError::call(format!("reading topic {topic:?}"), e))
+                }
             }
         }
         Ok(all)

@@ -11,9 +11,9 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 
+use super::client_config;
 use super::error::KafkaError;
 use super::record::KafkaOut;
-use super::client_config;
 
 /// What [`produce`] did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -93,7 +93,10 @@ pub fn produce(
                     producer.poll(Duration::from_millis(5));
                 }
                 Err((e, _)) => {
-                    return Err(KafkaError::call(format!("sending to topic {topic:?} at {brokers}"), e))
+                    return Err(KafkaError::call(
+                        format!("sending to topic {topic:?} at {brokers}"),
+                        e,
+                    ))
                 }
             }
             if counts.failed.load(Ordering::Relaxed) > 0 {
@@ -119,7 +122,10 @@ pub fn produce(
             .unwrap_or_default();
         return Err(KafkaError::call(
             format!("delivering to topic {topic:?} at {brokers}"),
-            format!("{} messages failed, the first with: {reason}", counts.failed.load(Ordering::Relaxed)),
+            format!(
+                "{} messages failed, the first with: {reason}",
+                counts.failed.load(Ordering::Relaxed)
+            ),
         ));
     }
     Ok(ProduceReport {

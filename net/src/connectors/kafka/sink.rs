@@ -84,13 +84,13 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError as RdError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
     BaseProducer, BaseRecord, DeliveryResult, Partitioner, Producer, ProducerContext,
     ThreadedProducer,
 };
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError as RdError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_engine::exchange::codec::{Codec, DecodeError};
@@ -237,8 +237,16 @@ impl KafkaSinkStats {
             std::borrow::Cow::Owned(name.to_string()),
         ));
         let counter = |v: &AtomicU64| ConstCounter::new(v.load(Ordering::Relaxed));
-        sub.register("kafka_sink_records", "Records given to the sink", counter(&self.records));
-        sub.register("kafka_sink_bytes", "Bytes of keys and values given", counter(&self.bytes));
+        sub.register(
+            "kafka_sink_records",
+            "Records given to the sink",
+            counter(&self.records),
+        );
+        sub.register(
+            "kafka_sink_bytes",
+            "Bytes of keys and values given",
+            counter(&self.bytes),
+        );
         sub.register(
             "kafka_sink_delivered",
             "Messages acknowledged or committed",
@@ -254,7 +262,11 @@ impl KafkaSinkStats {
             "Transactions aborted",
             counter(&self.transactions_aborted),
         );
-        sub.register("kafka_sink_errors", "Client errors retried", counter(&self.errors));
+        sub.register(
+            "kafka_sink_errors",
+            "Client errors retried",
+            counter(&self.errors),
+        );
     }
 }
 
@@ -485,7 +497,13 @@ impl<T> KafkaSink<T> {
         }
         let producer = alo.producer.as_ref().expect("made");
         while let Some((sequence, out)) = alo.waiting.pop_front() {
-            match send(producer, &self.config.topic, &out, tag.as_ref(), sequence as usize) {
+            match send(
+                producer,
+                &self.config.topic,
+                &out,
+                tag.as_ref(),
+                sequence as usize,
+            ) {
                 Ok(()) => {
                     alo.unacked.insert(sequence, out);
                 }
@@ -510,7 +528,13 @@ impl<T> KafkaSink<T> {
         let Mode::AtLeastOnce(alo) = &mut self.mode else {
             return Ok(false);
         };
-        let done = std::mem::take(&mut *alo.deliveries.done.lock().unwrap_or_else(|e| e.into_inner()));
+        let done = std::mem::take(
+            &mut *alo
+                .deliveries
+                .done
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         let moved = !done.is_empty();
         for (sequence, outcome) in done {
             match outcome {
@@ -553,7 +577,10 @@ impl<T> KafkaSink<T> {
                     self.config.transaction_timeout.as_millis().to_string(),
                 ),
             ];
-            own.push(("message.timeout.ms", self.config.delivery_timeout.as_millis().to_string()));
+            own.push((
+                "message.timeout.ms",
+                self.config.delivery_timeout.as_millis().to_string(),
+            ));
             own.push(("linger.ms", "5".to_string()));
             own.push(("sticky.partitioning.linger.ms", "0".to_string()));
             let producer_config = client_config(
@@ -606,7 +633,11 @@ impl<T> KafkaSink<T> {
                 Reply::Ready { through, attempt } => {
                     eos.ready = true;
                     let _ = attempt;
-                    while eos.pending.front().is_some_and(|(id, _)| Some(*id) <= through) {
+                    while eos
+                        .pending
+                        .front()
+                        .is_some_and(|(id, _)| Some(*id) <= through)
+                    {
                         let (id, records) = eos.pending.pop_front().expect("front");
                         self.stats
                             .transactions_found_committed
@@ -621,7 +652,10 @@ impl<T> KafkaSink<T> {
                             .push((subtask, id, 0));
                     }
                 }
-                Reply::Committed { checkpoint, attempt } => {
+                Reply::Committed {
+                    checkpoint,
+                    attempt,
+                } => {
                     eos.in_flight = None;
                     if eos.pending.front().is_some_and(|(id, _)| *id == checkpoint) {
                         let (_, records) = eos.pending.pop_front().expect("front");
@@ -706,7 +740,10 @@ fn send<C: ProducerContext<SinkPartitioner, DeliveryOpaque = usize>>(
 
 /// What both producers' `send` share.
 trait SendOne<C: ProducerContext<SinkPartitioner>> {
-    fn send_one(&self, record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>) -> Result<(), RdError>;
+    fn send_one(
+        &self,
+        record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+    ) -> Result<(), RdError>;
 }
 
 impl SendOne<SinkContext> for ThreadedProducer<SinkContext, SinkPartitioner> {
@@ -814,7 +851,9 @@ impl<T: 'static> Sink<T> for KafkaSink<T> {
                     eos.pending.push_back((checkpoint, Arc::new(records)));
                 }
                 1u8.encode(&mut out);
-                eos.lineage.get_or_insert_with(random_lineage).encode(&mut out);
+                eos.lineage
+                    .get_or_insert_with(random_lineage)
+                    .encode(&mut out);
                 (eos.pending.len() as u32).encode(&mut out);
                 for (id, records) in &eos.pending {
                     id.encode(&mut out);
@@ -909,8 +948,14 @@ enum Command {
 
 enum Reply {
     /// Transactions initialised (earlier attempts fenced); the marker reads `through`.
-    Ready { through: Option<u64>, attempt: u64 },
-    Committed { checkpoint: u64, attempt: u64 },
+    Ready {
+        through: Option<u64>,
+        attempt: u64,
+    },
+    Committed {
+        checkpoint: u64,
+        attempt: u64,
+    },
     Failed(KafkaError),
 }
 
@@ -959,7 +1004,13 @@ impl Committer {
     fn send(&self, checkpoint: u64, records: Arc<Vec<KafkaOut>>) -> Result<(), KafkaError> {
         self.commands
             .as_ref()
-            .and_then(|c| c.send(Command::Commit { checkpoint, records }).ok())
+            .and_then(|c| {
+                c.send(Command::Commit {
+                    checkpoint,
+                    records,
+                })
+                .ok()
+            })
             .ok_or_else(|| KafkaError::call("committing", "the committer thread has stopped"))
     }
 }
@@ -1049,9 +1100,12 @@ fn commit_loop(
         records,
     }) = commands.recv()
     {
-        producer
-            .begin_transaction()
-            .map_err(|e| tx_call(&format!("beginning checkpoint {checkpoint}'s transaction"), e))?;
+        producer.begin_transaction().map_err(|e| {
+            tx_call(
+                &format!("beginning checkpoint {checkpoint}'s transaction"),
+                e,
+            )
+        })?;
         let tag = header.as_ref().map(|name| {
             (
                 name.clone(),
@@ -1074,7 +1128,10 @@ fn commit_loop(
                 .send_offsets_to_transaction(&marker_offsets(checkpoint)?, &group, timeout)
                 .map_err(|e| tx_call("adding the commit marker to the transaction", e))?;
             producer.commit_transaction(timeout).map_err(|e| {
-                tx_call(&format!("committing checkpoint {checkpoint}'s transaction"), e)
+                tx_call(
+                    &format!("committing checkpoint {checkpoint}'s transaction"),
+                    e,
+                )
             })?;
             // The marker must say the transaction is in before the next one begins, or a
             // restore would send it again. On a broker as Kafka's it does now. The test
@@ -1085,7 +1142,10 @@ fn commit_loop(
             // harmless where the broker kept it), and read back; a broker that loses that
             // too fails the job, since exactly once cannot hold over it.
             marker
-                .commit(&marker_offsets(checkpoint)?, rdkafka::consumer::CommitMode::Sync)
+                .commit(
+                    &marker_offsets(checkpoint)?,
+                    rdkafka::consumer::CommitMode::Sync,
+                )
                 .map_err(|e| tx_call("committing the commit marker", e))?;
             let started = std::time::Instant::now();
             while read_marker()?.is_none_or(|m| m < checkpoint) {
@@ -1102,11 +1162,15 @@ fn commit_loop(
                     KafkaError::call(format!("appending to the commit log {}", path.display()), e)
                 })?;
             }
-            let failed = std::mem::take(&mut *deliveries.done.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_iter()
-                .find_map(|(_, outcome)| outcome);
+            let failed =
+                std::mem::take(&mut *deliveries.done.lock().unwrap_or_else(|e| e.into_inner()))
+                    .into_iter()
+                    .find_map(|(_, outcome)| outcome);
             if let Some(reason) = failed {
-                return Err(KafkaError::call(format!("delivering to topic {topic:?}"), reason));
+                return Err(KafkaError::call(
+                    format!("delivering to topic {topic:?}"),
+                    reason,
+                ));
             }
             Ok(())
         })();
@@ -1133,9 +1197,17 @@ mod tests {
         let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "out");
         assert!(config.validate().is_ok());
         config.max_in_flight = 0;
-        assert!(config.validate().unwrap_err().to_string().contains("max_in_flight"));
+        assert!(config
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_in_flight"));
         let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "a b");
-        assert!(config.validate().unwrap_err().to_string().contains("legal topic"));
+        assert!(config
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("legal topic"));
         config.topic = "t".into();
         config.guarantee = SinkGuarantee::ExactlyOnce;
         config.transactional_id_prefix = String::new();
@@ -1152,14 +1224,21 @@ mod tests {
             kind: KafkaPartitioner::KeyHash,
             next: AtomicU32::new(0),
         };
-        assert_eq!(by_key.partition("t", Some(b"21"), 7, |_| true), key_partition(b"21", 7));
-        let keyless: Vec<i32> = (0..4).map(|_| by_key.partition("t", None, 3, |_| true)).collect();
+        assert_eq!(
+            by_key.partition("t", Some(b"21"), 7, |_| true),
+            key_partition(b"21", 7)
+        );
+        let keyless: Vec<i32> = (0..4)
+            .map(|_| by_key.partition("t", None, 3, |_| true))
+            .collect();
         assert_eq!(keyless, [0, 1, 2, 0]);
         let round = SinkPartitioner {
             kind: KafkaPartitioner::RoundRobin,
             next: AtomicU32::new(1),
         };
-        let spread: Vec<i32> = (0..3).map(|_| round.partition("t", Some(b"k"), 3, |_| true)).collect();
+        let spread: Vec<i32> = (0..3)
+            .map(|_| round.partition("t", Some(b"k"), 3, |_| true))
+            .collect();
         assert_eq!(spread, [1, 2, 0]);
     }
 }

@@ -815,7 +815,8 @@ impl<T: 'static> Source<T> for KafkaSource<T> {
             kind.encode(&mut out);
             offset.encode(&mut out);
             if let Position::At(offset) = position {
-                let _ = committable.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+                let _ =
+                    committable.add_partition_offset(topic, *partition, Offset::Offset(*offset));
             }
         }
         if self.config.group_id.is_some() {

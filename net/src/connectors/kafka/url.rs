@@ -91,7 +91,12 @@ impl FromStr for KafkaUrl {
 
 impl fmt::Display for KafkaUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "kafka://{}/{}", self.brokers.join(","), self.topics.join(","))
+        write!(
+            f,
+            "kafka://{}/{}",
+            self.brokers.join(","),
+            self.topics.join(",")
+        )
     }
 }
 
@@ -119,6 +124,8 @@ mod tests {
         assert_eq!(err("kafka://x:1/a b"), KafkaUrlError::Topic("a b".into()));
         assert_eq!(err("kafka://x:1/a,,b"), KafkaUrlError::Topic("".into()));
         assert_eq!(err("kafka://x:1/a,a"), KafkaUrlError::Duplicate("a".into()));
-        assert!(err("kafka://x:1/..").to_string().contains("legal topic name"));
+        assert!(err("kafka://x:1/..")
+            .to_string()
+            .contains("legal topic name"));
     }
 }
