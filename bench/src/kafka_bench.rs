@@ -29,12 +29,15 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{json, Value};
+
+use crate::compare::{median, process_cpu};
+use crate::job::wall_clock_ns;
 use weir_engine::graph::{Graph, SubtaskInfo};
 use weir_engine::runtime::{Cores, Runtime};
 use weir_net::kafka::produce::produce;
 use weir_net::kafka::{
-    owner_of, KafkaAdmin, KafkaMessage, KafkaOut, KafkaSink, KafkaSinkConfig, KafkaSinkStats,
-    KafkaSource, KafkaSourceConfig,
+    owner_of, KafkaAdmin, KafkaMessage, KafkaOut, KafkaSink, KafkaSinkConfig, KafkaSource,
+    KafkaSourceConfig,
 };
 
 const PARTITIONS: i32 = 4;
@@ -62,31 +65,12 @@ fn format_into(fields: Fields, key: &mut Vec<u8>, payload: &mut Vec<u8>) {
     let _ = write!(payload, "{},{},{}", fields.0, fields.1, fields.2);
 }
 
-fn wall_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// CPU time of this process (all threads), user + system.
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage writes a `rusage` into the zeroed value it is given and reads
-    // nothing else; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 fn topic(kind: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(
         "weir-bench-{kind}-{}-{}-{}",
         std::process::id(),
-        wall_ns(),
+        wall_clock_ns(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
@@ -121,8 +105,6 @@ fn weir_pipeline(
     source.properties = vec![("fetch.wait.max.ms".into(), FETCH_WAIT_MS.into())];
     let sink = KafkaSinkConfig::new(brokers, output);
     let graph = Graph::new().with_parallelism(PARALLELISM);
-    let stats = Arc::new(KafkaSinkStats::default());
-    let shared = Arc::clone(&stats);
     graph
         .from_source(move |info: &SubtaskInfo| {
             KafkaSource::new(&source, info, |m: &KafkaMessage<'_>| {
@@ -135,7 +117,6 @@ fn weir_pipeline(
                 format_into(*fields, &mut key, &mut out.payload);
                 out.key = Some(key);
             })
-            .with_stats(Arc::clone(&shared))
         });
     let runtime = Runtime::builder()
         .cores(Cores::Count(PARALLELISM))
@@ -303,7 +284,7 @@ fn consume_latency(
             ));
         }
         if let Some(Ok(message)) = consumer.poll(Duration::from_millis(50)) {
-            let now = wall_ns();
+            let now = wall_clock_ns();
             if let Some((_, _, t)) = parse(message.payload().unwrap_or_default()) {
                 histogram.saturating_record((now.saturating_sub(t) / 1000).max(1));
                 seen += 1;
@@ -313,13 +294,9 @@ fn consume_latency(
     Ok(histogram)
 }
 
-/// One throughput turn: seconds and CPU seconds for `records`.
-fn throughput_turn(
-    side: Side,
-    brokers: &str,
-    input: &str,
-    records: u64,
-) -> Result<(f64, f64), String> {
+/// One throughput turn: seconds and CPU seconds to read `input` to its end into a fresh
+/// topic.
+fn throughput_turn(side: Side, brokers: &str, input: &str) -> Result<(f64, f64), String> {
     let admin = KafkaAdmin::new(brokers, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let output = topic("out");
     admin
@@ -331,7 +308,6 @@ fn throughput_turn(
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = (process_cpu() - cpu).as_secs_f64();
     let _ = admin.delete_topic(&output);
-    let _ = records;
     Ok((elapsed, cpu))
 }
 
@@ -371,7 +347,7 @@ fn latency_turn(side: Side, brokers: &str, records: u64, rate: f64) -> Result<(u
                     }
                     let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
                     out.key = Some(key.to_string().into_bytes());
-                    format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
+                    format_into((n, key, wall_clock_ns()), &mut Vec::new(), &mut out.payload);
                 },
             )
             .map_err(|e| e.to_string())
@@ -397,11 +373,6 @@ fn latency_turn(side: Side, brokers: &str, records: u64, rate: f64) -> Result<(u
     ))
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// Runs the comparison: `rounds` of each side's throughput turn and latency turn, in
 /// alternating order.
 pub fn run(
@@ -425,7 +396,7 @@ pub fn run(
         |n, out| {
             let key = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 100_000;
             out.key = Some(key.to_string().into_bytes());
-            format_into((n, key, wall_ns()), &mut Vec::new(), &mut out.payload);
+            format_into((n, key, wall_clock_ns()), &mut Vec::new(), &mut out.payload);
         },
     )
     .map_err(|e| e.to_string())?;
@@ -443,7 +414,7 @@ pub fn run(
                 sides[sides.len() - 1 - i]
             };
             let slot = sides.iter().position(|s| *s == side).expect("a side");
-            let (seconds, cpu) = throughput_turn(side, brokers, &input, records)?;
+            let (seconds, cpu) = throughput_turn(side, brokers, &input)?;
             let (p50, p99) = latency_turn(side, brokers, latency_records, rate)?;
             log(&format!(
                 "round {round} {}: {:.0} records/s, {:.2} µs CPU a record; p50 {p50} µs, p99 {p99} µs",
@@ -459,13 +430,13 @@ pub fn run(
         }
     }
     let _ = admin.delete_topic(&input);
-    for (side, (mut rate_, mut cpu, mut p50, mut p99)) in sides.iter().zip(results) {
+    for (side, (rate_, cpu, p50, p99)) in sides.iter().zip(results) {
         rows.push(json!({
             "side": side.name(),
-            "records_per_s": median(&mut rate_),
-            "cpu_us_per_record": median(&mut cpu),
-            "p50_us": median(&mut p50),
-            "p99_us": median(&mut p99),
+            "records_per_s": median(&rate_),
+            "cpu_us_per_record": median(&cpu),
+            "p50_us": median(&p50),
+            "p99_us": median(&p99),
         }));
     }
     Ok(json!({

@@ -299,7 +299,6 @@ fn produce_orders(options: &Options) -> Result<u64, Box<dyn std::error::Error>> 
     admin.create_topic(options.input(), options.partitions)?;
     admin.create_topic(options.output(), options.partitions)?;
     let users = options.users;
-    let mut malformed = 0;
     let report = produce(
         &options.brokers,
         options.input(),
@@ -318,7 +317,7 @@ fn produce_orders(options: &Options) -> Result<u64, Box<dyn std::error::Error>> 
             out.payload = format!("{order},{user},{}", order % 1000 + 1).into_bytes();
         },
     )?;
-    malformed += options.orders / 1000;
+    let malformed = options.orders / 1000;
     eprintln!(
         "kafka_enrich: wrote {} orders and {malformed} malformed messages to {:?} in {:.2?}",
         report.delivered - malformed,

@@ -74,16 +74,10 @@ pub(crate) fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
             };
             let mut config = StreamSinkConfig::new(url.redis.clone(), stream.clone());
             config.maxlen = args.sink_maxlen;
-            config.guarantee = match args.sink_guarantee {
-                SinkGuarantee::AtLeastOnce => Guarantee::AtLeastOnce,
-                SinkGuarantee::ExactlyOnce if args.checkpoint_interval.is_none() => {
-                    return Err(RunError::Setting(
-                        "--sink-guarantee exactly-once commits each checkpoint's records when \
-                         it completes: add --checkpoint-interval and --checkpoint-dir"
-                            .into(),
-                    ))
-                }
-                SinkGuarantee::ExactlyOnce => Guarantee::ExactlyOnce,
+            config.guarantee = if sink_exactly_once(args)? {
+                Guarantee::ExactlyOnce
+            } else {
+                Guarantee::AtLeastOnce
             };
             config
                 .check()
@@ -100,6 +94,20 @@ pub(crate) fn stream_io(args: &RunArgs) -> Result<job::StreamIo, RunError> {
         kafka_source,
         kafka_sink,
     })
+}
+
+/// Whether `--sink-guarantee` asks for exactly once, which commits at checkpoints and is
+/// refused without them.
+fn sink_exactly_once(args: &RunArgs) -> Result<bool, RunError> {
+    match args.sink_guarantee {
+        SinkGuarantee::AtLeastOnce => Ok(false),
+        SinkGuarantee::ExactlyOnce if args.checkpoint_interval.is_none() => Err(RunError::Setting(
+            "--sink-guarantee exactly-once commits each checkpoint's records when it \
+                 completes: add --checkpoint-interval and --checkpoint-dir"
+                .into(),
+        )),
+        SinkGuarantee::ExactlyOnce => Ok(true),
+    }
 }
 
 /// `--source kafka://…` and `--sink kafka://…` as the job's Kafka settings, checked, and
@@ -174,16 +182,10 @@ fn kafka_io(
                 )));
             };
             let mut config = KafkaSinkConfig::new(url.bootstrap(), topic.clone());
-            config.guarantee = match args.sink_guarantee {
-                SinkGuarantee::AtLeastOnce => KafkaGuarantee::AtLeastOnce,
-                SinkGuarantee::ExactlyOnce if args.checkpoint_interval.is_none() => {
-                    return Err(RunError::Setting(
-                        "--sink-guarantee exactly-once commits each checkpoint's records when \
-                         it completes: add --checkpoint-interval and --checkpoint-dir"
-                            .into(),
-                    ))
-                }
-                SinkGuarantee::ExactlyOnce => KafkaGuarantee::ExactlyOnce,
+            config.guarantee = if sink_exactly_once(args)? {
+                KafkaGuarantee::ExactlyOnce
+            } else {
+                KafkaGuarantee::AtLeastOnce
             };
             config.transactional_id_prefix = args.transactional_id_prefix.clone();
             if args.sink_maxlen.is_some() {
