@@ -106,6 +106,7 @@ fn a_keyed_exchange_across_two_processes_delivers_each_record_once() {
             let registry = Arc::clone(&registry);
             std::thread::spawn(move || {
                 let cluster = Cluster {
+                    checkpoints: None,
                     processes: 2,
                     process,
                     remote: Arc::new(InMemory(registry)),
@@ -152,6 +153,7 @@ fn a_keyed_exchange_across_two_processes_delivers_each_record_once() {
 #[test]
 fn a_process_index_past_the_count_is_refused() {
     let cluster = Cluster {
+        checkpoints: None,
         processes: 2,
         process: 2,
         remote: Arc::new(InMemory(Arc::default())),

@@ -42,6 +42,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use weir_engine::checkpoint::{CheckpointLink, LinkEvent};
 use weir_engine::exchange::{InputChannel, LocalInputChannel, NetworkBufferPool};
 use weir_engine::graph::{Cluster, RemoteChannels};
 use weir_engine::park::Notify;
@@ -119,6 +120,7 @@ impl TransportChannels {
             processes: self.peers.len(),
             process: self.process,
             remote: Arc::clone(self) as Arc<dyn RemoteChannels>,
+            checkpoints: Some(Arc::clone(self) as Arc<dyn CheckpointLink>),
         }
     }
 
@@ -236,5 +238,17 @@ impl core::fmt::Debug for TransportChannels {
             .field("process", &self.process)
             .field("peers", &self.peers)
             .finish_non_exhaustive()
+    }
+}
+
+/// The checkpoint services' messages ride the connections the channels use (see the
+/// transport's checkpoint frame).
+impl CheckpointLink for TransportChannels {
+    fn open(&self, inbox: Box<dyn Fn(LinkEvent) + Send + Sync>) {
+        self.transport.open_checkpoints(inbox);
+    }
+
+    fn send(&self, to: usize, bytes: Vec<u8>) {
+        self.transport.send_checkpoint(to as u32, bytes);
     }
 }

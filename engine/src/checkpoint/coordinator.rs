@@ -142,8 +142,7 @@ pub struct Coordinator {
     next_trigger_ns: u64,
     last_completed_ns: Option<u64>,
     pending: BTreeMap<u64, Pending>,
-    /// Checkpoints complete here but not yet everywhere (a job over several
-    /// processes): they count against `max_concurrent` too.
+    /// Checkpoints the caller counts as in flight besides the pending ones.
     held: usize,
     failures_in_a_row: u32,
     stats: CheckpointStats,
@@ -214,9 +213,9 @@ impl Coordinator {
             .is_some_and(Option::is_some)
     }
 
-    /// `held` checkpoints are complete here and still wait for other processes (a job
-    /// over several): until they settle they count as in flight, so that no more than
-    /// `max_concurrent` checkpoints are ever unfinished on disk.
+    /// `held` more checkpoints count as in flight until the next call (a caller that
+    /// must not trigger yet, such as a coordinator waiting for the processes of its job
+    /// to join, holds `max_concurrent`).
     pub fn hold(&mut self, held: usize) {
         self.held = held;
     }
@@ -267,18 +266,6 @@ impl Coordinator {
         self.start(id, now_ns);
         self.outcomes.retain(|o| *o != Outcome::Trigger(id));
         Some(id)
-    }
-
-    /// Checkpoint `id`, not triggered here yet, reached one of this coordinator's tasks
-    /// first (in a job over several processes, another process triggered it): it is
-    /// pending from now, whatever `max_concurrent` says, and its trigger goes out (so
-    /// that this process's sources inject its barrier too). Whether it was started.
-    pub fn adopt(&mut self, id: u64, now_ns: u64) -> bool {
-        if id < self.next_id {
-            return false;
-        }
-        self.start(id, now_ns);
-        true
     }
 
     /// When the next checkpoint may be triggered, by the caller's clock: the time to

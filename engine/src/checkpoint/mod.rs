@@ -13,6 +13,8 @@
 //!   barrier, processed again on restore);
 //! - [`keyed`]: keyed state per key group, snapshotted and restored at another
 //!   parallelism (Flink's `KeyGroupRangeAssignment`);
+//! - [`link`]: what the checkpoint services of a job over several processes say to
+//!   each other (process 0 coordinates, the others take part);
 //! - [`restart`]: restart strategies (fixed delay, exponential delay) for a job that
 //!   failed, restarted from its latest completed checkpoint;
 //! - [`service`]: the coordinator on a thread of its own with the checkpoint directory:
@@ -32,6 +34,7 @@ pub mod alignment;
 pub mod coordinator;
 pub mod elements;
 pub mod keyed;
+pub mod link;
 pub mod restart;
 pub mod service;
 pub mod storage;
@@ -43,8 +46,9 @@ use std::time::Duration;
 pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
 pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
+pub use link::{CheckpointLink, LinkEvent, LocalLinks};
 pub use restart::{RestartStrategy, Restarts};
-pub use service::{Acks, CheckpointHooks, CheckpointService};
+pub use service::{Acks, CheckpointHooks, CheckpointService, ServicePart};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
 pub use transactional::TransactionalFiles;
 
@@ -152,12 +156,12 @@ pub enum CheckpointError {
         /// Tasks of the job.
         tasks: usize,
     },
-    /// Over several processes: a checkpoint complete in this process waited the
-    /// checkpoint timeout for the others.
+    /// Over several processes: a checkpoint this process took part in heard nothing
+    /// more for the checkpoint timeout.
     #[error(
-        "checkpoint {id} is complete in this process but waited {after:?} for {waiting_for}: \
-         a process of the job is gone or stalled (this process stops rather than run on \
-         without checkpoints; restart the job from its latest completed checkpoint)"
+        "checkpoint {id} waited {after:?} for {waiting_for}: a process of the job is gone \
+         or stalled (this process stops rather than run on without checkpoints; restart \
+         the job from its latest completed checkpoint)"
     )]
     Unsettled {
         /// The checkpoint.
@@ -166,6 +170,15 @@ pub enum CheckpointError {
         after: Duration,
         /// What it waited for.
         waiting_for: String,
+    },
+    /// Over several processes: a process the checkpoints depend on is gone, sent
+    /// something that cannot be, or runs another job.
+    #[error("checkpoints across processes: process {process} {reason}")]
+    Link {
+        /// The process.
+        process: usize,
+        /// What happened, and what to do.
+        reason: String,
     },
     /// A task could not take its snapshot.
     #[error("checkpoint {id} declined by task {task}: {reason}")]

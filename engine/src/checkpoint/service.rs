@@ -12,27 +12,38 @@
 //!
 //! A job over several processes runs a service in each, over the process's own tasks,
 //! with the checkpoint directory shared (the same path on a filesystem every process
-//! reaches): each service writes its tasks' files and, when they all acknowledged, its
-//! part of the metadata (`_metadata.p<process>`); process 0's service writes the
-//! `_metadata` that makes the checkpoint complete once every process's part is there,
-//! and the others see it appear; only then do their tasks hear of the completion. Each
-//! process triggers on its own clock with the same ids; a barrier from another process
-//! that reaches a task before this process triggered its checkpoint starts it here too
-//! ([`Coordinator::adopt`]). Only process 0 removes checkpoint directories.
+//! reaches), joined by a [`CheckpointLink`] (see [`link`](super::link)). Process 0's
+//! service is the job's one coordinator: it triggers every checkpoint in every process
+//! (its own sources, and a trigger message to each other process), collects every
+//! task's acknowledgement or decline, times checkpoints out, enforces the maximum
+//! concurrency, the minimum pause and the failures tolerated, writes the `_metadata`
+//! that completes a checkpoint, and tells every process of each completion and abort, so
+//! that two-phase-commit sinks everywhere commit the same checkpoint. The others write
+//! their tasks' files into the shared directory and forward what their tasks say. A
+//! process waits for every other one's hello (the checkpoint it restored and the job's
+//! task count, which must agree) before the first trigger, and a process that is lost
+//! fails the job: a supervisor restarts every process from the same completed
+//! checkpoint. Only process 0 removes checkpoint directories.
 //!
 //! Finished tasks (Flink's checkpoints after tasks finished): a task whose input ended
 //! hands its final state to [`Acks::finished`] and leaves; the service acknowledges
 //! every checkpoint it has not acknowledged yet, and every later one, with that state.
+//! Over several processes a process whose tasks all ended says so and stays until the
+//! coordinator releases every process at the job's end, since its finished tasks still
+//! acknowledge the checkpoints that commit other processes' last output.
 //! Downstream, a channel's end counts as every later barrier, so the snapshots still
 //! agree: a bounded job's last records are committed by a checkpoint taken after its
 //! sources ended.
 
+use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
-use super::storage::{unix_ms, CheckpointMetadata, CheckpointStore};
+use super::link::{CheckpointLink, LinkEvent, Wire};
+use super::storage::{read_metadata, unix_ms, CheckpointMetadata, CheckpointStore};
 use super::CheckpointError;
 
 /// How the service reaches the job.
@@ -75,7 +86,36 @@ enum Message {
         state: Vec<u8>,
     },
     TriggerNow,
-    Stop,
+    /// From the other processes of the job.
+    Link(LinkEvent),
+    /// The job ended: `wait`, whether to stay for the other processes (a job that
+    /// ended well) or stop at once (a failure, or the service dropped).
+    Stop {
+        wait: bool,
+    },
+}
+
+/// This process's place among the processes of a job (see the [module docs](self)).
+#[derive(Clone)]
+pub struct ServicePart {
+    /// This process's index: 0 coordinates.
+    pub process: usize,
+    /// Processes in the job.
+    pub processes: usize,
+    /// How the services talk.
+    pub link: Arc<dyn CheckpointLink>,
+    /// The checkpoint this run restored (0: a fresh start), the same in every process.
+    pub restored: u64,
+}
+
+impl core::fmt::Debug for ServicePart {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ServicePart")
+            .field("process", &self.process)
+            .field("processes", &self.processes)
+            .field("restored", &self.restored)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The tasks' side of the service: cheap to clone, one per task.
@@ -148,8 +188,10 @@ impl CheckpointService {
         Self::start_part(config, store, job, tasks, first_id, hooks, None)
     }
 
-    /// [`start`](Self::start) for process `part.0` of a job over `part.1` processes
-    /// (see the [module docs](self)); `None`: the whole job is here.
+    /// [`start`](Self::start) for one process of a job over several (see the [module
+    /// docs](self)): `tasks` counts the tasks of every process, and the tasks here
+    /// acknowledge under their numbers over the whole job; `None`: the whole job is
+    /// here.
     pub fn start_part(
         config: CheckpointConfig,
         store: CheckpointStore,
@@ -157,11 +199,25 @@ impl CheckpointService {
         tasks: usize,
         first_id: u64,
         hooks: impl CheckpointHooks,
-        part: Option<(usize, usize)>,
+        part: Option<ServicePart>,
     ) -> Result<Self, CheckpointError> {
+        if let Some(part) = &part {
+            if part.processes == 0 || part.process >= part.processes {
+                return Err(CheckpointError::Config(format!(
+                    "process {} of a job over {} processes: the index must be below the count",
+                    part.process, part.processes
+                )));
+            }
+        }
         let epoch = Instant::now();
         let coordinator = Coordinator::new(config, tasks, first_id, 0)?;
         let (tx, rx) = mpsc::channel();
+        if let Some(part) = &part {
+            let inbox = tx.clone();
+            part.link.open(Box::new(move |event| {
+                let _ = inbox.send(Message::Link(event));
+            }));
+        }
         let thread = std::thread::Builder::new()
             .name("weir-checkpoints".into())
             .spawn(move || {
@@ -169,11 +225,9 @@ impl CheckpointService {
                     store,
                     job,
                     epoch,
-                    part,
-                    awaiting: std::collections::BTreeMap::new(),
-                    timeout: coordinator.config().timeout,
+                    tasks,
                 };
-                run(coordinator, &mut place, hooks, rx)
+                run(coordinator, &mut place, hooks, rx, part)
             })
             .map_err(|e| {
                 CheckpointError::Config(format!("cannot start the checkpoint thread: {e}"))
@@ -189,17 +243,29 @@ impl CheckpointService {
         self.acks.clone().expect("running")
     }
 
-    /// Whether the service ended by itself (too many failures, a disk error): then
-    /// [`stop`](Self::stop) returns why, and the job must fail.
+    /// Whether the service ended by itself (too many failures, a disk error, a process
+    /// of the job lost): then [`stop`](Self::stop) returns why, and the job must fail.
     pub fn has_failed(&self) -> bool {
         self.thread.as_ref().is_some_and(JoinHandle::is_finished)
     }
 
-    /// Stops the service (pending checkpoints are left unfinished, as a crash would) and
-    /// returns its figures, or why it failed.
-    pub fn stop(mut self) -> Result<CheckpointStats, CheckpointError> {
+    /// Stops the service after a job that ended well and returns its figures, or why it
+    /// failed. Over several processes it first waits for the other processes' tasks to
+    /// end (their checkpoints go on meanwhile: see the [module docs](self)), or for a
+    /// process to be lost.
+    pub fn stop(self) -> Result<CheckpointStats, CheckpointError> {
+        self.stop_with(true)
+    }
+
+    /// Stops the service at once, as after a failure (pending checkpoints are left
+    /// unfinished, as a crash would), and returns its figures, or why it failed.
+    pub fn abandon(self) -> Result<CheckpointStats, CheckpointError> {
+        self.stop_with(false)
+    }
+
+    fn stop_with(mut self, wait: bool) -> Result<CheckpointStats, CheckpointError> {
         if let Some(acks) = self.acks.take() {
-            let _ = acks.tx.send(Message::Stop);
+            let _ = acks.tx.send(Message::Stop { wait });
         }
         let thread = self.thread.take().expect("running");
         thread.join().unwrap_or_else(|_| {
@@ -213,7 +279,7 @@ impl CheckpointService {
 impl Drop for CheckpointService {
     fn drop(&mut self) {
         if let Some(acks) = self.acks.take() {
-            let _ = acks.tx.send(Message::Stop);
+            let _ = acks.tx.send(Message::Stop { wait: false });
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -221,18 +287,13 @@ impl Drop for CheckpointService {
     }
 }
 
-/// Where the service writes, and what it waits for.
+/// Where the service writes.
 struct Place {
     store: CheckpointStore,
     job: String,
     epoch: Instant,
-    /// This process and the job's processes, for a job over several.
-    part: Option<(usize, usize)>,
-    /// Over several processes: checkpoints complete here, waiting for the others, with
-    /// their longest alignment here and when they completed here.
-    awaiting: std::collections::BTreeMap<u64, (Duration, Instant)>,
-    /// How long a checkpoint may wait for the other processes (the checkpoint timeout).
-    timeout: Duration,
+    /// Tasks of the whole job.
+    tasks: usize,
 }
 
 impl Place {
@@ -246,11 +307,21 @@ fn run(
     place: &mut Place,
     mut hooks: impl CheckpointHooks,
     rx: Receiver<Message>,
+    part: Option<ServicePart>,
 ) -> Result<CheckpointStats, CheckpointError> {
     // A panic here (a bug) must fail the job like any other end of the service: a job
     // whose checkpoints stopped would otherwise run on and never commit.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve(&mut coordinator, place, &mut hooks, rx)
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match part {
+        Some(part) if part.process != 0 => {
+            // How long a participant waits for the outcome of a checkpoint it heard
+            // of: the checkpoint timeout, by which the coordinator has aborted it.
+            let timeout = coordinator.config().timeout;
+            participate(place, &mut hooks, rx, part, timeout)
+        }
+        part => {
+            let mut peers = Peers::new(part);
+            coordinate(&mut coordinator, place, &mut hooks, rx, &mut peers)
+        }
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -268,34 +339,171 @@ fn run(
     result
 }
 
-/// How often a process of a job over several looks for the other processes' parts.
-const PART_POLL: Duration = Duration::from_millis(2);
+/// The coordinator's view of the other processes (none for a job in one process).
+struct Peers {
+    part: Option<ServicePart>,
+    /// By process: said hello.
+    hello: Vec<bool>,
+    /// By process: every task there ended.
+    done: Vec<bool>,
+}
 
-fn serve(
+impl Peers {
+    fn new(part: Option<ServicePart>) -> Self {
+        let processes = part.as_ref().map_or(1, |p| p.processes);
+        let mut hello = vec![false; processes];
+        hello[0] = true;
+        let mut done = vec![false; processes];
+        done[0] = true;
+        Peers { part, hello, done }
+    }
+
+    fn ready(&self) -> bool {
+        self.hello.iter().all(|&h| h)
+    }
+
+    fn all_done(&self) -> bool {
+        self.done.iter().all(|&d| d)
+    }
+
+    fn several(&self) -> bool {
+        self.part.is_some()
+    }
+
+    /// Sends `wire` to every other process.
+    fn broadcast(&self, wire: &Wire) {
+        if let Some(part) = &self.part {
+            let bytes = wire.encode();
+            for process in 1..part.processes {
+                part.link.send(process, bytes.clone());
+            }
+        }
+    }
+
+    /// What process `from` said; an error fails the job.
+    fn heard(
+        &mut self,
+        coordinator: &mut Coordinator,
+        place: &Place,
+        hooks: &mut impl CheckpointHooks,
+        event: LinkEvent,
+    ) -> Result<(), CheckpointError> {
+        let (from, bytes) = match event {
+            LinkEvent::Message { from, bytes } => (from, bytes),
+            LinkEvent::Lost { process, reason } => {
+                return Err(CheckpointError::Link {
+                    process,
+                    reason: format!(
+                        "is lost ({reason}): its checkpoints cannot complete, so the job \
+                         stops; restart every process from the latest completed checkpoint"
+                    ),
+                })
+            }
+        };
+        if from == 0 || from >= self.hello.len() {
+            return Err(CheckpointError::Link {
+                process: from,
+                reason: format!(
+                    "is not a participant of this job of {} processes",
+                    self.hello.len()
+                ),
+            });
+        }
+        let restored = self.part.as_ref().map_or(0, |p| p.restored);
+        match Wire::decode(from, &bytes)? {
+            Wire::Hello {
+                restored: theirs,
+                tasks,
+            } => {
+                if theirs != restored {
+                    let said = |id: u64| match id {
+                        0 => "started fresh".to_string(),
+                        id => format!("restored checkpoint {id}"),
+                    };
+                    return Err(CheckpointError::Link {
+                        process: from,
+                        reason: format!(
+                            "{} where process 0 {}: every process must restore the same \
+                             checkpoint from the same shared directory",
+                            said(theirs),
+                            said(restored)
+                        ),
+                    });
+                }
+                if tasks as usize != place.tasks {
+                    return Err(CheckpointError::Link {
+                        process: from,
+                        reason: format!(
+                            "runs a job of {tasks} tasks where process 0 runs {}: every \
+                             process must run the same graph with the same workers",
+                            place.tasks
+                        ),
+                    });
+                }
+                self.hello[from] = true;
+            }
+            Wire::Ack {
+                id,
+                task,
+                file,
+                alignment,
+            } => {
+                coordinator.acknowledge(id, task as usize, file, alignment, place.now());
+            }
+            Wire::Decline { id, task, reason } => {
+                coordinator.decline(id, task as usize, format!("process {from}: {reason}"))?;
+            }
+            Wire::TriggerNow => {
+                if let Some(id) = coordinator.trigger_now(place.now()) {
+                    trigger(id, self, hooks);
+                }
+            }
+            Wire::Done => self.done[from] = true,
+            other => {
+                return Err(CheckpointError::Link {
+                    process: from,
+                    reason: format!("sent {other:?}, which only process 0 sends"),
+                })
+            }
+        }
+        Ok(())
+    }
+}
+
+fn trigger(id: u64, peers: &Peers, hooks: &mut impl CheckpointHooks) {
+    hooks.trigger(id);
+    peers.broadcast(&Wire::Trigger(id));
+}
+
+/// The coordinator's loop: the whole job in one process, or process 0 of several.
+fn coordinate(
     coordinator: &mut Coordinator,
     place: &mut Place,
     hooks: &mut impl CheckpointHooks,
     rx: Receiver<Message>,
+    peers: &mut Peers,
 ) -> Result<CheckpointStats, CheckpointError> {
     // Finished tasks and their final state.
     let mut finished: Vec<(usize, String, u64, Vec<u8>)> = Vec::new();
+    let mut stopping = false;
+    let max_concurrent = coordinator.config().max_concurrent;
     loop {
-        coordinator.hold(place.awaiting.len());
+        // No trigger before every process is there to take it.
+        coordinator.hold(if peers.ready() { 0 } else { max_concurrent });
         match coordinator.poll(place.now()) {
-            Ok(outcomes) => act(outcomes, place, hooks)?,
-            Err(error) => return fail(error, coordinator, place, hooks),
+            Ok(outcomes) => act(outcomes, place, hooks, peers)?,
+            Err(error) => return fail(error, coordinator, place, hooks, peers),
         }
-        settle(coordinator, place, hooks, &finished)?;
-        settle_parts(place, hooks)?;
-        coordinator.hold(place.awaiting.len());
-        let mut wait = coordinator
+        settle(coordinator, place, hooks, peers, &finished)?;
+        if stopping && peers.all_done() {
+            peers.broadcast(&Wire::Release);
+            return Ok(coordinator.stats().clone());
+        }
+        let wait = coordinator
             .next_deadline()
             .map_or(Duration::from_secs(3600), |at| {
                 Duration::from_nanos(at.saturating_sub(place.now()))
             });
-        if !place.awaiting.is_empty() {
-            wait = wait.min(PART_POLL);
-        }
         let message = match rx.recv_timeout(wait) {
             Ok(message) => message,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -309,23 +517,17 @@ fn serve(
                 state,
                 alignment,
             } => {
-                if !coordinator.is_pending(id) {
-                    // A checkpoint another process triggered first starts here too; an
-                    // old one is over.
-                    if !coordinator.adopt(id, place.now()) {
-                        continue;
-                    }
-                    let outcomes = coordinator.take_outcomes();
-                    act(outcomes, place, hooks)?;
+                // A late acknowledgement (expired, aborted, subsumed) writes nothing.
+                if coordinator.is_pending(id) {
+                    // The asynchronous phase: the state reaches the disk here, not on
+                    // the task's worker.
+                    let file = place.store.write_task_state(id, &name, &state)?;
+                    coordinator.acknowledge(id, task, file, alignment, place.now());
                 }
-                // The asynchronous phase: the state reaches the disk here, not on the
-                // task's worker.
-                let file = place.store.write_task_state(id, &name, &state)?;
-                coordinator.acknowledge(id, task, file, alignment, place.now());
             }
             Message::Decline { id, task, reason } => {
                 if let Err(error) = coordinator.decline(id, task, reason) {
-                    return fail(error, coordinator, place, hooks);
+                    return fail(error, coordinator, place, hooks, peers);
                 }
             }
             Message::Finished {
@@ -336,15 +538,27 @@ fn serve(
             } => finished.push((task, name, from, state)),
             Message::TriggerNow => {
                 if let Some(id) = coordinator.trigger_now(place.now()) {
-                    hooks.trigger(id);
+                    trigger(id, peers, hooks);
                 }
             }
-            // The tasks' handles may outlive the service: it ends when told to.
-            Message::Stop => return Ok(coordinator.stats().clone()),
+            Message::Link(event) => {
+                if let Err(error) = peers.heard(coordinator, place, hooks, event) {
+                    return fail(error, coordinator, place, hooks, peers);
+                }
+            }
+            // The tasks' handles may outlive the service: it ends when told to. A job
+            // over several processes that ended well here goes on coordinating until
+            // every process's tasks ended.
+            Message::Stop { wait } => {
+                if !wait || !peers.several() {
+                    return Ok(coordinator.stats().clone());
+                }
+                stopping = true;
+            }
         }
         let outcomes = coordinator.take_outcomes();
-        act(outcomes, place, hooks)?;
-        settle(coordinator, place, hooks, &finished)?;
+        act(outcomes, place, hooks, peers)?;
+        settle(coordinator, place, hooks, peers, &finished)?;
     }
 }
 
@@ -354,6 +568,7 @@ fn settle(
     coordinator: &mut Coordinator,
     place: &mut Place,
     hooks: &mut impl CheckpointHooks,
+    peers: &Peers,
     finished: &[(usize, String, u64, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
     if finished.is_empty() {
@@ -369,78 +584,7 @@ fn settle(
         }
     }
     let outcomes = coordinator.take_outcomes();
-    act(outcomes, place, hooks)
-}
-
-/// Over several processes: completes what every process's part is written for
-/// (process 0), or hears of what process 0 completed (the others).
-fn settle_parts(
-    place: &mut Place,
-    hooks: &mut impl CheckpointHooks,
-) -> Result<(), CheckpointError> {
-    let Some((process, processes)) = place.part else {
-        return Ok(());
-    };
-    if place.awaiting.is_empty() {
-        return Ok(());
-    }
-    let mut done: Option<u64> = None;
-    if process == 0 {
-        for (&id, &(alignment, _)) in place.awaiting.iter().rev() {
-            let mut parts = Vec::with_capacity(processes);
-            for p in 0..processes {
-                match place.store.read_part(id, p)? {
-                    Some(part) => parts.push(part),
-                    None => break,
-                }
-            }
-            if parts.len() < processes {
-                continue;
-            }
-            let mut metadata = parts[0].clone();
-            for part in &parts[1..] {
-                metadata.tasks.extend(part.tasks.iter().cloned());
-                metadata.duration = metadata.duration.max(part.duration);
-                metadata.triggered_unix_ms = metadata.triggered_unix_ms.min(part.triggered_unix_ms);
-            }
-            place.store.complete(&metadata)?;
-            hooks.complete(id);
-            hooks.completed(&metadata, alignment);
-            done = Some(id);
-            break;
-        }
-    } else if let Some(newest) = place.store.newest_complete()? {
-        if place
-            .awaiting
-            .keys()
-            .next()
-            .is_some_and(|&oldest| oldest <= newest)
-        {
-            hooks.complete(newest);
-            done = Some(newest);
-        }
-    }
-    if let Some(done) = done {
-        // What is older is subsumed by the checkpoint completed.
-        place.awaiting.retain(|&id, _| id > done);
-    }
-    // A checkpoint that waited the checkpoint timeout for the other processes: one of
-    // them (process 0, which completes checkpoints, or a process whose part never
-    // came) is gone or stalled. The job fails rather than run on without checkpoints.
-    if let Some((&id, &(_, since))) = place.awaiting.iter().next() {
-        if since.elapsed() >= place.timeout {
-            return Err(CheckpointError::Unsettled {
-                id,
-                after: place.timeout,
-                waiting_for: if process == 0 {
-                    format!("the parts of the other {} processes", processes - 1)
-                } else {
-                    "process 0 to complete it".to_string()
-                },
-            });
-        }
-    }
-    Ok(())
+    act(outcomes, place, hooks, peers)
 }
 
 /// The job fails with `error`: the aborts that came with it reach the job first.
@@ -449,8 +593,9 @@ fn fail(
     coordinator: &mut Coordinator,
     place: &mut Place,
     hooks: &mut impl CheckpointHooks,
+    peers: &Peers,
 ) -> Result<CheckpointStats, CheckpointError> {
-    act(coordinator.take_outcomes(), place, hooks)?;
+    act(coordinator.take_outcomes(), place, hooks, peers)?;
     Err(error)
 }
 
@@ -458,17 +603,19 @@ fn act(
     outcomes: Vec<Outcome>,
     place: &mut Place,
     hooks: &mut impl CheckpointHooks,
+    peers: &Peers,
 ) -> Result<(), CheckpointError> {
     for outcome in outcomes {
         match outcome {
-            Outcome::Trigger(id) => hooks.trigger(id),
+            Outcome::Trigger(id) => trigger(id, peers, hooks),
             Outcome::Abort { id, reason } => {
-                // Over several processes, only process 0 removes directories (when it
-                // completes a newer checkpoint): another process may still write here.
-                if place.part.is_none() {
+                // Over several processes, a directory is removed only when a newer
+                // checkpoint completes: another process may still write here.
+                if !peers.several() {
                     place.store.discard(id)?;
                 }
                 hooks.abort(id, &reason);
+                peers.broadcast(&Wire::Abort { id, reason });
             }
             Outcome::Complete {
                 id,
@@ -488,26 +635,200 @@ fn act(
                     job: place.job.clone(),
                     tasks,
                 };
-                match place.part {
-                    None => {
-                        place.store.complete(&metadata)?;
-                        hooks.complete(id);
-                        hooks.completed(&metadata, alignment);
-                    }
-                    Some((process, _)) => {
-                        place.store.complete_part(&metadata, process)?;
-                        place.awaiting.insert(id, (alignment, Instant::now()));
-                    }
-                }
+                place.store.complete(&metadata)?;
+                hooks.complete(id);
+                peers.broadcast(&Wire::Complete {
+                    id,
+                    duration,
+                    alignment,
+                });
+                hooks.completed(&metadata, alignment);
             }
         }
     }
     Ok(())
 }
 
+/// A checkpoint a participant heard of and whose outcome it has not heard yet.
+struct Heard {
+    since: Instant,
+}
+
+/// A participant's loop: a process other than 0 of a job over several.
+fn participate(
+    place: &mut Place,
+    hooks: &mut impl CheckpointHooks,
+    rx: Receiver<Message>,
+    part: ServicePart,
+    timeout: Duration,
+) -> Result<CheckpointStats, CheckpointError> {
+    let coordinator_lost = |reason: String| CheckpointError::Link {
+        process: 0,
+        reason: format!(
+            "(the checkpoint coordinator) is lost ({reason}): no checkpoint can complete, \
+             so the job stops; restart every process from the latest completed checkpoint"
+        ),
+    };
+    let send = |wire: Wire| part.link.send(0, wire.encode());
+    send(Wire::Hello {
+        restored: part.restored,
+        tasks: place.tasks as u32,
+    });
+    let mut stats = CheckpointStats::default();
+    let mut finished: Vec<(usize, String, u64, Vec<u8>)> = Vec::new();
+    // Checkpoints heard of (triggered, or acknowledged here first) without an outcome.
+    let mut heard: BTreeMap<u64, Heard> = BTreeMap::new();
+    // The newest checkpoint whose outcome came: anything up to it is over.
+    let mut settled = 0u64;
+    // Writes a task's state for checkpoint `id` and tells the coordinator.
+    let ack = |id: u64, task: usize, name: &str, state: &[u8], alignment: Duration| {
+        let file = place.store.write_task_state(id, name, state)?;
+        send(Wire::Ack {
+            id,
+            task: task as u32,
+            file,
+            alignment,
+        });
+        Ok::<(), CheckpointError>(())
+    };
+    loop {
+        // A checkpoint that heard nothing from the coordinator for the checkpoint
+        // timeout: the coordinator (which would have aborted it by now) is stalled.
+        if let Some((&id, oldest)) = heard.iter().next() {
+            if oldest.since.elapsed() >= timeout {
+                return Err(CheckpointError::Unsettled {
+                    id,
+                    after: timeout,
+                    waiting_for: "process 0 (the checkpoint coordinator) to complete or \
+                                  abort it"
+                        .into(),
+                });
+            }
+        }
+        let wait = heard.values().next().map_or(Duration::from_secs(3600), |h| {
+            timeout.saturating_sub(h.since.elapsed())
+        });
+        let message = match rx.recv_timeout(wait) {
+            Ok(message) => message,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Ok(stats),
+        };
+        match message {
+            Message::Ack {
+                id,
+                task,
+                name,
+                state,
+                alignment,
+            } => {
+                // A barrier may reach a task here before the coordinator's trigger
+                // does: the checkpoint is live until its outcome comes.
+                if id > settled {
+                    heard.entry(id).or_insert_with(|| Heard {
+                        since: Instant::now(),
+                    });
+                    ack(id, task, &name, &state, alignment)?;
+                }
+            }
+            Message::Decline { id, task, reason } => send(Wire::Decline {
+                id,
+                task: task as u32,
+                reason,
+            }),
+            Message::Finished {
+                task,
+                name,
+                from,
+                state,
+            } => {
+                for &id in heard.keys().filter(|&&id| id >= from) {
+                    ack(id, task, &name, &state, Duration::ZERO)?;
+                }
+                finished.push((task, name, from, state));
+            }
+            Message::TriggerNow => send(Wire::TriggerNow),
+            Message::Link(LinkEvent::Lost { process, reason }) => {
+                // Only the coordinator matters here: a lost channel to another process
+                // fails the tasks that read it, by name.
+                if process == 0 {
+                    return Err(coordinator_lost(reason));
+                }
+            }
+            Message::Link(LinkEvent::Message { from, bytes }) => {
+                if from != 0 {
+                    return Err(CheckpointError::Link {
+                        process: from,
+                        reason: "sent a checkpoint message; only process 0 coordinates".into(),
+                    });
+                }
+                match Wire::decode(0, &bytes)? {
+                    Wire::Trigger(id) => {
+                        let fresh = !heard.contains_key(&id);
+                        heard.entry(id).or_insert_with(|| Heard {
+                            since: Instant::now(),
+                        });
+                        hooks.trigger(id);
+                        if fresh {
+                            for (task, name, from, state) in &finished {
+                                if id >= *from {
+                                    ack(id, *task, name, state, Duration::ZERO)?;
+                                }
+                            }
+                        }
+                    }
+                    Wire::Complete {
+                        id,
+                        duration,
+                        alignment,
+                    } => {
+                        // What is older is subsumed by it.
+                        heard.retain(|&h, _| h > id);
+                        settled = settled.max(id);
+                        hooks.complete(id);
+                        // Durable before the coordinator said so: read for the figures
+                        // and the listener (gone already only if a newer one completed).
+                        let metadata = read_metadata(&place.store.checkpoint_dir(id)).ok();
+                        stats.completed += 1;
+                        stats.durations.push(duration);
+                        stats.alignments.push(alignment);
+                        stats
+                            .sizes
+                            .push(metadata.as_ref().map_or(0, CheckpointMetadata::state_bytes));
+                        if let Some(metadata) = metadata {
+                            hooks.completed(&metadata, alignment);
+                        }
+                    }
+                    Wire::Abort { id, reason } => {
+                        heard.remove(&id);
+                        settled = settled.max(id);
+                        // A subsumed checkpoint did not fail (the coordinator counts
+                        // the same way).
+                        if !reason.starts_with("subsumed by") {
+                            stats.failed += 1;
+                        }
+                        hooks.abort(id, &reason);
+                    }
+                    Wire::Release => return Ok(stats),
+                    other => {
+                        return Err(CheckpointError::Link {
+                            process: 0,
+                            reason: format!("sent {other:?}, which only participants send"),
+                        })
+                    }
+                }
+            }
+            Message::Stop { wait: false } => return Ok(stats),
+            // Every task here ended: stay (acknowledging for the finished tasks) until
+            // the coordinator releases the job.
+            Message::Stop { wait: true } => send(Wire::Done),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::link::LocalLinks;
     use std::sync::{Arc, Mutex};
 
     /// What the job was told, in order.
@@ -682,50 +1003,229 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
-    /// Process 1 of 2 whose process 0 is gone: its part of the first checkpoint is
-    /// written, nothing completes it, no second checkpoint is triggered meanwhile (one
-    /// unfinished at most on disk), and after the checkpoint timeout the service fails
-    /// the job saying what it waited for.
+    fn part(links: &LocalLinks, process: usize, processes: usize, restored: u64) -> ServicePart {
+        ServicePart {
+            process,
+            processes,
+            link: links.link(process),
+            restored,
+        }
+    }
+
+    /// One process of a job over several: its service, the hook calls it made, and
+    /// its tasks' handle.
+    struct Process {
+        service: CheckpointService,
+        rx: Receiver<Told>,
+        told: Arc<Mutex<Vec<Told>>>,
+    }
+
+    fn start_process(
+        dir: &std::path::Path,
+        config: CheckpointConfig,
+        tasks: usize,
+        part: ServicePart,
+    ) -> Process {
+        let store = CheckpointStore::open(dir, 2).expect("store");
+        let (events, rx) = mpsc::channel();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let hooks = Recorder {
+            told: Arc::clone(&told),
+            events,
+            store: store.clone(),
+        };
+        let service =
+            CheckpointService::start_part(config, store, "job-x".into(), tasks, 1, hooks, Some(part))
+                .expect("service");
+        Process { service, rx, told }
+    }
+
+    /// Process 1 of 2 whose coordinator went silent after a trigger: it acknowledges,
+    /// hears nothing more, and after the checkpoint timeout fails the job saying what
+    /// it waited for.
     #[test]
-    fn a_process_whose_coordinator_is_gone_stops_after_the_timeout() {
+    fn a_participant_whose_coordinator_goes_silent_stops_after_the_timeout() {
         let dir = scratch("orphan");
         let config = CheckpointConfig {
             timeout: Duration::from_millis(300),
             ..CheckpointConfig::every(Duration::from_millis(10))
         };
-        let store = CheckpointStore::open(&dir, 1).expect("store");
-        let (events, rx) = mpsc::channel();
-        let hooks = Recorder {
-            told: Arc::default(),
-            events,
-            store: store.clone(),
-        };
-        let service =
-            CheckpointService::start_part(config, store, "job-x".into(), 1, 1, hooks, Some((1, 2)))
-                .expect("service");
-        let acks = service.acks();
-        let mut triggered = Vec::new();
+        let links = LocalLinks::new(2);
+        let p1 = start_process(&dir, config, 2, part(&links, 1, 2, 0));
+        // Process 0 is the test: it triggers checkpoint 1, then says nothing.
+        links.link(0).send(1, Wire::Trigger(1).encode());
         let started = Instant::now();
-        while !service.has_failed() {
+        match p1.rx.recv_timeout(WATCHDOG).expect("a trigger within the watchdog") {
+            Told::Trigger(1) => {}
+            other => panic!("{other:?}"),
+        }
+        p1.service
+            .acks()
+            .acknowledge(1, 1, "t-1", vec![1], Duration::ZERO);
+        while !p1.service.has_failed() {
             assert!(
                 started.elapsed() < WATCHDOG,
                 "the service did not fail the job"
             );
-            if let Ok(Told::Trigger(id)) = rx.recv_timeout(Duration::from_millis(5)) {
-                triggered.push(id);
-                acks.acknowledge(id, 0, "t-0", vec![1], Duration::ZERO);
-            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         assert!(started.elapsed() >= Duration::from_millis(300));
-        assert_eq!(triggered, [1], "a checkpoint triggered while one was held");
-        let dirs = std::fs::read_dir(&dir).expect("dir").count();
-        assert_eq!(dirs, 1, "more than one unfinished checkpoint on disk");
-        let error = service.stop().expect_err("unsettled");
+        let error = p1.service.stop().expect_err("unsettled");
         assert!(
             matches!(error, CheckpointError::Unsettled { id: 1, .. }),
             "{error}"
         );
         assert!(error.to_string().contains("process 0"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Three processes, one task each: process 0 alone triggers, nothing before every
+    /// process said hello, each checkpoint completes once all three tasks acknowledged
+    /// and every process hears the same completions in the same order, durable first;
+    /// the participants write their tasks' files and finished tasks acknowledge later
+    /// checkpoints; at the end the coordinator stays until every process is done, then
+    /// releases them all.
+    #[test]
+    fn one_coordinator_triggers_and_completes_every_process() {
+        let dir = scratch("coordinated");
+        let mut config = CheckpointConfig::every(Duration::from_millis(20));
+        config.retain = 3;
+        let links = LocalLinks::new(3);
+        let p0 = start_process(&dir, config.clone(), 3, part(&links, 0, 3, 0));
+        // Nothing is triggered while processes 1 and 2 are missing.
+        assert!(
+            p0.rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a trigger before every process joined"
+        );
+        let p1 = start_process(&dir, config.clone(), 3, part(&links, 1, 3, 0));
+        let p2 = start_process(&dir, config, 3, part(&links, 2, 3, 0));
+        let processes = [&p0, &p1, &p2];
+        // Process 2's task finishes after its first checkpoint: its state answers for
+        // every later one.
+        let mut completed = [Vec::new(), Vec::new(), Vec::new()];
+        let mut finished = false;
+        let started = Instant::now();
+        while completed.iter().any(|c| c.len() < 4) {
+            for (index, process) in processes.iter().enumerate() {
+                while let Ok(told) = process.rx.try_recv() {
+                    match told {
+                        Told::Trigger(id) => {
+                            if index == 2 && finished {
+                                continue;
+                            }
+                            let state = format!("task {index} at {id}").into_bytes();
+                            let acks = process.service.acks();
+                            acks.acknowledge(id, index, &format!("t-{index}"), state, Duration::ZERO);
+                            if index == 2 && !finished {
+                                finished = true;
+                                acks.finished(2, "t-2", id + 1, b"final".to_vec());
+                            }
+                        }
+                        Told::Complete(id, durable) => {
+                            assert!(durable, "process {index} heard of {id} before it was durable");
+                            completed[index].push(id);
+                        }
+                        Told::Abort(id) => panic!("checkpoint {id} aborted"),
+                    }
+                }
+            }
+            assert!(
+                started.elapsed() < WATCHDOG,
+                "four completions everywhere not within the watchdog: {completed:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let n = completed.iter().map(Vec::len).min().unwrap();
+        assert_eq!(completed[0][..n], completed[1][..n]);
+        assert_eq!(completed[0][..n], completed[2][..n]);
+        // Only process 0 triggers: every process was told the same ids.
+        let triggers = |p: &Process| -> Vec<u64> {
+            p.told
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|t| match t {
+                    Told::Trigger(id) => Some(*id),
+                    _ => None,
+                })
+                .collect()
+        };
+        let t0 = triggers(&p0);
+        assert!(t0.windows(2).all(|w| w[0] < w[1]), "{t0:?}");
+        assert_eq!(t0[..3], triggers(&p1)[..3]);
+        // The newest checkpoint holds every process's task, the finished one's final.
+        let restored = CheckpointStore::open(&dir, 3)
+            .expect("store")
+            .latest()
+            .expect("latest");
+        let id = restored.metadata.id;
+        assert_eq!(restored.states.len(), 3);
+        assert_eq!(restored.states["t-1"], format!("task 1 at {id}").into_bytes());
+        assert_eq!(restored.states["t-2"], b"final".to_vec());
+        // The end: process 0 stops first and waits; the others stop and are released.
+        let stop0 = std::thread::spawn(move || p0.service.stop());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!stop0.is_finished(), "the coordinator left before the others were done");
+        let stop1 = std::thread::spawn(move || p1.service.stop());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!stop1.is_finished(), "released before every process was done");
+        let stats2 = p2.service.stop().expect("released");
+        let stats1 = stop1.join().unwrap().expect("released");
+        let stats0 = stop0.join().unwrap().expect("stops");
+        assert!(stats0.completed >= 4 && stats1.completed >= 4 && stats2.completed >= 4);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A participant that restored another checkpoint than the coordinator, or runs a
+    /// job of another size, fails the job naming the process and what differs; a
+    /// participant lost fails the coordinator, the coordinator lost fails a participant.
+    #[test]
+    fn disagreeing_or_lost_processes_fail_the_job_by_name() {
+        let config = CheckpointConfig::every(Duration::from_millis(20));
+        let wait_failed = |service: &CheckpointService| {
+            let deadline = Instant::now() + WATCHDOG;
+            while !service.has_failed() {
+                assert!(Instant::now() < deadline, "the service did not fail the job");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // Another restore.
+        let dir = scratch("disagree");
+        let links = LocalLinks::new(2);
+        let p0 = start_process(&dir, config.clone(), 2, part(&links, 0, 2, 0));
+        let p1 = start_process(&dir, config.clone(), 2, part(&links, 1, 2, 4));
+        wait_failed(&p0.service);
+        let error = p0.service.stop().expect_err("refused").to_string();
+        assert!(
+            error.contains("process 1 restored checkpoint 4 where process 0 started fresh"),
+            "{error}"
+        );
+        drop(p1);
+        // Another job size.
+        let links = LocalLinks::new(2);
+        let p0 = start_process(&dir, config.clone(), 2, part(&links, 0, 2, 0));
+        let p1 = start_process(&dir, config.clone(), 3, part(&links, 1, 2, 0));
+        wait_failed(&p0.service);
+        let error = p0.service.stop().expect_err("refused").to_string();
+        assert!(error.contains("process 1 runs a job of 3 tasks"), "{error}");
+        drop(p1);
+        // A participant lost, then (in another job) the coordinator.
+        let links = LocalLinks::new(2);
+        let p0 = start_process(&dir, config.clone(), 2, part(&links, 0, 2, 0));
+        let p1 = start_process(&dir, config.clone(), 2, part(&links, 1, 2, 0));
+        links.lose(1, "connection reset");
+        wait_failed(&p0.service);
+        let error = p0.service.stop().expect_err("lost").to_string();
+        assert!(error.contains("process 1 is lost (connection reset)"), "{error}");
+        drop(p1);
+        let links = LocalLinks::new(2);
+        let p0 = start_process(&dir, config.clone(), 2, part(&links, 0, 2, 0));
+        let p1 = start_process(&dir, config, 2, part(&links, 1, 2, 0));
+        links.lose(0, "closed by the peer");
+        wait_failed(&p1.service);
+        let error = p1.service.stop().expect_err("lost").to_string();
+        assert!(error.contains("process 0 (the checkpoint coordinator) is lost"), "{error}");
+        drop(p0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -209,40 +209,6 @@ impl CheckpointStore {
         sync_dir(&self.dir)
     }
 
-    /// One process's part of checkpoint `metadata.id` of a job over several processes:
-    /// its tasks' files, written durably as `_metadata.p<process>` (the checkpoint is
-    /// not complete until process 0 writes the `_metadata` that lists every process's
-    /// tasks).
-    pub fn complete_part(
-        &self,
-        metadata: &CheckpointMetadata,
-        process: usize,
-    ) -> Result<(), CheckpointError> {
-        let dir = self.checkpoint_dir(metadata.id);
-        fs::create_dir_all(&dir).map_err(|e| CheckpointError::io("creating", &dir, e))?;
-        let temporary = dir.join(format!("{METADATA}.p{process}.tmp"));
-        write_durably(&temporary, &encode_metadata(metadata))?;
-        let path = dir.join(format!("{METADATA}.p{process}"));
-        fs::rename(&temporary, &path).map_err(|e| CheckpointError::io("renaming", &path, e))?;
-        sync_dir(&dir)
-    }
-
-    /// Process `process`'s part of checkpoint `id`, if it is written.
-    pub fn read_part(
-        &self,
-        id: u64,
-        process: usize,
-    ) -> Result<Option<CheckpointMetadata>, CheckpointError> {
-        let file = self
-            .checkpoint_dir(id)
-            .join(format!("{METADATA}.p{process}"));
-        if !file.exists() {
-            return Ok(None);
-        }
-        let bytes = read_file(&file)?;
-        decode_metadata(&file, &bytes).map(Some)
-    }
-
     /// The newest checkpoint that ever completed here (see [`newest_completed`]), if
     /// any; without reading it back.
     pub fn newest_complete(&self) -> Result<Option<u64>, CheckpointError> {

@@ -20,6 +20,7 @@
 
 use std::sync::Arc;
 
+use crate::checkpoint::CheckpointLink;
 use crate::exchange::{InputChannel, LocalInputChannel, NetworkBufferPool};
 use crate::park::Notify;
 use crate::runtime::TaskError;
@@ -60,6 +61,9 @@ pub struct Cluster {
     pub process: usize,
     /// How channels cross processes.
     pub remote: Arc<dyn RemoteChannels>,
+    /// How the processes' checkpoint services talk (process 0 coordinates); needed
+    /// only by a checkpointed graph.
+    pub checkpoints: Option<Arc<dyn CheckpointLink>>,
 }
 
 impl Cluster {

@@ -99,7 +99,9 @@ use crate::runtime::{
 };
 
 use crate::checkpoint::elements::decode_elements;
-use crate::checkpoint::{CheckpointError, CheckpointService, CheckpointStore, KeyedState};
+use crate::checkpoint::{
+    CheckpointError, CheckpointService, CheckpointStore, KeyedState, ServicePart,
+};
 use chain::{
     AsyncLink, CheckpointSignals, FilterLink, FlatMapLink, KeyedMapLink, Link, MapLink, SinkLink,
     StageInput, StageTask, TaskCheckpoint, WriterLink, CHANNEL_SECTION, SOURCE_SECTION,
@@ -1260,6 +1262,8 @@ impl Graph {
             }
             let signals = Arc::new(CheckpointSignals::default());
             let mut unparkers = Vec::new();
+            // Tasks are numbered over the whole job, whichever process runs them, so that
+            // one coordinator counts every process's acknowledgements.
             let mut tasks = 0;
             let mut numbers: Vec<Vec<Option<(usize, String)>>> =
                 plans.iter().map(|p| vec![None; p.parallelism]).collect();
@@ -1268,10 +1272,26 @@ impl Graph {
                     if let Some(task) = id {
                         unparkers.push(runtime.task_unparker(*task, signal::USER));
                         numbers[s][i] = Some((tasks, task_file_name(s, i, plan.parallelism)));
-                        tasks += 1;
                     }
+                    tasks += 1;
                 }
             }
+            let part = match &self.cluster {
+                None => None,
+                Some(cluster) => Some(ServicePart {
+                    process: cluster.process,
+                    processes: cluster.processes,
+                    link: cluster.checkpoints.clone().ok_or_else(|| {
+                        GraphError::Checkpoint(CheckpointError::Config(
+                            "a checkpointed graph over several processes needs a checkpoint \
+                             link between them (Cluster::checkpoints; weir-net's \
+                             TransportChannels gives one)"
+                                .into(),
+                        ))
+                    })?,
+                    restored: restored_id,
+                }),
+            };
             let controller = Arc::new(OnceLock::new());
             let failure = Arc::new(Mutex::new(None));
             let hooks = GraphHooks {
@@ -1289,7 +1309,7 @@ impl Graph {
                 tasks,
                 first_id,
                 hooks,
-                self.cluster.as_ref().map(|c| (c.process, c.processes)),
+                part,
             )?;
             let acks = service.acks();
             task_checkpoints = numbers
@@ -1465,10 +1485,16 @@ impl JobRun {
             checkpoints,
         } = self;
         let joined = running.join();
-        // The service stops once the tasks are gone: no checkpoint completes after.
+        // The service stops once the tasks are gone: no checkpoint completes after. Over
+        // several processes a job that ended well here still takes part in checkpoints
+        // until every process's tasks ended (their sinks may wait for one to commit).
         let checkpoints = checkpoints.map(|c| {
+            let stats = if joined.is_ok() {
+                c.service.stop()
+            } else {
+                c.service.abandon()
+            };
             let failure = lock(&c.failure).take();
-            let stats = c.service.stop();
             let failure = match (failure, &stats) {
                 (Some(why), _) => Some(why),
                 (None, Err(error)) => Some(error.to_string()),

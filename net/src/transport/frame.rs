@@ -19,8 +19,11 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
 /// The protocol version this build speaks (3: handshakes carry a nonce and the job's
 /// id, authentication and heartbeat frames; 4: data buffers may carry checkpoint
 /// barriers, an event a version 3 gate refuses as an unknown tag, so the handshake
-/// refuses the mix instead).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// refuses the mix instead; 5: checkpoint frames between the processes' checkpoint
+/// services).
+pub const PROTOCOL_VERSION: u32 = 5;
+/// Largest checkpoint message carried, in bytes.
+pub const CHECKPOINT_MESSAGE_MAX: usize = 16 * 1024;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
 pub const ERROR_MESSAGE_MAX: usize = 4096;
 /// The channel value of an error frame about the whole connection.
@@ -51,6 +54,8 @@ pub enum FrameKind {
     Auth = 9,
     /// Either way, when a side has sent nothing for a while: it is alive (version 3).
     Heartbeat = 10,
+    /// Either way: a message between the processes' checkpoint services (version 5).
+    Checkpoint = 11,
 }
 
 impl FrameKind {
@@ -66,6 +71,7 @@ impl FrameKind {
             8 => FrameKind::BufferSize,
             9 => FrameKind::Auth,
             10 => FrameKind::Heartbeat,
+            11 => FrameKind::Checkpoint,
             other => return Err(FrameError::UnknownType(other)),
         })
     }
@@ -83,6 +89,7 @@ impl FrameKind {
             FrameKind::BufferSize => "buffer-size",
             FrameKind::Auth => "authentication",
             FrameKind::Heartbeat => "heartbeat",
+            FrameKind::Checkpoint => "checkpoint",
         }
     }
 }
@@ -180,6 +187,20 @@ impl Header {
                 });
             }
             FrameKind::Error => {}
+            FrameKind::Checkpoint if len == 0 => {
+                return Err(FrameError::Malformed {
+                    kind: kind.name(),
+                    reason: "a checkpoint frame must carry a message",
+                });
+            }
+            FrameKind::Checkpoint if len > CHECKPOINT_MESSAGE_MAX => {
+                return Err(FrameError::Oversized {
+                    kind: kind.name(),
+                    len,
+                    max: CHECKPOINT_MESSAGE_MAX,
+                });
+            }
+            FrameKind::Checkpoint => {}
             FrameKind::Handshake | FrameKind::Auth => {
                 let size = if kind == FrameKind::Handshake {
                     HELLO_SIZE
@@ -217,9 +238,14 @@ impl Header {
             | FrameKind::Cancel
             | FrameKind::Error
             | FrameKind::Auth
-            | FrameKind::Heartbeat => (false, false),
+            | FrameKind::Heartbeat
+            | FrameKind::Checkpoint => (false, false),
         };
-        if matches!(kind, FrameKind::Auth | FrameKind::Heartbeat) && header.channel != 0 {
+        if matches!(
+            kind,
+            FrameKind::Auth | FrameKind::Heartbeat | FrameKind::Checkpoint
+        ) && header.channel != 0
+        {
             return Err(FrameError::Malformed {
                 kind: kind.name(),
                 reason: "the channel field of a connection-wide frame is not zero",
@@ -326,6 +352,11 @@ pub enum Frame<'a> {
         /// Bytes per buffer the producer should start (0: no limit).
         size: u32,
     },
+    /// See [`FrameKind::Checkpoint`].
+    Checkpoint {
+        /// The checkpoint service's message.
+        message: &'a [u8],
+    },
 }
 
 impl<'a> Frame<'a> {
@@ -366,6 +397,13 @@ impl<'a> Frame<'a> {
             Frame::BufferSize { channel, size } => {
                 Header::control(FrameKind::BufferSize, channel, size)
             }
+            Frame::Checkpoint { message } => Header {
+                kind: FrameKind::Checkpoint,
+                len: message.len() as u32,
+                channel: 0,
+                arg0: 0,
+                arg1: 0,
+            },
             Frame::Error { channel, message } => Header {
                 kind: FrameKind::Error,
                 len: message.len() as u32,
@@ -387,6 +425,7 @@ impl<'a> Frame<'a> {
             Frame::Auth { tag } => out.extend_from_slice(tag),
             Frame::Buffer { payload, .. } => out.extend_from_slice(payload),
             Frame::Error { message, .. } => out.extend_from_slice(message),
+            Frame::Checkpoint { message } => out.extend_from_slice(message),
             _ => {}
         }
     }
@@ -440,6 +479,7 @@ impl<'a> Frame<'a> {
                 channel: header.channel,
                 size: header.arg0,
             },
+            FrameKind::Checkpoint => Frame::Checkpoint { message: payload },
         };
         Ok(Some((frame, total)))
     }
@@ -454,7 +494,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u32, u32, u32, Vec<u8>)> {
         (
-            1u8..=10,
+            1u8..=11,
             any::<u32>(),
             1u32..,
             any::<u32>(),
@@ -477,6 +517,7 @@ mod tests {
                 tag: [arg0 as u8; TAG_SIZE],
             },
             10 => Frame::Heartbeat,
+            11 => Frame::Checkpoint { message: payload },
             2 => Frame::PartitionRequest {
                 channel,
                 credit: arg0,
@@ -593,6 +634,27 @@ mod tests {
         assert!(matches!(
             Header::decode(&huge_error.encode(), MAX),
             Err(FrameError::Oversized { .. })
+        ));
+        // A checkpoint message: empty, longer than its limit, or on a channel.
+        let checkpoint = |len: u32, channel: u32| Header {
+            kind: FrameKind::Checkpoint,
+            len,
+            channel,
+            arg0: 0,
+            arg1: 0,
+        };
+        assert!(Header::decode(&checkpoint(100, 0).encode(), MAX).is_ok());
+        assert!(matches!(
+            Header::decode(&checkpoint(0, 0).encode(), MAX),
+            Err(FrameError::Malformed { .. })
+        ));
+        assert!(matches!(
+            Header::decode(&checkpoint(CHECKPOINT_MESSAGE_MAX as u32 + 1, 0).encode(), MAX),
+            Err(FrameError::Oversized { .. })
+        ));
+        assert!(matches!(
+            Header::decode(&checkpoint(100, 3).encode(), MAX),
+            Err(FrameError::Malformed { .. })
         ));
         let mut credit = Header::control(FrameKind::Cancel, 1, 0).encode();
         credit[0] = 1;

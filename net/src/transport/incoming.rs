@@ -1,12 +1,15 @@
 //! Incoming frames on the network thread: a frame's header once the peer has
 //! authenticated (partition requests, credit, cancels, ends, errors, buffer sizes,
-//! heartbeats), a buffer's header checked against its channel's credit and sequence,
+//! heartbeats, checkpoint messages), a buffer's header checked against its channel's credit and sequence,
 //! and payloads once read (a buffer handed to its gate, an error to its channel, a
-//! handshake or an authentication to `handshake`).
+//! handshake or an authentication to `handshake`, a checkpoint message to the
+//! checkpoint service's inbox).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+
+use weir_engine::checkpoint::LinkEvent;
 
 use super::conn::{refuse_channel, Conn, Ending, Reading, SendChannel};
 use super::error::{FrameError, TransportError};
@@ -56,6 +59,25 @@ impl Net {
                 bytes,
                 ..
             } => self.authenticate(conn, &bytes),
+            Reading::Message {
+                kind: FrameKind::Checkpoint,
+                bytes,
+                ..
+            } => {
+                // Checkpoint frames are read only after the peer authenticated.
+                let Some(from) = conn.process else {
+                    return Ok(());
+                };
+                self.control
+                    .checkpoints
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .deliver(LinkEvent::Message {
+                        from: from as usize,
+                        bytes,
+                    });
+                Ok(())
+            }
             Reading::Message { channel, bytes, .. } => {
                 let message = String::from_utf8_lossy(&bytes).into_owned();
                 let cause = TransportError::Remote {
@@ -235,6 +257,15 @@ impl Net {
                     let reading = std::mem::replace(&mut conn.reading, Reading::Header);
                     self.finish_payload(conn, reading)?;
                 }
+            }
+            FrameKind::Checkpoint => {
+                // Its length (1..=CHECKPOINT_MESSAGE_MAX) was checked by Header::decode.
+                conn.reading = Reading::Message {
+                    kind: FrameKind::Checkpoint,
+                    channel,
+                    bytes: vec![0; header.len as usize],
+                    filled: 0,
+                };
             }
             FrameKind::Buffer => self.buffer(conn, header)?,
             FrameKind::BufferSize => {

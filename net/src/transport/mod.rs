@@ -37,15 +37,21 @@
 //!
 //! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
 //!
-//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat |
-//! |---|---|---|---|---|---|---|---|---|---|---|---|
-//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 |
-//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 |
-//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 |
-//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 |
-//! | 16–19 | arg1 | version (3) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | |
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat | checkpoint |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 | 1..=16384 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 | 0 |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 | 0 |
+//! | 16–19 | arg1 | version (5) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | | a checkpoint service's message |
+//!
+//! The checkpoint frame (version 5) carries the messages of the processes' checkpoint
+//! services ([`weir_engine::checkpoint::link`]) over the connection that already joins
+//! two processes, in order with everything else on it; [`Transport::send_checkpoint`]
+//! sends one and [`Transport::open_checkpoints`] receives them, with a loss event when
+//! the last connection to a process ends.
 //!
 //! The buffer-size frame (consumer → producer, version 2) carries the size the consuming
 //! gate's debloater announced for a channel; the producer's subpartition starts its next
@@ -115,6 +121,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use weir_engine::checkpoint::LinkEvent;
 use weir_engine::exchange::{InputChannel, LocalBufferPool, LocalPoolConfig, NetworkBufferPool};
 use weir_engine::park::{Notify, UnboundParker, Unparker};
 
@@ -388,6 +395,35 @@ impl Transport {
     /// reuses it.
     pub fn connect(&self, peer: Peer) {
         self.command(Command::Connect(peer));
+    }
+
+    /// Sends a checkpoint service's message to process `process` (see the [module
+    /// docs](self)), after everything queued to it before; held until a connection to
+    /// it completes its handshake. At most [`frame::CHECKPOINT_MESSAGE_MAX`] bytes: a
+    /// longer or empty message is dropped with a note on stderr (the service's messages
+    /// are far shorter).
+    pub fn send_checkpoint(&self, process: u32, bytes: Vec<u8>) {
+        if bytes.is_empty() || bytes.len() > frame::CHECKPOINT_MESSAGE_MAX {
+            eprintln!(
+                "weir transport: a checkpoint message of {} bytes to process {process} \
+                 dropped (1..={} allowed)",
+                bytes.len(),
+                frame::CHECKPOINT_MESSAGE_MAX
+            );
+            return;
+        }
+        self.command(Command::Checkpoint { process, bytes });
+    }
+
+    /// From now on hands every checkpoint message from another process, and every
+    /// process whose last connection ended, to `inbox` (on the network thread: it must
+    /// not block); what came before first.
+    pub fn open_checkpoints(&self, inbox: Box<dyn Fn(LinkEvent) + Send + Sync>) {
+        self.control
+            .checkpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .open(inbox);
     }
 
     /// Connections whose handshake completed since the transport started, dialed or

@@ -22,6 +22,7 @@ use io_uring::{opcode, types};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
+use weir_engine::checkpoint::LinkEvent;
 use weir_engine::exchange::InputChannel;
 use weir_engine::park::Parker;
 
@@ -98,6 +99,32 @@ pub(super) enum Command {
     Consume(Gate),
     /// Dial a peer unless a connection to it exists already.
     Connect(Peer),
+    /// Send a checkpoint service's message to a process.
+    Checkpoint { process: u32, bytes: Vec<u8> },
+}
+
+/// Where checkpoint messages and process losses go: the checkpoint service's inbox once
+/// it is open, held until then.
+#[derive(Default)]
+pub(super) struct CheckpointInbox {
+    inbox: Option<Box<dyn Fn(LinkEvent) + Send + Sync>>,
+    waiting: Vec<LinkEvent>,
+}
+
+impl CheckpointInbox {
+    pub(super) fn open(&mut self, inbox: Box<dyn Fn(LinkEvent) + Send + Sync>) {
+        for event in self.waiting.drain(..) {
+            inbox(event);
+        }
+        self.inbox = Some(inbox);
+    }
+
+    pub(super) fn deliver(&mut self, event: LinkEvent) {
+        match &self.inbox {
+            Some(inbox) => inbox(event),
+            None => self.waiting.push(event),
+        }
+    }
 }
 
 /// Shared between the API and the network thread.
@@ -119,6 +146,20 @@ pub(super) struct Control {
     /// Processes this one dialed that refused it, or that it refused, in the handshake
     /// (the latest [`REFUSALS_KEPT`] at most): why, by process id.
     pub(super) refused: std::sync::Mutex<VecDeque<(u32, String)>>,
+    /// Checkpoint messages from other processes, and processes lost.
+    pub(super) checkpoints: std::sync::Mutex<CheckpointInbox>,
+}
+
+/// Queues a checkpoint service's message on `conn`.
+pub(super) fn queue_checkpoint(conn: &mut Conn, bytes: Vec<u8>) {
+    let header = Header {
+        kind: FrameKind::Checkpoint,
+        len: bytes.len() as u32,
+        channel: 0,
+        arg0: 0,
+        arg1: 0,
+    };
+    conn.queue(header, Some(Payload::Bytes(bytes)));
 }
 
 pub(super) fn peer_name(process: u32, addr: SocketAddr) -> String {
@@ -157,6 +198,8 @@ pub(super) struct Net {
     pub(super) waiting: Waiting,
     /// When to try accepting again after the kernel refused a connection.
     pub(super) accept_retry: Option<Instant>,
+    /// Checkpoint messages for processes not connected yet, sent when they are.
+    pub(super) checkpoints_waiting: HashMap<u32, Vec<Vec<u8>>>,
 }
 
 impl Net {
@@ -208,6 +251,7 @@ impl Net {
             served: HashMap::new(),
             waiting: Waiting::default(),
             accept_retry: None,
+            checkpoints_waiting: HashMap::new(),
         })
     }
 
@@ -519,6 +563,21 @@ impl Net {
                     // A failed dial is dropped: the caller waits for the connection and
                     // asks again (`TransportChannels::wait_for_peers`).
                     let _ = self.connection_to(peer);
+                }
+                Command::Checkpoint { process, bytes } => {
+                    let conn = self
+                        .conns
+                        .iter_mut()
+                        .flatten()
+                        .find(|c| !c.dead && c.process == Some(process));
+                    match conn {
+                        Some(conn) => queue_checkpoint(conn, bytes),
+                        None => self
+                            .checkpoints_waiting
+                            .entry(process)
+                            .or_default()
+                            .push(bytes),
+                    }
                 }
             }
         }
@@ -1074,6 +1133,8 @@ impl Net {
     /// Ends a connection: fails its open channels (or closes them cleanly).
     fn end(&mut self, slot: usize, mut conn: Conn, ending: Ending) {
         let name = conn.name();
+        // The process this was the last connection to, if it was.
+        let mut lost = None;
         if let Some(process) = conn.process {
             let other = self
                 .conns
@@ -1086,6 +1147,7 @@ impl Net {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&process);
+                lost = Some(process);
             }
         }
         let cause = match ending {
@@ -1138,6 +1200,18 @@ impl Net {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(cause.to_string());
+        }
+        if let Some(process) = lost {
+            // The checkpoint service hears that the process is gone (a process stopping
+            // at its job's end is heard too; a service that is done ignores it).
+            self.control
+                .checkpoints
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .deliver(LinkEvent::Lost {
+                    process: process as usize,
+                    reason: cause.to_string(),
+                });
         }
         let cause = Arc::new(cause);
         for (&channel, &at) in &conn.incoming {
