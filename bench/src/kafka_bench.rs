@@ -191,7 +191,7 @@ fn rdkafka_pipeline(
                 let (mut key, mut payload) = (Vec::new(), Vec::new());
                 let mut ended = 0;
                 let mut sent = 0u64;
-                while !(bounded && ended == owned) && !stop.load(Ordering::Relaxed) {
+                while (!bounded || ended != owned) && !stop.load(Ordering::Relaxed) {
                     match consumer.poll(Duration::from_millis(100)) {
                         None => {}
                         Some(Ok(message)) => {
@@ -403,8 +403,9 @@ pub fn run(
     log(&format!("wrote {} records to {input}", written.delivered));
     let sides = [Side::Weir, Side::Rdkafka];
     let mut rows = Vec::new();
-    let mut results: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> =
-        vec![Default::default(); sides.len()];
+    // Per side: the rounds' figures, four series.
+    type Series = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut results: Vec<Series> = vec![Default::default(); sides.len()];
     for round in 0..rounds {
         for (i, side) in sides.iter().enumerate() {
             // Alternate which side goes first.

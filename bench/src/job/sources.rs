@@ -270,6 +270,9 @@ pub fn kafka_record_fields(message: &KafkaMessage<'_>) -> Result<(u64, u64, Opti
     Ok((id, key, t))
 }
 
+/// Takes an item's id, key and `t` (if it has one), or says why it has none.
+pub(crate) type Fields<E> = fn(&E) -> Result<(u64, u64, Option<u64>), String>;
+
 /// The main job's source with `--source`: a log's entries or messages (a Redis stream
 /// source's, a Kafka source's) as records, each created when it was produced (its `t`,
 /// mapped onto the run's clock) or when read; `fields` takes an item's id, key and `t`,
@@ -277,7 +280,7 @@ pub fn kafka_record_fields(message: &KafkaMessage<'_>) -> Result<(u64, u64, Opti
 /// source's.
 pub(crate) struct LogInput<S, E> {
     pub(crate) inner: S,
-    pub(crate) fields: fn(&E) -> Result<(u64, u64, Option<u64>), String>,
+    pub(crate) fields: Fields<E>,
     /// Wall clock minus the run's clock (taken at the first record).
     pub(crate) offset: Option<u64>,
     /// Over several processes: creation times stay in the wall clock.

@@ -114,7 +114,12 @@ impl LocalLinks {
     /// Process `process` is lost: every other process hears it, with `reason`, and what
     /// is sent to it from now on is dropped.
     pub fn lose(&self, process: usize, reason: &str) {
-        let processes = self.hub.places.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let processes = self
+            .hub
+            .places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
         for other in (0..processes).filter(|&p| p != process) {
             self.hub.deliver(
                 other,

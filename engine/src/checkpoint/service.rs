@@ -705,9 +705,12 @@ fn participate(
                 });
             }
         }
-        let wait = heard.values().next().map_or(Duration::from_secs(3600), |h| {
-            timeout.saturating_sub(h.since.elapsed())
-        });
+        let wait = heard
+            .values()
+            .next()
+            .map_or(Duration::from_secs(3600), |h| {
+                timeout.saturating_sub(h.since.elapsed())
+            });
         let message = match rx.recv_timeout(wait) {
             Ok(message) => message,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -1034,9 +1037,16 @@ mod tests {
             events,
             store: store.clone(),
         };
-        let service =
-            CheckpointService::start_part(config, store, "job-x".into(), tasks, 1, hooks, Some(part))
-                .expect("service");
+        let service = CheckpointService::start_part(
+            config,
+            store,
+            "job-x".into(),
+            tasks,
+            1,
+            hooks,
+            Some(part),
+        )
+        .expect("service");
         Process { service, rx, told }
     }
 
@@ -1055,7 +1065,11 @@ mod tests {
         // Process 0 is the test: it triggers checkpoint 1, then says nothing.
         links.link(0).send(1, Wire::Trigger(1).encode());
         let started = Instant::now();
-        match p1.rx.recv_timeout(WATCHDOG).expect("a trigger within the watchdog") {
+        match p1
+            .rx
+            .recv_timeout(WATCHDOG)
+            .expect("a trigger within the watchdog")
+        {
             Told::Trigger(1) => {}
             other => panic!("{other:?}"),
         }
@@ -1115,14 +1129,23 @@ mod tests {
                             }
                             let state = format!("task {index} at {id}").into_bytes();
                             let acks = process.service.acks();
-                            acks.acknowledge(id, index, &format!("t-{index}"), state, Duration::ZERO);
+                            acks.acknowledge(
+                                id,
+                                index,
+                                &format!("t-{index}"),
+                                state,
+                                Duration::ZERO,
+                            );
                             if index == 2 && !finished {
                                 finished = true;
                                 acks.finished(2, "t-2", id + 1, b"final".to_vec());
                             }
                         }
                         Told::Complete(id, durable) => {
-                            assert!(durable, "process {index} heard of {id} before it was durable");
+                            assert!(
+                                durable,
+                                "process {index} heard of {id} before it was durable"
+                            );
                             completed[index].push(id);
                         }
                         Told::Abort(id) => panic!("checkpoint {id} aborted"),
@@ -1160,15 +1183,24 @@ mod tests {
             .expect("latest");
         let id = restored.metadata.id;
         assert_eq!(restored.states.len(), 3);
-        assert_eq!(restored.states["t-1"], format!("task 1 at {id}").into_bytes());
+        assert_eq!(
+            restored.states["t-1"],
+            format!("task 1 at {id}").into_bytes()
+        );
         assert_eq!(restored.states["t-2"], b"final".to_vec());
         // The end: process 0 stops first and waits; the others stop and are released.
         let stop0 = std::thread::spawn(move || p0.service.stop());
         std::thread::sleep(Duration::from_millis(100));
-        assert!(!stop0.is_finished(), "the coordinator left before the others were done");
+        assert!(
+            !stop0.is_finished(),
+            "the coordinator left before the others were done"
+        );
         let stop1 = std::thread::spawn(move || p1.service.stop());
         std::thread::sleep(Duration::from_millis(100));
-        assert!(!stop1.is_finished(), "released before every process was done");
+        assert!(
+            !stop1.is_finished(),
+            "released before every process was done"
+        );
         let stats2 = p2.service.stop().expect("released");
         let stats1 = stop1.join().unwrap().expect("released");
         let stats0 = stop0.join().unwrap().expect("stops");
@@ -1185,7 +1217,10 @@ mod tests {
         let wait_failed = |service: &CheckpointService| {
             let deadline = Instant::now() + WATCHDOG;
             while !service.has_failed() {
-                assert!(Instant::now() < deadline, "the service did not fail the job");
+                assert!(
+                    Instant::now() < deadline,
+                    "the service did not fail the job"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
         };
@@ -1216,7 +1251,10 @@ mod tests {
         links.lose(1, "connection reset");
         wait_failed(&p0.service);
         let error = p0.service.stop().expect_err("lost").to_string();
-        assert!(error.contains("process 1 is lost (connection reset)"), "{error}");
+        assert!(
+            error.contains("process 1 is lost (connection reset)"),
+            "{error}"
+        );
         drop(p1);
         let links = LocalLinks::new(2);
         let p0 = start_process(&dir, config.clone(), 2, part(&links, 0, 2, 0));
@@ -1224,7 +1262,10 @@ mod tests {
         links.lose(0, "closed by the peer");
         wait_failed(&p1.service);
         let error = p1.service.stop().expect_err("lost").to_string();
-        assert!(error.contains("process 0 (the checkpoint coordinator) is lost"), "{error}");
+        assert!(
+            error.contains("process 0 (the checkpoint coordinator) is lost"),
+            "{error}"
+        );
         drop(p0);
         let _ = std::fs::remove_dir_all(&dir);
     }

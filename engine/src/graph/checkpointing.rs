@@ -13,9 +13,12 @@
 //!
 //! A graph over several processes ([`Graph::with_cluster`](super::Graph::with_cluster))
 //! checkpoints into one directory that every process reaches at the same path (a shared
-//! filesystem across hosts): each process's service writes its tasks' files and its part
-//! of the metadata, and process 0 completes each checkpoint (see
-//! [`service`](crate::checkpoint::service)). Before a restore, process 0 must remove what
+//! filesystem across hosts): process 0's service is the job's one coordinator, which
+//! triggers, completes and aborts every checkpoint in every process over the cluster's
+//! [`CheckpointLink`](crate::checkpoint::CheckpointLink); each process's service writes
+//! its own tasks' files (see [`service`](crate::checkpoint::service)). Every process
+//! restores the same checkpoint (the coordinator refuses to start otherwise). Before a
+//! restore, process 0 must remove what
 //! the crashed run left unfinished
 //! ([`CheckpointStore::discard_unfinished`](crate::checkpoint::CheckpointStore::discard_unfinished))
 //! before its transport starts, which no other process's run can pass.

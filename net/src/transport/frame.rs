@@ -649,7 +649,10 @@ mod tests {
             Err(FrameError::Malformed { .. })
         ));
         assert!(matches!(
-            Header::decode(&checkpoint(CHECKPOINT_MESSAGE_MAX as u32 + 1, 0).encode(), MAX),
+            Header::decode(
+                &checkpoint(CHECKPOINT_MESSAGE_MAX as u32 + 1, 0).encode(),
+                MAX
+            ),
             Err(FrameError::Oversized { .. })
         ));
         assert!(matches!(

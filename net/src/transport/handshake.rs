@@ -169,7 +169,11 @@ impl Net {
         conn.process = Some(process);
         conn.handshake_deadline = None;
         // Checkpoint messages sent before the connection was there go first.
-        for bytes in self.checkpoints_waiting.remove(&process).unwrap_or_default() {
+        for bytes in self
+            .checkpoints_waiting
+            .remove(&process)
+            .unwrap_or_default()
+        {
             super::network::queue_checkpoint(conn, bytes);
         }
         self.control

@@ -247,6 +247,32 @@ pub(crate) fn client_config(
     config
 }
 
+/// The environment variable naming the broker the Kafka integration tests use
+/// (`host:port`); `scripts/kafka.sh start` prints it.
+pub const TEST_BROKERS_VAR: &str = "WEIR_KAFKA_BROKERS";
+
+/// The broker of [`TEST_BROKERS_VAR`] for an integration test, or `None` with a note that
+/// `test` was skipped (`scripts/test.sh` starts one and sets the variable).
+///
+/// # Panics
+/// If `WEIR_KAFKA_REQUIRED` is set (as CI sets it) and no broker is named: the Kafka
+/// tests must run there, not skip.
+pub fn test_brokers(test: &str) -> Option<String> {
+    match std::env::var(TEST_BROKERS_VAR) {
+        Ok(brokers) if !brokers.is_empty() => Some(brokers),
+        _ if std::env::var_os("WEIR_KAFKA_REQUIRED").is_some() => {
+            panic!("{test}: WEIR_KAFKA_REQUIRED is set but {TEST_BROKERS_VAR} is not")
+        }
+        _ => {
+            eprintln!(
+                "note: {test} skipped: {TEST_BROKERS_VAR} is unset (scripts/test.sh starts a \
+                 broker with scripts/kafka.sh)"
+            );
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,31 +307,5 @@ mod tests {
             -58_897_971
         );
         assert_eq!(murmur2(b"abc"), 479_470_107);
-    }
-}
-
-/// The environment variable naming the broker the Kafka integration tests use
-/// (`host:port`); `scripts/kafka.sh start` prints it.
-pub const TEST_BROKERS_VAR: &str = "WEIR_KAFKA_BROKERS";
-
-/// The broker of [`TEST_BROKERS_VAR`] for an integration test, or `None` with a note that
-/// `test` was skipped (`scripts/test.sh` starts one and sets the variable).
-///
-/// # Panics
-/// If `WEIR_KAFKA_REQUIRED` is set (as CI sets it) and no broker is named: the Kafka
-/// tests must run there, not skip.
-pub fn test_brokers(test: &str) -> Option<String> {
-    match std::env::var(TEST_BROKERS_VAR) {
-        Ok(brokers) if !brokers.is_empty() => Some(brokers),
-        _ if std::env::var_os("WEIR_KAFKA_REQUIRED").is_some() => {
-            panic!("{test}: WEIR_KAFKA_REQUIRED is set but {TEST_BROKERS_VAR} is not")
-        }
-        _ => {
-            eprintln!(
-                "note: {test} skipped: {TEST_BROKERS_VAR} is unset (scripts/test.sh starts a \
-                 broker with scripts/kafka.sh)"
-            );
-            None
-        }
     }
 }

@@ -820,10 +820,10 @@ impl<T: 'static> Sink<T> for KafkaSink<T> {
             // after makes it committable. Only a committable transaction holds the end.
             Mode::ExactlyOnce(eos) => {
                 eos.in_flight.is_none()
-                    && !eos
+                    && eos
                         .pending
                         .front()
-                        .is_some_and(|(id, _)| *id <= eos.committable_through)
+                        .is_none_or(|(id, _)| *id > eos.committable_through)
             }
         }
     }
