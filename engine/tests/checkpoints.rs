@@ -613,3 +613,95 @@ fn batched_async_calls_restore_their_held_and_in_flight_records() {
     assert!(second.checkpoints.and_then(|c| c.restored).is_some());
     assert_eq!(committed(&out, 2), (0..records).collect::<Vec<_>>());
 }
+
+/// A bounded source whose output all sits queued in front of a slow consumer when its
+/// input ends: the unaligned checkpoints triggered after it left overtake that output
+/// (announced on its channel, which the consumer reads ahead to its end and stores as
+/// channel state) instead of waiting for the consumer to work through it, and a run
+/// restored from one of them commits every record once.
+#[test]
+fn unaligned_checkpoints_after_a_source_ended_overtake_its_queued_output() {
+    const RECORDS: u64 = 3_000;
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let processed = Arc::new(AtomicU64::new(0));
+    // The consumer's progress when each checkpoint completed.
+    let seen: Arc<std::sync::Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let job = |settings: Checkpointing, slow: bool, processed: Arc<AtomicU64>| {
+        let graph = Graph::new()
+            .with_parallelism(1)
+            .with_checkpointing(settings);
+        graph
+            .from_generator(RECORDS, None, |n| n)
+            .rebalance()
+            .map(move |n| {
+                if slow {
+                    // 3,000 records of 0.5 ms: the backlog takes 1.5 s to consume,
+                    // where the source ends within its first milliseconds.
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                processed.fetch_add(1, Ordering::Relaxed);
+                n
+            })
+            .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
+                line.extend_from_slice(format!("{n}\n").as_bytes());
+            });
+        graph
+    };
+    let settings = {
+        let (seen, processed) = (Arc::clone(&seen), Arc::clone(&processed));
+        Checkpointing::new(dir.path().join("chk"), Duration::from_millis(20))
+            .with_alignment(AlignmentMode::Unaligned)
+            .with_listener(move |metadata, _| {
+                seen.lock()
+                    .unwrap()
+                    .push((metadata.id, processed.load(Ordering::Relaxed)));
+            })
+    };
+    let running = job(settings, true, Arc::clone(&processed))
+        .start(runtime())
+        .expect("starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let early = loop {
+        let early = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, at)| *at < RECORDS / 2)
+            .copied();
+        if let Some(early) = early {
+            break early;
+        }
+        assert!(
+            processed.load(Ordering::Relaxed) < RECORDS / 2,
+            "no checkpoint completed before the consumer was halfway through the \
+             backlog: the barriers waited behind it (completed: {:?})",
+            seen.lock().unwrap()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // Stopped as a crash stops it, with the backlog still unconsumed.
+    running.controller().cancel();
+    let _ = running.join();
+    let before = committed(&out, 1).len();
+    assert!(before < RECORDS as usize, "stopped at {before}: {early:?}");
+    // Restored: the source is at its end; the rest comes from the channel state.
+    let (settings, _) = checkpointing(dir.path(), AlignmentMode::Unaligned);
+    let second = job(
+        settings.restore_from(dir.path().join("chk")),
+        false,
+        Arc::default(),
+    )
+    .execute(runtime())
+    .expect("runs");
+    let restored = second
+        .checkpoints
+        .and_then(|c| c.restored)
+        .expect("restored");
+    assert!(restored.id >= early.0, "{restored:?} {early:?}");
+    assert_eq!(committed(&out, 1), (0..RECORDS).collect::<Vec<_>>());
+}

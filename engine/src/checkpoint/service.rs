@@ -33,7 +33,10 @@
 //! acknowledge the checkpoints that commit other processes' last output.
 //! Downstream, a channel's end counts as every later barrier, so the snapshots still
 //! agree: a bounded job's last records are committed by a checkpoint taken after its
-//! sources ended.
+//! sources ended. In unaligned mode a finished task's output still queued does not
+//! hold a checkpoint back: each later barrier is announced ahead of it on the task's
+//! local channels (as Flink's priority barrier overtakes a finished task's output, the
+//! task kept running for it), and the consumer stores that output as channel state.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};

@@ -78,6 +78,43 @@ pub struct ChannelSender {
     barrier: Arc<AtomicU64>,
 }
 
+fn announce(barrier: &AtomicU64, notify: Option<&Arc<dyn Notify>>, id: u64) {
+    // Release: pairs with the gate's Acquire load (module docs).
+    barrier.fetch_max(id, Ordering::Release);
+    if let Some(notify) = notify {
+        notify.notify();
+    }
+}
+
+/// Announces unaligned checkpoint barriers to one channel's consumer, as
+/// [`ChannelSender::announce_barrier`] does, but outliving the sender: a task whose input
+/// ended leaves, while the output it queued is still to be read. Flink keeps such a task
+/// running until its final checkpoint so that a barrier still overtakes that output;
+/// here the checkpoint service announces each later barrier through this handle, and the
+/// consumer reads the channel ahead to its end (which counts as every later barrier),
+/// storing what it read as channel state, instead of waiting for the backlog.
+#[derive(Clone)]
+pub struct BarrierAnnouncer {
+    barrier: Arc<AtomicU64>,
+    notify: Option<Arc<dyn Notify>>,
+}
+
+impl BarrierAnnouncer {
+    /// Announces barrier `id` ahead of what the channel still holds, and wakes its
+    /// consumer.
+    pub fn announce(&self, id: u64) {
+        announce(&self.barrier, self.notify.as_ref(), id);
+    }
+}
+
+impl core::fmt::Debug for BarrierAnnouncer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BarrierAnnouncer")
+            .field("announced", &self.barrier.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 /// The consumer side of a local channel.
 pub struct LocalInputChannel {
     ring: Consumer<BufferConsumer>,
@@ -131,9 +168,16 @@ impl ChannelSender {
     /// Announces unaligned checkpoint barrier `id` to the consumer ahead of the data,
     /// and wakes it.
     pub fn announce_barrier(&self, id: u64) {
-        // Release: pairs with the gate's Acquire load (module docs).
-        self.barrier.fetch_max(id, Ordering::Release);
-        self.notify();
+        announce(&self.barrier, self.notify.as_ref(), id);
+    }
+
+    /// A handle that announces barriers on this channel after its producer is gone (a
+    /// finished task's queued output still to be read: see [`BarrierAnnouncer`]).
+    pub fn announcer(&self) -> BarrierAnnouncer {
+        BarrierAnnouncer {
+            barrier: Arc::clone(&self.barrier),
+            notify: self.notify.clone(),
+        }
     }
 
     #[inline]

@@ -22,7 +22,9 @@ pub mod pool;
 pub mod writer;
 
 pub use buffer::{BufferBuilder, BufferConsumer, Read};
-pub use channel::{local_channel, ChannelSender, InputChannel, LocalInputChannel};
+pub use channel::{
+    local_channel, BarrierAnnouncer, ChannelSender, InputChannel, LocalInputChannel,
+};
 pub use debloat::{DebloatConfig, Debloater};
 pub use input::{GateEvent, GateMetrics, GateRun, InputGate, RecordRef};
 pub use partition::{PartitionMetrics, ResultPartition};

@@ -51,7 +51,7 @@
 
 use crate::error::{ConfigError, ExchangeError};
 use crate::exchange::buffer::BufferBuilder;
-use crate::exchange::channel::ChannelSender;
+use crate::exchange::channel::{BarrierAnnouncer, ChannelSender};
 use crate::exchange::codec::{Codec, SliceEncoder};
 use crate::exchange::pool::LocalBufferPool;
 
@@ -187,6 +187,15 @@ impl ResultPartition {
         for subpartition in &self.subpartitions {
             subpartition.channel.announce_barrier(id);
         }
+    }
+
+    /// Handles that announce barriers to every consumer after this partition's writer is
+    /// gone (see [`BarrierAnnouncer`]).
+    pub fn barrier_announcers(&self) -> Vec<BarrierAnnouncer> {
+        self.subpartitions
+            .iter()
+            .map(|subpartition| subpartition.channel.announcer())
+            .collect()
     }
 
     /// When the oldest unpublished byte was written.

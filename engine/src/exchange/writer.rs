@@ -35,6 +35,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::error::{ConfigError, ExchangeError};
+use crate::exchange::channel::BarrierAnnouncer;
 use crate::exchange::codec::Codec;
 use crate::exchange::partition::{Dest, PartitionMetrics, ResultPartition};
 use crate::limits::{BUFFER_TIMEOUT_DEFAULT_NS, EVENT_TAG_MIN, RECORD_SIZE_MAX_DEFAULT};
@@ -530,6 +531,12 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
     /// still follows in band ([`emit_barrier`](Self::emit_barrier)).
     pub fn announce_barrier(&self, id: u64) {
         self.partition.announce_barrier(id);
+    }
+
+    /// Handles that announce later barriers to every consumer once this writer is gone
+    /// (its output finished but still queued; see [`BarrierAnnouncer`]).
+    pub fn barrier_announcers(&self) -> Vec<BarrierAnnouncer> {
+        self.partition.barrier_announcers()
     }
 
     /// Broadcasts end-of-partition, publishes everything and ends every buffer. Nothing

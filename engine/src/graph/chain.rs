@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::async_io::{AsyncFunction, AsyncWaitOperator};
@@ -31,7 +31,7 @@ use crate::checkpoint::elements::encode_elements;
 use crate::checkpoint::{Acks, AlignmentMode, KeyedState};
 use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
-use crate::exchange::{GateEvent, GateRun, InputGate, RecordWriter};
+use crate::exchange::{BarrierAnnouncer, GateEvent, GateRun, InputGate, RecordWriter};
 use crate::runtime::{Control, DriverEvent, Progress, Task, TaskContext, TaskError};
 
 use super::keys::KeyHashCode;
@@ -117,6 +117,11 @@ pub(crate) struct Snapshot {
     pub(crate) commits: bool,
     /// The checkpoint is unaligned: writers announce its barrier ahead of the data.
     pub(crate) unaligned: bool,
+    /// The task's last snapshot (its input ended): a writer whose end went out hands
+    /// over [`announcers`](Self::announcers) for its output still queued.
+    pub(crate) finishing: bool,
+    /// The finished writers' announcers, for later unaligned barriers.
+    pub(crate) announcers: Vec<BarrierAnnouncer>,
 }
 
 impl Snapshot {
@@ -162,8 +167,7 @@ impl Snapshot {
         }
         Ok(Snapshot {
             sections,
-            commits: false,
-            unaligned: false,
+            ..Snapshot::default()
         })
     }
 }
@@ -703,7 +707,12 @@ impl<T: Codec> Link<T> for WriterLink<T> {
     ) -> Result<(), TaskError> {
         if self.finished {
             // A finished task's last snapshot: its end went out, and with it every
-            // later barrier as far as the consumers are concerned.
+            // later barrier as far as the consumers are concerned. What it queued in
+            // front of the end may still be read: later unaligned barriers are
+            // announced ahead of it through these.
+            if snapshot.finishing {
+                snapshot.announcers.extend(self.writer.barrier_announcers());
+            }
             return Ok(());
         }
         if snapshot.unaligned {
@@ -967,6 +976,48 @@ impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
 pub(crate) struct CheckpointSignals {
     pub(crate) triggered: AtomicU64,
     pub(crate) completed: AtomicU64,
+    /// In unaligned mode, the output channels of tasks that finished (their input
+    /// ended and they left), whose consumers may still have their queued output to
+    /// read: each later checkpoint's barrier is announced on them when it is
+    /// triggered, as it would overtake that output had the task stayed (Flink keeps a
+    /// finished task running until its final checkpoint for this).
+    pub(crate) finished_outputs: Mutex<Vec<BarrierAnnouncer>>,
+}
+
+impl CheckpointSignals {
+    /// Checkpoint `id` is triggered: sources inject its barrier, and it is announced
+    /// ahead of the finished tasks' queued output.
+    pub(crate) fn trigger(&self, id: u64) {
+        self.triggered.fetch_max(id, Ordering::AcqRel);
+        let outputs = self
+            .finished_outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for output in outputs.iter() {
+            output.announce(id);
+        }
+    }
+
+    /// A finished task's output channels, whose state counts from checkpoint `first`
+    /// on: announced every later barrier, and the one triggered now if it is one of
+    /// them. (Under the lock, so that a trigger either finds them registered or is
+    /// seen here.)
+    pub(crate) fn finished(&self, announcers: Vec<BarrierAnnouncer>, first: u64) {
+        if announcers.is_empty() {
+            return;
+        }
+        let mut outputs = self
+            .finished_outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let triggered = self.triggered.load(Ordering::Acquire);
+        if triggered >= first {
+            for announcer in &announcers {
+                announcer.announce(triggered);
+            }
+        }
+        outputs.extend(announcers);
+    }
 }
 
 /// A task's part in checkpoints.
@@ -1271,7 +1322,10 @@ impl<T: 'static> StageTask<T> {
             } else {
                 checkpoint.last_barrier + 1
             };
-            let mut snapshot = Snapshot::default();
+            let mut snapshot = Snapshot {
+                finishing: true,
+                ..Snapshot::default()
+            };
             if let StageInput::Source(source) = &mut self.input {
                 if let Some(state) = source.snapshot_state() {
                     snapshot.push(SOURCE_SECTION, state);
@@ -1279,6 +1333,10 @@ impl<T: 'static> StageTask<T> {
             }
             self.chain.barrier(first, &mut snapshot, cx)?;
             let checkpoint = self.checkpoint.as_mut().expect("checked");
+            if checkpoint.mode == AlignmentMode::Unaligned {
+                let announcers = std::mem::take(&mut snapshot.announcers);
+                checkpoint.signals.finished(announcers, first);
+            }
             checkpoint
                 .acks
                 .finished(checkpoint.task, &checkpoint.name, first, snapshot.encode());

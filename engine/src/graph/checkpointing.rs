@@ -332,7 +332,7 @@ impl GraphHooks {
 
 impl CheckpointHooks for GraphHooks {
     fn trigger(&mut self, id: u64) {
-        self.signals.triggered.fetch_max(id, Ordering::AcqRel);
+        self.signals.trigger(id);
         self.wake_all();
     }
 
