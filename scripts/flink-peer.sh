@@ -50,6 +50,8 @@
 #   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange,
 #                                          remote, checkpoints, mainjob)
 #
+# FLINK_ONLY=TEXT runs only the cases whose "experiment / implementation" contains TEXT
+# (e.g. FLINK_ONLY=back-pressure scripts/flink-peer.sh checkpoints).
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the
 # rows out, and the script exits 0; a failed Flink job is reported the same way and
@@ -179,8 +181,11 @@ for suite in "${suites[@]}"; do
   json=$data/flink-$suite.json
   rm -f "$json"
   extra=()
+  if [ -n "${FLINK_ONLY:-}" ]; then
+    extra+=(--only "$FLINK_ONLY")
+  fi
   if [ "$suite" = mainjob ]; then
-    extra=(--lookup-addr "${FLINK_LOOKUP_ADDR:-127.0.0.1:7979}" --capacity "${FLINK_CAPACITY:-1000}"
+    extra+=(--lookup-addr "${FLINK_LOOKUP_ADDR:-127.0.0.1:7979}" --capacity "${FLINK_CAPACITY:-1000}"
       --records "${FLINK_RECORDS:-2000000}" --lookup-latency "${FLINK_LOOKUP_LATENCY:-fixed:1ms}")
   fi
   command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale${extra[*]:+ ${extra[*]}})"

@@ -2325,6 +2325,8 @@ public final class WeirFlinkPeer {
         String lookupLatency = "fixed:1ms";
         int valueSize = 32;
         long bufferTimeoutMs = 1;
+        // Only the cases whose "experiment / implementation" contains this (all when null).
+        String only = null;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--records" -> records = Long.parseLong(args[++i]);
@@ -2340,6 +2342,7 @@ public final class WeirFlinkPeer {
                 case "--scale" -> scale = Double.parseDouble(args[++i]);
                 case "--json" -> json = args[++i];
                 case "--command" -> command = args[++i];
+                case "--only" -> only = args[++i];
                 default -> throw new IllegalArgumentException("unknown argument " + args[i]);
             }
         }
@@ -2387,6 +2390,14 @@ public final class WeirFlinkPeer {
                     case "checkpoints" -> checkpointCases(scale);
                     default -> throw new IllegalArgumentException("unknown suite " + suite);
                 };
+        if (only != null) {
+            String wanted = only;
+            cases = new ArrayList<>(cases);
+            cases.removeIf(c -> !(c.experiment() + " / " + c.implementation()).contains(wanted));
+            if (cases.isEmpty()) {
+                throw new IllegalArgumentException("no case of suite " + suite + " matches --only " + wanted);
+            }
+        }
 
         boolean remote = suite.equals("remote");
         boolean checkpointing = suite.equals("checkpoints");

@@ -158,6 +158,19 @@ pub enum DebloatError {
         /// The maximum.
         max: usize,
     },
+    /// A starting size outside the bounds.
+    #[error(
+        "the debloat starting buffer size {starting} is outside [{min}, {max}] (Flink's default \
+         is 1024 bytes, within the minimum and the segment size)"
+    )]
+    StartingOutside {
+        /// The starting size.
+        starting: usize,
+        /// The minimum.
+        min: usize,
+        /// The maximum.
+        max: usize,
+    },
     /// A maximum beyond what a channel can announce.
     #[error("the debloat maximum buffer size {max} exceeds 4 GiB")]
     MaxTooLarge {

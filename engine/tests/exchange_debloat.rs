@@ -72,6 +72,8 @@ fn debloat() -> DebloatConfig {
         samples: 1,
         min_size: 256,
         max_size: SEGMENT,
+        // Producers start with full segments, so that the shrinking shows.
+        starting_size: SEGMENT,
         threshold_percent: 25,
         buffers_per_channel: BUFFERS,
     }

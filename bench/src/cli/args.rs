@@ -77,6 +77,10 @@ pub(crate) enum Command {
         /// Work per run relative to the default (0.1 for a quick look).
         #[arg(long, default_value_t = 1.0)]
         scale: f64,
+        /// Only the experiments whose name contains this (e.g. `back-pressure`,
+        /// `recovery`); all by default.
+        #[arg(long)]
+        only: Option<String>,
         /// Also write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -193,6 +197,10 @@ pub(crate) struct DebloatArgs {
     /// Smallest buffer size announced, in bytes.
     #[arg(long, default_value_t = 256)]
     pub(crate) min_size: usize,
+    /// Buffer size announced at the start, before anything was measured, in bytes
+    /// (Flink's `taskmanager.memory.starting-segment-size`).
+    #[arg(long, default_value_t = weir_engine::exchange::STARTING_SIZE_DEFAULT)]
+    pub(crate) starting_size: usize,
     /// Segments of the producer's pool.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub(crate) segments: u64,

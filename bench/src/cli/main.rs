@@ -160,6 +160,7 @@ fn main() {
         Command::CheckpointBench {
             rounds,
             scale,
+            only,
             json,
         } => {
             use weir_bench::checkpoint_bench;
@@ -168,7 +169,9 @@ fn main() {
                 std::process::exit(2);
             }
             let value =
-                match checkpoint_bench::run(scale, rounds as usize, |line| eprintln!("{line}")) {
+                match checkpoint_bench::run(scale, rounds as usize, only.as_deref(), |line| {
+                    eprintln!("{line}")
+                }) {
                     Ok(value) => value,
                     Err(error) => {
                         eprintln!("error: {error}");

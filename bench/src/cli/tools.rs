@@ -357,6 +357,7 @@ pub(crate) fn debloat(args: DebloatArgs) -> i32 {
             period: args.period,
             samples: args.samples,
             min_size: args.min_size,
+            starting_size: args.starting_size,
             ..DebloatConfig::new(segments)
         },
         ..Settings::default()

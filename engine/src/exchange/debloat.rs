@@ -9,12 +9,20 @@
 //!
 //! ```text
 //! throughput   = bytes ÷ busy time
-//! desired size = throughput × target ÷ (channels × buffers per channel)
+//! desired size = min(throughput × target ÷ (channels × buffers per channel), 2 × size)
 //! size         = size + α (desired size − size),   α = 2 ÷ (samples + 1)
 //! ```
 //!
 //! clamped to `[min_size, max_size]`, and announces the size to every channel only when
-//! it moved more than `threshold_percent` from the last announcement (no flapping).
+//! it moved more than `threshold_percent` from the last announcement (no flapping), or
+//! reached a bound. As in Flink, the size starts at `starting_size` (Flink's
+//! `taskmanager.memory.starting-segment-size`, 1 KiB), announced at the gate's first
+//! poll, so producers start small and the size grows to what the throughput asks for;
+//! the cap at twice the size makes it grow as fast as it shrinks (a step moves it by at
+//! most α of its size either way), so one burst cannot jump it from the minimum to the
+//! segment. The buffers the target is spread over are the channels' capacity (Flink
+//! counts the buffers in use, which is that capacity under back-pressure, when
+//! debloating matters).
 //! A channel passes the announcement to its producer, which caps the buffers it *starts*
 //! at that size (see `partition`): with `buffers per channel` buffers in flight per
 //! channel, the bytes in flight then take about `target` to consume, so an in-band event
@@ -30,6 +38,9 @@ use std::time::Duration;
 use crate::error::DebloatError;
 use crate::limits::SEGMENT_SIZE_DEFAULT;
 
+/// Flink's `taskmanager.memory.starting-segment-size`: where debloated buffers start.
+pub const STARTING_SIZE_DEFAULT: usize = 1024;
+
 /// Debloating settings, with Flink's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DebloatConfig {
@@ -44,6 +55,10 @@ pub struct DebloatConfig {
     pub min_size: usize,
     /// Largest size announced: the segment size (default 32 KiB).
     pub max_size: usize,
+    /// The size announced at the start, before anything was measured
+    /// (`taskmanager.memory.starting-segment-size`, default 1 KiB; within
+    /// `[min_size, max_size]`).
+    pub starting_size: usize,
     /// Change, in percent of the last announced size, below which nothing is announced
     /// (`buffer-debloat.threshold-percentages`, default 25).
     pub threshold_percent: u32,
@@ -61,6 +76,7 @@ impl DebloatConfig {
             samples: 20,
             min_size: 256,
             max_size: SEGMENT_SIZE_DEFAULT,
+            starting_size: STARTING_SIZE_DEFAULT,
             threshold_percent: 25,
             buffers_per_channel,
         }
@@ -85,6 +101,13 @@ impl DebloatConfig {
         }
         if self.min_size > self.max_size {
             return Err(DebloatError::MinAboveMax {
+                min: self.min_size,
+                max: self.max_size,
+            });
+        }
+        if self.starting_size < self.min_size || self.starting_size > self.max_size {
+            return Err(DebloatError::StartingOutside {
+                starting: self.starting_size,
                 min: self.min_size,
                 max: self.max_size,
             });
@@ -130,7 +153,8 @@ pub struct Debloater {
 }
 
 impl Debloater {
-    /// A debloater starting from `config.max_size` (what producers start with).
+    /// A debloater starting from `config.starting_size`, which its first period
+    /// announces (unless it is the maximum: what producers start with anyway).
     pub fn new(config: DebloatConfig) -> Result<Self, DebloatError> {
         config.validate()?;
         Ok(Debloater {
@@ -140,7 +164,7 @@ impl Debloater {
             period_start_ns: None,
             bytes_at_start: 0,
             idle_at_start_ns: 0,
-            size: config.max_size as f64,
+            size: config.starting_size as f64,
             announced: config.max_size,
             throughput_bytes_per_s: 0.0,
         })
@@ -180,6 +204,12 @@ impl Debloater {
     ) -> Option<usize> {
         let Some(start) = self.period_start_ns else {
             self.start_period(now_ns, bytes_total, idle_total_ns);
+            // The starting size, for the buffers producers start from now on.
+            let starting = self.config.starting_size;
+            if starting != self.announced {
+                self.announced = starting;
+                return Some(starting);
+            }
             return None;
         };
         let elapsed = now_ns.saturating_sub(start);
@@ -195,13 +225,17 @@ impl Debloater {
         let buffers = channels
             .max(1)
             .saturating_mul(self.config.buffers_per_channel);
-        let desired = desired_size(self.throughput_bytes_per_s, self.config.target, buffers);
+        let desired = desired_size(self.throughput_bytes_per_s, self.config.target, buffers)
+            .min(2.0 * self.size);
         self.size += self.alpha * (desired - self.size);
         let min = self.config.min_size as f64;
         let max = self.config.max_size as f64;
         self.size = self.size.clamp(min, max);
         let size = self.size.round() as usize;
-        if beyond_threshold(size, self.announced, self.config.threshold_percent) {
+        let at_bound = size <= self.config.min_size || size >= self.config.max_size;
+        if size != self.announced
+            && (at_bound || beyond_threshold(size, self.announced, self.config.threshold_percent))
+        {
             self.announced = size;
             Some(size)
         } else {
@@ -222,9 +256,11 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// Starting at the maximum, as the tests of the formula assume.
     fn config() -> DebloatConfig {
         DebloatConfig {
             samples: 1,
+            starting_size: SEGMENT_SIZE_DEFAULT,
             ..DebloatConfig::new(4)
         }
     }
@@ -272,11 +308,38 @@ mod tests {
         assert_eq!(debloater.announced(), 10_000);
         // Nothing consumed: the minimum.
         assert_eq!(debloater.on_period(600 * MS, 17_000, 0, 1), Some(256));
-        // A fast consumer: the maximum (the segment size).
+        // A fast consumer: at most twice the size per period, up to the maximum (the
+        // segment size), which is announced although within the threshold of the last.
+        let mut total = 17_000;
+        let mut sizes = Vec::new();
+        for period in 4..12 {
+            total += 100_000_000;
+            if let Some(size) = debloater.on_period(period * 200 * MS, total, 0, 1) {
+                sizes.push(size);
+            }
+        }
         assert_eq!(
-            debloater.on_period(800 * MS, 17_000 + 100_000_000, 0, 1),
-            Some(SEGMENT_SIZE_DEFAULT)
+            sizes,
+            [512, 1024, 2048, 4096, 8192, 16384, SEGMENT_SIZE_DEFAULT]
         );
+    }
+
+    /// Flink's start: the starting size announced at the first poll, then growing from
+    /// there by at most α of the size per period (α = 2 ÷ 21 with 20 samples), however
+    /// fast the gate reads.
+    #[test]
+    fn sizes_start_small_and_grow_by_part_of_the_size() {
+        let mut debloater = Debloater::new(DebloatConfig {
+            threshold_percent: 0,
+            ..DebloatConfig::new(4)
+        })
+        .unwrap();
+        assert_eq!(debloater.on_period(0, 0, 0, 1), Some(STARTING_SIZE_DEFAULT));
+        let first = debloater.on_period(200 * MS, 1_000_000_000, 0, 1).unwrap();
+        assert_eq!(first, (1024.0_f64 * (1.0 + 2.0 / 21.0)).round() as usize);
+        // A starting size equal to the maximum announces nothing at first.
+        let mut full = Debloater::new(config()).unwrap();
+        assert_eq!(full.on_period(0, 0, 0, 1), None);
     }
 
     /// Idle time is not busy time: 8 kB read in the 100 ms of a 200 ms period the gate
@@ -299,6 +362,7 @@ mod tests {
             samples: 3,
             threshold_percent: 0,
             max_size: 20_000,
+            starting_size: 20_000,
             ..DebloatConfig::new(1)
         })
         .unwrap();

@@ -25,7 +25,7 @@ pub use buffer::{BufferBuilder, BufferConsumer, Read};
 pub use channel::{
     local_channel, BarrierAnnouncer, ChannelSender, InputChannel, LocalInputChannel,
 };
-pub use debloat::{DebloatConfig, Debloater};
+pub use debloat::{DebloatConfig, Debloater, STARTING_SIZE_DEFAULT};
 pub use input::{GateEvent, GateMetrics, GateRun, InputGate, RecordRef};
 pub use partition::{PartitionMetrics, ResultPartition};
 pub use pool::{Buffer, LocalBufferPool, LocalPoolConfig, NetworkBufferPool, SharedBuffer};

@@ -1093,10 +1093,15 @@ impl Graph {
                 .unwrap_or(1);
             let sizing = inner.exchange.sizing(from.parallelism, fan_out);
             let per_partition = sizing.segments_per_partition;
-            debloat[edge.to] = inner.exchange.debloat.map(|config| DebloatConfig {
-                buffers_per_channel: sizing.max_per_channel,
-                max_size: sizing.segment_size.max(config.min_size),
-                ..config
+            debloat[edge.to] = inner.exchange.debloat.map(|config| {
+                let max_size = sizing.segment_size.max(config.min_size);
+                DebloatConfig {
+                    buffers_per_channel: sizing.max_per_channel,
+                    max_size,
+                    // Segments smaller than the starting size start whole.
+                    starting_size: config.starting_size.min(max_size),
+                    ..config
+                }
             });
             // What crosses processes on this edge: channel ids by (consumer, producer's
             // process), and the ids this process serves.
