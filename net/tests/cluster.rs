@@ -273,3 +273,97 @@ fn checkpoint_messages_wait_for_the_inbox_and_a_lost_peer_is_named() {
         other => panic!("expected the loss of process 1, got {other:?}"),
     }
 }
+
+/// One process of an unaligned job whose sources are through at once, their output
+/// queued in front of slow consumers, half of it on channels across the transport: the
+/// checkpoints overtake that output there too (a priority barrier frame per remote
+/// channel), so one completes before this process's consumers are a quarter of the way
+/// through. Returns the consumer's progress at each completed
+/// checkpoint and at the end.
+fn run_unaligned_backlog(
+    process: usize,
+    peers: Vec<SocketAddr>,
+    dir: PathBuf,
+    records: u64,
+) -> (Vec<(u64, u64)>, u64) {
+    use weir_engine::checkpoint::AlignmentMode;
+    let channels = Arc::new(TransportChannels::start(process, &peers).expect("transport"));
+    channels
+        .wait_for_peers(Duration::from_secs(20))
+        .expect("peers listen");
+    let processed = Arc::new(AtomicU64::new(0));
+    let seen: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let settings = {
+        let (seen, processed) = (Arc::clone(&seen), Arc::clone(&processed));
+        Checkpointing::new(dir.join("chk"), Duration::from_millis(20))
+            .with_alignment(AlignmentMode::Unaligned)
+            .with_listener(move |metadata, _| {
+                seen.lock()
+                    .unwrap()
+                    .push((metadata.id, processed.load(Ordering::Relaxed)));
+            })
+    };
+    let graph = Graph::new()
+        .with_parallelism(4)
+        .with_cluster(channels.cluster())
+        .with_checkpointing(settings);
+    {
+        let processed = Arc::clone(&processed);
+        graph
+            .from_generator(records, None, |n| n)
+            .key_by(|n: &u64| *n)
+            .map(move |n| {
+                // 100 µs a record: each consumer's quarter of the backlog takes some
+                // 0.6 s, where the sources are through within milliseconds (a task
+                // looks at its gate between runs of up to 256 records: 26 ms here).
+                std::thread::sleep(Duration::from_micros(100));
+                processed.fetch_add(1, Ordering::Relaxed);
+                n
+            })
+            .sink_to_files(dir.join("out"), |n: &u64, line: &mut Vec<u8>| {
+                line.extend_from_slice(format!("{n}\n").as_bytes());
+            });
+    }
+    let runtime = Runtime::builder()
+        .cores(Cores::Count(2))
+        .pin(false)
+        .build()
+        .expect("runtime");
+    let (_, failure) = graph.execute_to_end(runtime).expect("starts");
+    assert!(failure.is_none(), "process {process}: {failure:?}");
+    channels
+        .drain(Duration::from_secs(20))
+        .expect("consumers took everything");
+    let seen = seen.lock().unwrap().clone();
+    (seen, processed.load(Ordering::Relaxed))
+}
+
+#[test]
+fn unaligned_barriers_overtake_the_backlog_on_remote_channels() {
+    const RECORDS: u64 = 24_000;
+    let scratch = Scratch::new();
+    let peers = free_addrs(2);
+    let runs: Vec<_> = (0..2)
+        .map(|process| {
+            let peers = peers.clone();
+            let dir = scratch.0.clone();
+            std::thread::spawn(move || run_unaligned_backlog(process, peers, dir, RECORDS))
+        })
+        .collect();
+    let results: Vec<_> = runs
+        .into_iter()
+        .map(|r| r.join().expect("process ran"))
+        .collect();
+    for (process, (seen, total)) in results.iter().enumerate() {
+        assert!(*total > RECORDS / 4, "process {process} consumed {total}");
+        assert!(
+            seen.iter().any(|(_, at)| *at < total / 4),
+            "process {process}: no checkpoint completed before its consumers were a \
+             quarter through their {total} records (completed at: {seen:?})"
+        );
+    }
+    assert_eq!(
+        committed(&scratch.0.join("out"), 4),
+        (0..RECORDS).collect::<Vec<_>>()
+    );
+}

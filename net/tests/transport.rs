@@ -1356,3 +1356,146 @@ fn a_relayed_handshake_proves_nothing_on() {
     assert!(refused, "A said why it refused");
     assert!(!a.is_connected(2));
 }
+
+/// An unaligned barrier overtakes a remote channel's queued buffers (a priority barrier
+/// frame): announced while the producer's pool is full of buffers the consumer has no
+/// credit for, it reaches the consumer before any of them, and before the barrier in
+/// band could be written. The consumer's gate then takes the checkpoint first, stores
+/// what was queued in front of the barrier as channel state, and still yields every
+/// record once, in order.
+#[test]
+fn an_unaligned_barrier_overtakes_the_buffers_queued_without_credit() {
+    on_each_driver(an_unaligned_barrier_overtakes_the_buffers_queued_without_credit_on);
+}
+
+fn an_unaligned_barrier_overtakes_the_buffers_queued_without_credit_on() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const AFTER: u64 = 100;
+    let producer = transport(1);
+    let consumer = transport(2);
+    let network = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let mut writer = served_writer(&producer, 5, None, &network);
+    let receive = NetworkBufferPool::new(64, SEGMENT).expect("pool");
+    let channel = consumer
+        .consume(producer.peer(), &[5], &receive, None)
+        .expect("consume")
+        .pop()
+        .expect("one");
+    let written = Arc::new(AtomicU64::new(0));
+    let in_band = Arc::new(AtomicBool::new(false));
+    let (announced_tx, announced_rx) = std::sync::mpsc::channel();
+    let thread = {
+        let (written, in_band) = (Arc::clone(&written), Arc::clone(&in_band));
+        thread::spawn(move || -> Result<(), ExchangeError> {
+            let started = Instant::now();
+            // Until the pool is full: the consumer holds what its credit allowed, the
+            // rest waits at the producer.
+            let mut value = 0u64;
+            let mut blocked_since = None;
+            loop {
+                if writer.poll_ready(0)? {
+                    blocked_since = None;
+                    writer.emit(&value, 0)?;
+                    writer.flush()?;
+                    value += 1;
+                } else {
+                    let since = *blocked_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_millis(100) {
+                        break;
+                    }
+                    thread::sleep(Duration::from_micros(100));
+                }
+                assert!(started.elapsed() < GUARD, "producer hung");
+            }
+            written.store(value, Ordering::SeqCst);
+            writer.announce_barrier(3);
+            announced_tx.send(()).unwrap();
+            while !writer.poll_ready(0)? {
+                assert!(started.elapsed() < GUARD, "producer hung");
+                thread::sleep(Duration::from_micros(50));
+            }
+            writer.emit_barrier(3, 0)?;
+            in_band.store(true, Ordering::SeqCst);
+            for v in value..value + AFTER {
+                while !writer.poll_ready(0)? {
+                    assert!(started.elapsed() < GUARD, "producer hung");
+                    thread::sleep(Duration::from_micros(50));
+                }
+                writer.emit(&v, 0)?;
+            }
+            writer.finish(0)?;
+            while !writer.resume(0)? {
+                assert!(started.elapsed() < GUARD, "producer hung");
+                thread::sleep(Duration::from_micros(50));
+            }
+            writer.flush()?;
+            Ok(())
+        })
+    };
+    announced_rx
+        .recv_timeout(GUARD)
+        .expect("the producer filled its pool");
+    let started = Instant::now();
+    while channel.announced_barrier() != 3 {
+        assert!(
+            started.elapsed() < GUARD,
+            "the priority barrier never arrived"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    // Nothing was read yet: no buffer was recycled, no credit granted, so the barrier in
+    // band is still waiting for room at the producer.
+    assert!(
+        !in_band.load(Ordering::SeqCst),
+        "the barrier in band went out before the consumer read anything"
+    );
+    let before = written.load(Ordering::SeqCst);
+    assert!(before > 0);
+    let mut gate: InputGate<u64> = InputGate::new(boxed(vec![channel])).expect("gate");
+    gate.set_alignment(weir_engine::checkpoint::AlignmentMode::Unaligned);
+    let mut events = Vec::new();
+    let mut state = None;
+    loop {
+        let now_ns = started.elapsed().as_nanos() as u64;
+        match gate.poll_next_at(now_ns).expect("gate") {
+            Some(GateEvent::End) => break,
+            Some(event) => events.push(event),
+            None => {
+                assert!(started.elapsed() < GUARD, "consumer hung");
+                thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if state.is_none() {
+            state = gate.take_channel_state();
+        }
+    }
+    thread.join().expect("producer").expect("produced");
+    // The checkpoint first, ahead of every record queued in front of its barrier.
+    assert!(
+        matches!(
+            events.first(),
+            Some(GateEvent::Barrier {
+                id: 3,
+                unaligned: true,
+                ..
+            })
+        ),
+        "{:?}",
+        events.first()
+    );
+    let (id, bytes) = state.expect("the channel state came whole");
+    assert_eq!(id, 3);
+    assert!(
+        bytes.len() as u64 >= before * 8,
+        "{} bytes of channel state for {before} records queued",
+        bytes.len()
+    );
+    let records: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            GateEvent::Record { value, .. } => Some(*value),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(records, (0..before + AFTER).collect::<Vec<_>>());
+}

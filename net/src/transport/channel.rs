@@ -6,12 +6,17 @@
 //! segment to the receive pool, which wakes the network thread to grant the sender new
 //! credit.
 //!
+//! Unaligned barriers announced by the producer ahead of its queued buffers arrive as
+//! priority barrier frames, ahead of those buffers; the network thread raises the
+//! channel's barrier word and wakes the gate, which takes the checkpoint and reads the
+//! channel ahead to the barrier in band, as it does a local channel's.
+//!
 //! Who writes what: the network thread owns the ring's producer and writes `failure`
 //! once, before it drops the producer; the gate owns this consumer. A gate that sees the
 //! channel disconnected (the producer dropped, Acquire) then reads `failure` under its
 //! lock: set if the connection failed, empty after a clean end of partition.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use weir_engine::exchange::{InputChannel, SharedBuffer};
@@ -35,6 +40,9 @@ pub struct RemoteInputChannel {
     ring: Consumer<SharedBuffer>,
     failure: FailureSlot,
     buffer_size: BufferSizeSlot,
+    /// The newest unaligned barrier its producer announced ahead of the data (a priority
+    /// barrier frame), written by the network thread.
+    barrier: Arc<AtomicU64>,
 }
 
 impl RemoteInputChannel {
@@ -44,6 +52,7 @@ impl RemoteInputChannel {
         ring: Consumer<SharedBuffer>,
         failure: FailureSlot,
         buffer_size: BufferSizeSlot,
+        barrier: Arc<AtomicU64>,
     ) -> Self {
         RemoteInputChannel {
             channel,
@@ -51,6 +60,7 @@ impl RemoteInputChannel {
             ring,
             failure,
             buffer_size,
+            barrier,
         }
     }
 
@@ -97,6 +107,11 @@ impl InputChannel for RemoteInputChannel {
         // turn for this channel's connection.
         self.buffer_size
             .store(size.min(u32::MAX as usize) as u32, Ordering::Relaxed);
+    }
+
+    fn announced_barrier(&self) -> u64 {
+        // Acquire: pairs with the network thread's Release when the frame came.
+        self.barrier.load(Ordering::Acquire)
     }
 
     fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {

@@ -27,6 +27,8 @@ pub(super) struct SendChannel {
     pub(super) queue: VecDeque<SharedBuffer>,
     pub(super) credit: u32,
     pub(super) sequence: u32,
+    /// The newest unaligned barrier sent ahead of the queue (a priority barrier frame).
+    pub(super) announced: u64,
 }
 
 pub(super) enum Payload {
@@ -190,6 +192,20 @@ impl Conn {
             self.held.push_back(out);
         } else {
             self.staged.push_back(out);
+        }
+    }
+
+    /// Queues a frame ahead of every frame not being written yet (a priority barrier
+    /// overtakes the staged buffers).
+    pub(super) fn queue_first(&mut self, header: Header) {
+        let out = Out {
+            header: header.encode(),
+            payload: Payload::None,
+        };
+        if self.proved {
+            self.staged.push_front(out);
+        } else {
+            self.held.push_front(out);
         }
     }
 

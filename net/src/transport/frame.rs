@@ -20,8 +20,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
 /// id, authentication and heartbeat frames; 4: data buffers may carry checkpoint
 /// barriers, an event a version 3 gate refuses as an unknown tag, so the handshake
 /// refuses the mix instead; 5: checkpoint frames between the processes' checkpoint
-/// services).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// services; 6: priority barrier frames, unaligned barriers ahead of queued buffers).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Largest checkpoint message carried, in bytes.
 pub const CHECKPOINT_MESSAGE_MAX: usize = 16 * 1024;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
@@ -56,6 +56,10 @@ pub enum FrameKind {
     Heartbeat = 10,
     /// Either way: a message between the processes' checkpoint services (version 5).
     Checkpoint = 11,
+    /// Producer → consumer: an unaligned checkpoint barrier announced ahead of the
+    /// channel's queued buffers (Flink's priority event), its id in arg0 (low 32 bits)
+    /// and arg1 (high); the barrier itself still follows in band (version 6).
+    PriorityBarrier = 12,
 }
 
 impl FrameKind {
@@ -72,6 +76,7 @@ impl FrameKind {
             9 => FrameKind::Auth,
             10 => FrameKind::Heartbeat,
             11 => FrameKind::Checkpoint,
+            12 => FrameKind::PriorityBarrier,
             other => return Err(FrameError::UnknownType(other)),
         })
     }
@@ -90,6 +95,7 @@ impl FrameKind {
             FrameKind::Auth => "authentication",
             FrameKind::Heartbeat => "heartbeat",
             FrameKind::Checkpoint => "checkpoint",
+            FrameKind::PriorityBarrier => "priority barrier",
         }
     }
 }
@@ -110,6 +116,22 @@ pub struct Header {
 }
 
 impl Header {
+    /// A priority barrier's header: checkpoint `id` on `channel`.
+    pub fn priority_barrier(channel: u32, id: u64) -> Self {
+        Header {
+            kind: FrameKind::PriorityBarrier,
+            len: 0,
+            channel,
+            arg0: id as u32,
+            arg1: (id >> 32) as u32,
+        }
+    }
+
+    /// The checkpoint id a priority barrier's header carries.
+    pub fn barrier_id(&self) -> u64 {
+        u64::from(self.arg0) | (u64::from(self.arg1) << 32)
+    }
+
     /// A header of `kind` without payload.
     pub fn control(kind: FrameKind, channel: u32, arg0: u32) -> Self {
         Header {
@@ -230,7 +252,7 @@ impl Header {
         // Fields a type does not use must be zero: they may carry meaning in a later
         // version, and a frame must re-encode to the bytes it came from.
         let (arg0_used, arg1_used) = match kind {
-            FrameKind::Handshake | FrameKind::Buffer => (true, true),
+            FrameKind::Handshake | FrameKind::Buffer | FrameKind::PriorityBarrier => (true, true),
             FrameKind::PartitionRequest | FrameKind::AddCredit | FrameKind::BufferSize => {
                 (true, false)
             }
@@ -271,6 +293,12 @@ impl Header {
                         ours: PROTOCOL_VERSION,
                     });
                 }
+            }
+            FrameKind::PriorityBarrier if header.arg0 == 0 && header.arg1 == 0 => {
+                return Err(FrameError::Malformed {
+                    kind: kind.name(),
+                    reason: "a priority barrier must name a checkpoint (ids start at 1)",
+                });
             }
             FrameKind::AddCredit if header.arg0 == 0 => {
                 return Err(FrameError::Malformed {
@@ -357,6 +385,13 @@ pub enum Frame<'a> {
         /// The checkpoint service's message.
         message: &'a [u8],
     },
+    /// See [`FrameKind::PriorityBarrier`].
+    PriorityBarrier {
+        /// The channel.
+        channel: u32,
+        /// The checkpoint (at least 1).
+        id: u64,
+    },
 }
 
 impl<'a> Frame<'a> {
@@ -404,6 +439,7 @@ impl<'a> Frame<'a> {
                 arg0: 0,
                 arg1: 0,
             },
+            Frame::PriorityBarrier { channel, id } => Header::priority_barrier(channel, id),
             Frame::Error { channel, message } => Header {
                 kind: FrameKind::Error,
                 len: message.len() as u32,
@@ -480,6 +516,10 @@ impl<'a> Frame<'a> {
                 size: header.arg0,
             },
             FrameKind::Checkpoint => Frame::Checkpoint { message: payload },
+            FrameKind::PriorityBarrier => Frame::PriorityBarrier {
+                channel: header.channel,
+                id: header.barrier_id(),
+            },
         };
         Ok(Some((frame, total)))
     }
@@ -494,7 +534,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u32, u32, u32, Vec<u8>)> {
         (
-            1u8..=11,
+            1u8..=12,
             any::<u32>(),
             1u32..,
             any::<u32>(),
@@ -518,6 +558,10 @@ mod tests {
             },
             10 => Frame::Heartbeat,
             11 => Frame::Checkpoint { message: payload },
+            12 => Frame::PriorityBarrier {
+                channel,
+                id: u64::from(arg0) | (u64::from(arg1) << 32),
+            },
             2 => Frame::PartitionRequest {
                 channel,
                 credit: arg0,
@@ -681,6 +725,20 @@ mod tests {
         assert!(matches!(
             Header::decode(&reserved, MAX),
             Err(FrameError::Malformed { .. })
+        ));
+        // A priority barrier: its id over both fields, never 0, never a payload.
+        let barrier = Header::priority_barrier(3, (7 << 32) | 9);
+        let decoded = Header::decode(&barrier.encode(), MAX).unwrap();
+        assert_eq!(decoded.barrier_id(), (7 << 32) | 9);
+        assert!(matches!(
+            Header::decode(&Header::priority_barrier(3, 0).encode(), MAX),
+            Err(FrameError::Malformed { .. })
+        ));
+        let mut with_payload = Header::priority_barrier(3, 1).encode();
+        with_payload[0] = 4;
+        assert!(matches!(
+            Header::decode(&with_payload, MAX),
+            Err(FrameError::Oversized { max: 0, .. })
         ));
     }
 }

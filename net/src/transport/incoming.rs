@@ -185,6 +185,7 @@ impl Net {
                             queue: VecDeque::new(),
                             credit: header.arg0,
                             sequence: 0,
+                            announced: 0,
                         });
                     }
                 } else {
@@ -268,6 +269,26 @@ impl Net {
                 };
             }
             FrameKind::Buffer => self.buffer(conn, header)?,
+            FrameKind::PriorityBarrier => {
+                // An unaligned barrier ahead of the channel's queued buffers: the
+                // consuming gate takes the checkpoint now and reads the channel ahead to
+                // the barrier in band (see `RemoteInputChannel::announced_barrier`).
+                let Some(&at) = conn.incoming.get(&channel) else {
+                    return Err(protocol(
+                        conn,
+                        format!(
+                            "a priority barrier for channel {channel}, which was never requested"
+                        ),
+                    ));
+                };
+                // A channel whose gate is gone, or that ended, ignores it.
+                if let Some(gate) = gate_at(&mut self.gates, at) {
+                    let receiver = &mut gate.channels[at.index];
+                    if receiver.state == ChannelState::Open {
+                        receiver.announce_barrier(header.barrier_id());
+                    }
+                }
+            }
             FrameKind::BufferSize => {
                 // The consumer's gate debloated: the subpartition starts its next
                 // buffers at this size. A channel not sent (yet, or any more) ignores it.

@@ -37,21 +37,29 @@
 //!
 //! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
 //!
-//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat | checkpoint |
-//! |---|---|---|---|---|---|---|---|---|---|---|---|---|
-//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 | 1..=16384 |
-//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 |
-//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 | 0 |
-//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 | 0 |
-//! | 16–19 | arg1 | version (5) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | | a checkpoint service's message |
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat | checkpoint | priority barrier |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 | 1..=16384 | 0 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 12 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 | 0 | channel |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 | 0 | checkpoint id, low 32 bits |
+//! | 16–19 | arg1 | version (6) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | high 32 bits (id ≥ 1) |
+//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | | a checkpoint service's message | |
 //!
 //! The checkpoint frame (version 5) carries the messages of the processes' checkpoint
 //! services ([`weir_engine::checkpoint::link`]) over the connection that already joins
 //! two processes, in order with everything else on it; [`Transport::send_checkpoint`]
 //! sends one and [`Transport::open_checkpoints`] receives them, with a loss event when
 //! the last connection to a process ends.
+//!
+//! The priority barrier frame (producer → consumer, version 6) carries an unaligned
+//! checkpoint barrier the producer announced ahead of its data
+//! ([`ChannelSender::announce_barrier`](weir_engine::exchange::ChannelSender::announce_barrier)):
+//! the network thread sends it at its next turn for the connection, ahead of every buffer
+//! not yet being written and without credit, and the consumer's
+//! [`RemoteInputChannel`] reports it to its gate, which takes the checkpoint and reads the
+//! channel ahead to the barrier in band.
 //!
 //! The buffer-size frame (consumer → producer, version 2) carries the size the consuming
 //! gate's debloater announced for a channel; the producer's subpartition starts its next
@@ -363,19 +371,22 @@ impl Transport {
             let (producer, consumer) = weir_engine::ring::channel(size);
             let failure: channel::FailureSlot = Arc::default();
             let buffer_size: channel::BufferSizeSlot = Arc::default();
-            receivers.push(RecvChannel::new(
+            let receiver = RecvChannel::new(
                 channel,
                 producer,
                 notify.clone(),
                 Arc::clone(&failure),
                 Arc::clone(&buffer_size),
-            ));
+            );
+            let barrier = Arc::clone(&receiver.barrier);
+            receivers.push(receiver);
             remotes.push(RemoteInputChannel::new(
                 channel,
                 peer_name.clone(),
                 consumer,
                 failure,
                 buffer_size,
+                barrier,
             ));
         }
         self.command(Command::Consume(Gate::new(

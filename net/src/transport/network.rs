@@ -627,6 +627,7 @@ impl Net {
                             queue: VecDeque::new(),
                             credit,
                             sequence: 0,
+                            announced: 0,
                         });
                         return;
                     }
@@ -995,6 +996,16 @@ impl Net {
         let mut busy = false;
         let mut index = 0;
         while index < conn.outgoing.len() {
+            let channel = &mut conn.outgoing[index];
+            // An unaligned barrier announced ahead of the data goes ahead of what is
+            // queued (no credit needed: it takes no buffer at the consumer).
+            let announced = channel.input.announced_barrier();
+            if announced > channel.announced {
+                channel.announced = announced;
+                let header = Header::priority_barrier(channel.id, announced);
+                conn.queue_first(header);
+                busy = true;
+            }
             let channel = &mut conn.outgoing[index];
             while let Some(buffer) = channel.input.poll_buffer() {
                 if !buffer.as_slice().is_empty() {

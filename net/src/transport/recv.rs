@@ -10,7 +10,7 @@
 //! network thread's gates, that gate's generation, and its index, so that a frame for a
 //! channel whose gate was freed never reaches the gate that took the slot.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use weir_engine::exchange::{LocalBufferPool, SharedBuffer};
@@ -39,6 +39,9 @@ pub(super) struct RecvChannel {
     /// The buffer size the consumer's gate announced (0: none), and the last one sent.
     pub(super) buffer_size: BufferSizeSlot,
     pub(super) buffer_size_sent: u32,
+    /// The newest unaligned barrier the producer announced ahead of the data (0: none),
+    /// read by the consumer's gate (see [`RemoteInputChannel`](super::RemoteInputChannel)).
+    pub(super) barrier: Arc<AtomicU64>,
     pub(super) state: ChannelState,
     pub(super) credit: u32,
     pub(super) announce: u32,
@@ -61,11 +64,21 @@ impl RecvChannel {
             failure,
             buffer_size,
             buffer_size_sent: 0,
+            barrier: Arc::default(),
             state: ChannelState::Open,
             credit: 0,
             announce: 0,
             backlog: 0,
             next_sequence: 0,
+        }
+    }
+
+    /// The producer announced unaligned barrier `id` ahead of the data: raised for the
+    /// gate (Release: pairs with its Acquire load), which is woken.
+    pub(super) fn announce_barrier(&mut self, id: u64) {
+        self.barrier.fetch_max(id, Ordering::Release);
+        if let Some(notify) = &self.notify {
+            notify.notify();
         }
     }
 
