@@ -17,6 +17,14 @@
 //!   task on a thread of its own), so both sides sustain some 2 × 50,000 records/s;
 //!   buffer timeout 100 ms as Flink's side sets it. Checkpoint durations (trigger to
 //!   the last acknowledgement) and alignments.
+//! - **Keyed state snapshot** (`--only keyed`, and in the full run): one subtask's
+//!   keyed state of 10 MB, 100 MB and 1 GB (100-byte entries: a u64 key, a 92-byte
+//!   value), and what a checkpoint costs it: the task's pause (the synchronous part:
+//!   [`KeyedState::snapshot_view`](weir_engine::checkpoint::KeyedState::snapshot_view),
+//!   a reference count per key group), the writes of 1%
+//!   of the keys right after (each first write copies the path it touches), and the
+//!   encoding of the view on another thread (the asynchronous part); beside it, the
+//!   encoding on the worker that the pause was before views (`KeyedState::snapshot`).
 //! - **Recovery**: a job with keyed state and exactly-once files stopped at once after
 //!   its second checkpoint (every task dropped, as a crash drops them), then restarted
 //!   from that checkpoint: the time from the stop to the first record reaching the sink
@@ -260,6 +268,85 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
         None,
         result.checkpoints.as_ref(),
     ))
+}
+
+/// Bytes of one keyed-state entry as encoded: a u64 key and a 92-byte value.
+const KEYED_ENTRY_BYTES: usize = 100;
+
+/// One size's figures of a keyed-state snapshot, medians over the rounds (µs).
+#[derive(Debug, Clone, Default)]
+struct KeyedSnapshot {
+    size_bytes: usize,
+    entries: usize,
+    view_us: Vec<f64>,
+    writes_after_us: Vec<f64>,
+    writes_before_us: Vec<f64>,
+    encode_async_us: Vec<f64>,
+    encode_sync_us: Vec<f64>,
+}
+
+/// Builds one subtask's keyed state of `entries` entries, then per round: a view (the
+/// pause), 1% of the keys written, the view encoded on another thread, and a
+/// synchronous snapshot for comparison.
+fn keyed_snapshot(entries: usize, rounds: usize) -> Result<KeyedSnapshot, String> {
+    use weir_engine::checkpoint::KeyedState;
+    let mut state: KeyedState<u64, FixedBytes<92>> =
+        KeyedState::new(128, 1, 0).map_err(|e| e.to_string())?;
+    for key in 0..entries as u64 {
+        state
+            .insert(key, FixedBytes([key as u8; 92]))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut figures = KeyedSnapshot {
+        size_bytes: entries * KEYED_ENTRY_BYTES,
+        entries,
+        ..KeyedSnapshot::default()
+    };
+    let writes = (entries / 100).max(1) as u64;
+    // A key spread over the state: the writes touch paths all over it.
+    let key_of = |i: u64, round: usize| (i * 97 + round as u64) % entries as u64;
+    for round in 0..rounds {
+        // Writes with no snapshot in the way, for comparison.
+        let started = Instant::now();
+        for i in 0..writes {
+            state
+                .insert(key_of(i, round), FixedBytes([round as u8; 92]))
+                .map_err(|e| e.to_string())?;
+        }
+        figures.writes_before_us.push(us(started.elapsed()));
+        let started = Instant::now();
+        let view = state.snapshot_view();
+        figures.view_us.push(us(started.elapsed()));
+        // The task goes on while the service encodes the view.
+        let encoder = std::thread::spawn(move || {
+            let started = Instant::now();
+            let bytes = view();
+            (bytes.len(), started.elapsed())
+        });
+        let started = Instant::now();
+        for i in 0..writes {
+            state
+                .insert(key_of(i, round + 1), FixedBytes([round as u8 + 1; 92]))
+                .map_err(|e| e.to_string())?;
+        }
+        figures.writes_after_us.push(us(started.elapsed()));
+        let (len, encode) = encoder.join().map_err(|_| "the encoder panicked")?;
+        figures.encode_async_us.push(us(encode));
+        let started = Instant::now();
+        let bytes = state.snapshot();
+        figures.encode_sync_us.push(us(started.elapsed()));
+        if bytes.len() != len {
+            return Err(format!(
+                "the view encoded {len} bytes, the state {} (both {entries} entries)",
+                bytes.len()
+            ));
+        }
+    }
+    Ok(figures)
+}
+
+fn us(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e6
 }
 
 /// One recovery: figures of a stop and restore.
@@ -522,7 +609,8 @@ pub fn run(
     }
     cases.retain(|case| only.is_none_or(|only| case.experiment.contains(only)));
     let recoveries_too = only.is_none_or(|only| "recovery".contains(only));
-    if cases.is_empty() && !recoveries_too {
+    let keyed_wanted = only.is_none_or(|only| "keyed state snapshot".contains(only));
+    if cases.is_empty() && !recoveries_too && !keyed_wanted {
         return Err(format!(
             "no experiment matches --only {}",
             only.unwrap_or_default()
@@ -608,6 +696,30 @@ pub fn run(
             })
         })
         .collect();
+    let mut keyed = Vec::new();
+    if keyed_wanted {
+        for mb in [10.0, 100.0, 1000.0] {
+            let entries = ((mb * scale * 1e6) as usize / KEYED_ENTRY_BYTES).max(1000);
+            let figures = keyed_snapshot(entries, rounds.max(3))?;
+            progress(&format!(
+                "keyed state of {} MB: pause {:.1} µs, encoded in {:.1} ms off the worker \
+                 ({:.1} ms on it)",
+                figures.size_bytes / 1_000_000,
+                median(&figures.view_us),
+                median(&figures.encode_async_us) / 1e3,
+                median(&figures.encode_sync_us) / 1e3
+            ));
+            keyed.push(json!({
+                "size_bytes": figures.size_bytes,
+                "entries": figures.entries,
+                "pause_us": { "p50": median(&figures.view_us), "max": figures.view_us.iter().copied().fold(0.0, f64::max) },
+                "writes_1pct_after_snapshot_us": median(&figures.writes_after_us),
+                "writes_1pct_without_snapshot_us": median(&figures.writes_before_us),
+                "encode_async_us": median(&figures.encode_async_us),
+                "encode_sync_us": median(&figures.encode_sync_us),
+            }));
+        }
+    }
     let to_processing: Vec<f64> = recoveries.iter().map(|r| ms(r.to_processing)).collect();
     let read: Vec<f64> = recoveries.iter().map(|r| ms(r.read)).collect();
     let replayed: Vec<f64> = recoveries.iter().map(|r| r.replayed as f64).collect();
@@ -625,6 +737,7 @@ pub fn run(
             "max": kills.iter().copied().fold(0.0, f64::max),
             "samples": kills,
         },
+        "keyed_snapshot": keyed,
         "recovery": {
             "to_processing_ms": { "p50": median(&to_processing), "max": to_processing.iter().copied().fold(0.0, f64::max), "samples": to_processing },
             "read_ms": { "p50": median(&read) },
@@ -664,6 +777,27 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
         }
     }
     let f = |v: &Value| v.as_f64().map_or("–".to_string(), |x| format!("{x:.1}"));
+    if let Some(keyed) = value["keyed_snapshot"].as_array().filter(|k| !k.is_empty()) {
+        out.push_str("\n### keyed state snapshot (one subtask)\n\n");
+        out.push_str("| state | entries | task pause p50 / max (µs) | encoding off the worker (ms) | encoding on the worker, before views (ms) | 1% of keys written after a snapshot / without (ms) |\n|---:|---:|---:|---:|---:|---:|\n");
+        for row in keyed {
+            let ms_of = |v: &Value| {
+                v.as_f64()
+                    .map_or("–".to_string(), |x| format!("{:.1}", x / 1e3))
+            };
+            out.push_str(&format!(
+                "| {} MB | {} | {} / {} | {} | {} | {} / {} |\n",
+                row["size_bytes"].as_u64().unwrap_or(0) / 1_000_000,
+                row["entries"].as_u64().unwrap_or(0),
+                f(&row["pause_us"]["p50"]),
+                f(&row["pause_us"]["max"]),
+                ms_of(&row["encode_async_us"]),
+                ms_of(&row["encode_sync_us"]),
+                ms_of(&row["writes_1pct_after_snapshot_us"]),
+                ms_of(&row["writes_1pct_without_snapshot_us"]),
+            ));
+        }
+    }
     for experiment in experiments {
         out.push_str(&format!("\n### {experiment}\n\n"));
         out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / max (ms) | alignment p50 / max (ms) |\n|---|---:|---:|---:|---:|---:|---:|\n");
@@ -707,6 +841,13 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
         }
     }
     let r = &value["recovery"];
+    let measured = r["to_processing_ms"]["samples"]
+        .as_array()
+        .is_some_and(|s| !s.is_empty());
+    if !measured {
+        // Not run (`--only`).
+        return out;
+    }
     out.push_str(&format!(
         "\n### recovery (one process)\n\nThe main job killed with `kill -9` and started again with `--restore`, from the kill to the new process's first record at a sink: p50 {} ms, max {} ms.\n\n\
          A keyed job stopped in its process and restarted there, from the stop to the first record at the sink again: p50 {} ms, max {} ms \

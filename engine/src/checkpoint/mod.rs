@@ -48,7 +48,7 @@ pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
 pub use link::{CheckpointLink, LinkEvent, LocalLinks};
 pub use restart::{RestartStrategy, Restarts};
-pub use service::{Acks, CheckpointHooks, CheckpointService, ServicePart};
+pub use service::{Acks, CheckpointHooks, CheckpointService, ServicePart, TaskState};
 pub use storage::{CheckpointMetadata, CheckpointStore, Restored, TaskFile};
 pub use transactional::TransactionalFiles;
 

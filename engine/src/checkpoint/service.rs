@@ -74,7 +74,7 @@ enum Message {
         id: u64,
         task: usize,
         name: String,
-        state: Vec<u8>,
+        state: TaskState,
         alignment: Duration,
     },
     Decline {
@@ -121,6 +121,47 @@ impl core::fmt::Debug for ServicePart {
     }
 }
 
+/// A task's snapshot for one checkpoint, as it reaches the service: its bytes, or what
+/// makes them, run on the service's thread (Flink's asynchronous snapshot phase: keyed
+/// state hands over a copy-on-write view of its maps at the barrier, in time independent
+/// of its size, and is encoded here while the task goes on).
+pub struct TaskState(StateInner);
+
+enum StateInner {
+    Bytes(Vec<u8>),
+    Deferred(Box<dyn FnOnce() -> Vec<u8> + Send>),
+}
+
+impl TaskState {
+    /// State whose bytes `make` writes, later, on the service's thread.
+    pub fn deferred(make: impl FnOnce() -> Vec<u8> + Send + 'static) -> Self {
+        TaskState(StateInner::Deferred(Box::new(make)))
+    }
+
+    /// The bytes (made now if they were deferred).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self.0 {
+            StateInner::Bytes(bytes) => bytes,
+            StateInner::Deferred(make) => make(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for TaskState {
+    fn from(bytes: Vec<u8>) -> Self {
+        TaskState(StateInner::Bytes(bytes))
+    }
+}
+
+impl core::fmt::Debug for TaskState {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match &self.0 {
+            StateInner::Bytes(bytes) => write!(f, "TaskState({} bytes)", bytes.len()),
+            StateInner::Deferred(_) => f.write_str("TaskState(deferred)"),
+        }
+    }
+}
+
 /// The tasks' side of the service: cheap to clone, one per task.
 #[derive(Clone)]
 pub struct Acks {
@@ -129,21 +170,22 @@ pub struct Acks {
 
 impl Acks {
     /// Task `task` (its state file named `name`) took its snapshot for checkpoint `id`
-    /// after waiting `alignment` for its barriers. Returns at once: the state is written
-    /// by the service's thread. Does nothing once the service stopped.
+    /// after waiting `alignment` for its barriers. Returns at once: the state is made
+    /// (when deferred) and written by the service's thread. Does nothing once the
+    /// service stopped.
     pub fn acknowledge(
         &self,
         id: u64,
         task: usize,
         name: &str,
-        state: Vec<u8>,
+        state: impl Into<TaskState>,
         alignment: Duration,
     ) {
         let _ = self.tx.send(Message::Ack {
             id,
             task,
             name: name.to_string(),
-            state,
+            state: state.into(),
             alignment,
         });
     }
@@ -522,8 +564,9 @@ fn coordinate(
             } => {
                 // A late acknowledgement (expired, aborted, subsumed) writes nothing.
                 if coordinator.is_pending(id) {
-                    // The asynchronous phase: the state reaches the disk here, not on
-                    // the task's worker.
+                    // The asynchronous phase: the state is encoded (if it was deferred)
+                    // and reaches the disk here, not on the task's worker.
+                    let state = state.into_bytes();
                     let file = place.store.write_task_state(id, &name, &state)?;
                     coordinator.acknowledge(id, task, file, alignment, place.now());
                 }
@@ -733,6 +776,7 @@ fn participate(
                     heard.entry(id).or_insert_with(|| Heard {
                         since: Instant::now(),
                     });
+                    let state = state.into_bytes();
                     ack(id, task, &name, &state, alignment)?;
                 }
             }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::async_io::{AsyncFunction, AsyncWaitOperator};
 use crate::checkpoint::elements::encode_elements;
-use crate::checkpoint::{Acks, AlignmentMode, KeyedState};
+use crate::checkpoint::{Acks, AlignmentMode, KeyedState, TaskState};
 use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
 use crate::exchange::{BarrierAnnouncer, GateEvent, GateRun, InputGate, RecordWriter};
@@ -110,9 +110,12 @@ const SNAPSHOT_VERSION: u8 = 1;
 
 /// A task's state at a barrier: each stateful link's bytes under its position in the
 /// chain (the source is 0, the operators count from 1 in the order they were chained).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Snapshot {
     pub(crate) sections: Vec<(u32, Vec<u8>)>,
+    /// Sections made later, on the checkpoint service's thread (keyed state's
+    /// copy-on-write view): see [`into_state`](Self::into_state).
+    pub(crate) deferred: Vec<(u32, DeferredSection)>,
     /// A sink pre-committed output that a completed checkpoint must commit.
     pub(crate) commits: bool,
     /// The checkpoint is unaligned: writers announce its barrier ahead of the data.
@@ -124,9 +127,48 @@ pub(crate) struct Snapshot {
     pub(crate) announcers: Vec<BarrierAnnouncer>,
 }
 
+/// What makes a section's bytes, off the task's worker.
+pub(crate) type DeferredSection = Box<dyn FnOnce() -> Vec<u8> + Send + Sync>;
+
+impl core::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("sections", &self.sections.len())
+            .field("deferred", &self.deferred.len())
+            .field("commits", &self.commits)
+            .field("unaligned", &self.unaligned)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Snapshot {
     pub(crate) fn push(&mut self, position: u32, bytes: Vec<u8>) {
         self.sections.push((position, bytes));
+    }
+
+    /// A section whose bytes `make` writes on the checkpoint service's thread.
+    pub(crate) fn push_deferred(&mut self, position: u32, make: DeferredSection) {
+        self.deferred.push((position, make));
+    }
+
+    /// The task's state for the service: encoded now when every section is, else
+    /// encoded on the service's thread once the deferred sections are made.
+    pub(crate) fn into_state(mut self) -> TaskState {
+        if self.deferred.is_empty() {
+            return TaskState::from(self.encode());
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        let sections = std::mem::take(&mut self.sections);
+        TaskState::deferred(move || {
+            let mut snapshot = Snapshot {
+                sections,
+                ..Snapshot::default()
+            };
+            for (position, make) in deferred {
+                snapshot.sections.push((position, make()));
+            }
+            snapshot.encode()
+        })
     }
 
     pub(crate) fn get(&self, position: u32) -> Option<&[u8]> {
@@ -833,8 +875,8 @@ pub(crate) struct KeyedMapLink<K, V, KF, F, U> {
 
 impl<T, U, K, V, KF, F> Link<T> for KeyedMapLink<K, V, KF, F, U>
 where
-    K: KeyHashCode + Codec + Eq + std::hash::Hash,
-    V: Codec,
+    K: KeyHashCode + Codec + Eq + std::hash::Hash + Clone + Send + Sync + 'static,
+    V: Codec + Clone + Send + Sync + 'static,
     KF: FnMut(&T) -> K,
     F: FnMut(T, &mut Option<V>) -> U,
 {
@@ -871,7 +913,9 @@ where
         snapshot: &mut Snapshot,
         cx: &mut TaskContext<'_>,
     ) -> Result<(), TaskError> {
-        snapshot.push(self.position, self.state.snapshot());
+        // The synchronous phase takes a copy-on-write view of the maps (a reference count
+        // per key group); the bytes are written on the service's thread.
+        snapshot.push_deferred(self.position, Box::new(self.state.snapshot_view()));
         self.next.barrier(id, snapshot, cx)
     }
     fn checkpoint_complete(&mut self, id: u64) -> Result<(), TaskError> {
@@ -1228,7 +1272,7 @@ impl<T: 'static> StageTask<T> {
             id,
             checkpoint.task,
             &checkpoint.name,
-            snapshot.encode(),
+            snapshot.into_state(),
             alignment,
         );
         Ok(())
@@ -1282,7 +1326,7 @@ impl<T: 'static> StageTask<T> {
                         id,
                         checkpoint.task,
                         &checkpoint.name,
-                        snapshot.encode(),
+                        snapshot.into_state(),
                         alignment,
                     );
                 } else {
@@ -1337,10 +1381,13 @@ impl<T: 'static> StageTask<T> {
                 let announcers = std::mem::take(&mut snapshot.announcers);
                 checkpoint.signals.finished(announcers, first);
             }
+            let commits = snapshot.commits;
+            // The final state holds for every later checkpoint: made once, here.
+            let state = snapshot.into_state().into_bytes();
             checkpoint
                 .acks
-                .finished(checkpoint.task, &checkpoint.name, first, snapshot.encode());
-            if snapshot.commits {
+                .finished(checkpoint.task, &checkpoint.name, first, state);
+            if commits {
                 checkpoint.final_commit = Some(first);
                 checkpoint.acks.trigger_now();
             }

@@ -1860,12 +1860,14 @@ impl<'g, T: 'static> Stream<'g, T> {
     /// `BTreeMap<UK, UV>` per key, which `f` reads and updates in place. The stage must follow a [`key_by`](Stream::key_by) whose key `key`
     /// repeats. The state is kept per key group and checkpointed, so a restored job
     /// may run this stage at another parallelism: each key's value goes where
-    /// `key_by` now sends the key.
+    /// `key_by` now sends the key. Keys and values are `Clone + Send + Sync`: a
+    /// checkpoint takes a copy-on-write view of the state at the barrier and encodes it
+    /// on the checkpoint service's thread (see [`KeyedState`](crate::checkpoint::KeyedState)).
     pub fn map_with_state<K, V, U, KF, F>(self, key: KF, f: F) -> Stream<'g, U>
     where
         U: 'static,
-        K: KeyHashCode + Codec + Eq + std::hash::Hash + 'static,
-        V: Codec + 'static,
+        K: KeyHashCode + Codec + Eq + std::hash::Hash + Clone + Send + Sync + 'static,
+        V: Codec + Clone + Send + Sync + 'static,
         KF: Fn(&T) -> K + Clone + Send + Sync + 'static,
         F: FnMut(T, &mut Option<V>) -> U + Clone + Send + Sync + 'static,
     {
