@@ -281,6 +281,9 @@ struct KeyedSnapshot {
     view_us: Vec<f64>,
     writes_after_us: Vec<f64>,
     writes_before_us: Vec<f64>,
+    /// The same writes into a std HashMap of the same entries (what the state was
+    /// before it was persistent).
+    writes_std_us: Vec<f64>,
     encode_async_us: Vec<f64>,
     encode_sync_us: Vec<f64>,
 }
@@ -305,6 +308,19 @@ fn keyed_snapshot(entries: usize, rounds: usize) -> Result<KeyedSnapshot, String
     let writes = (entries / 100).max(1) as u64;
     // A key spread over the state: the writes touch paths all over it.
     let key_of = |i: u64, round: usize| (i * 97 + round as u64) % entries as u64;
+    {
+        let mut flat: std::collections::HashMap<u64, FixedBytes<92>> = (0..entries as u64)
+            .map(|key| (key, FixedBytes([key as u8; 92])))
+            .collect();
+        for round in 0..rounds {
+            let started = Instant::now();
+            for i in 0..writes {
+                flat.insert(key_of(i, round), FixedBytes([round as u8; 92]));
+            }
+            figures.writes_std_us.push(us(started.elapsed()));
+        }
+        std::hint::black_box(&flat);
+    }
     for round in 0..rounds {
         // Writes with no snapshot in the way, for comparison.
         let started = Instant::now();
@@ -715,6 +731,7 @@ pub fn run(
                 "pause_us": { "p50": median(&figures.view_us), "max": figures.view_us.iter().copied().fold(0.0, f64::max) },
                 "writes_1pct_after_snapshot_us": median(&figures.writes_after_us),
                 "writes_1pct_without_snapshot_us": median(&figures.writes_before_us),
+                "writes_1pct_std_hashmap_us": median(&figures.writes_std_us),
                 "encode_async_us": median(&figures.encode_async_us),
                 "encode_sync_us": median(&figures.encode_sync_us),
             }));
@@ -779,14 +796,14 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
     let f = |v: &Value| v.as_f64().map_or("–".to_string(), |x| format!("{x:.1}"));
     if let Some(keyed) = value["keyed_snapshot"].as_array().filter(|k| !k.is_empty()) {
         out.push_str("\n### keyed state snapshot (one subtask)\n\n");
-        out.push_str("| state | entries | task pause p50 / max (µs) | encoding off the worker (ms) | encoding on the worker, before views (ms) | 1% of keys written after a snapshot / without (ms) |\n|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| state | entries | task pause p50 / max (µs) | encoding off the worker (ms) | encoding on the worker, before views (ms) | 1% of keys written after a snapshot / without / into a std HashMap (ms) |\n|---:|---:|---:|---:|---:|---:|\n");
         for row in keyed {
             let ms_of = |v: &Value| {
                 v.as_f64()
                     .map_or("–".to_string(), |x| format!("{:.1}", x / 1e3))
             };
             out.push_str(&format!(
-                "| {} MB | {} | {} / {} | {} | {} | {} / {} |\n",
+                "| {} MB | {} | {} / {} | {} | {} | {} / {} / {} |\n",
                 row["size_bytes"].as_u64().unwrap_or(0) / 1_000_000,
                 row["entries"].as_u64().unwrap_or(0),
                 f(&row["pause_us"]["p50"]),
@@ -795,6 +812,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
                 ms_of(&row["encode_sync_us"]),
                 ms_of(&row["writes_1pct_after_snapshot_us"]),
                 ms_of(&row["writes_1pct_without_snapshot_us"]),
+                ms_of(&row["writes_1pct_std_hashmap_us"]),
             ));
         }
     }

@@ -1862,7 +1862,7 @@ impl<'g, T: 'static> Stream<'g, T> {
     /// may run this stage at another parallelism: each key's value goes where
     /// `key_by` now sends the key. Keys and values are `Clone + Send + Sync`: a
     /// checkpoint takes a copy-on-write view of the state at the barrier and encodes it
-    /// on the checkpoint service's thread (see [`KeyedState`](crate::checkpoint::KeyedState)).
+    /// on the checkpoint service's thread (see [`KeyedState`]).
     pub fn map_with_state<K, V, U, KF, F>(self, key: KF, f: F) -> Stream<'g, U>
     where
         U: 'static,
