@@ -22,7 +22,7 @@
 //!   value), and what a checkpoint costs it: the task's pause (the synchronous part:
 //!   [`KeyedState::snapshot_view`](weir_engine::checkpoint::KeyedState::snapshot_view),
 //!   a reference count per key group), the writes of 1%
-//!   of the keys right after (each first write copies the path it touches), and the
+//!   of the keys right after (the first write to a group copies it), and the
 //!   encoding of the view on another thread (the asynchronous part); beside it, the
 //!   encoding on the worker that the pause was before views (`KeyedState::snapshot`).
 //! - **Recovery**: a job with keyed state and exactly-once files stopped at once after
@@ -281,8 +281,7 @@ struct KeyedSnapshot {
     view_us: Vec<f64>,
     writes_after_us: Vec<f64>,
     writes_before_us: Vec<f64>,
-    /// The same writes into a std HashMap of the same entries (what the state was
-    /// before it was persistent).
+    /// The same writes into a plain std HashMap of the same entries (no views at all).
     writes_std_us: Vec<f64>,
     encode_async_us: Vec<f64>,
     encode_sync_us: Vec<f64>,

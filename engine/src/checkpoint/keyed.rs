@@ -8,19 +8,19 @@
 //! every old subtask and keeps the groups its new range holds. Keys therefore land where
 //! the keyed exchange sends them after the restore, as in Flink.
 //!
-//! The maps are persistent hash maps (`imbl`): cloning one is a reference count, and a
-//! map shared with a clone copies only the nodes a write touches. A checkpoint therefore
-//! takes [`KeyedState::snapshot_view`] at the barrier, in time independent of the
-//! state's size (the task's pause), and the view is encoded on the checkpoint service's
-//! thread while the task goes on writing (Flink's heap backend snapshots its
-//! `CopyOnWriteStateMap` the same way). The price is paid by writes after a snapshot,
-//! which copy the paths they touch once, and by reads, a few pointer hops deeper than a
-//! flat hash table.
+//! Each key group's map is shared behind a reference count: a checkpoint takes
+//! [`KeyedState::snapshot_view`] at the barrier, a reference count per key group in time
+//! independent of the state's size (the task's pause), and the view is encoded on the
+//! checkpoint service's thread while the task goes on (Flink's heap backend snapshots its
+//! copy-on-write state maps the same way, entry by entry). A write to a group that a view
+//! still shares copies that group's map first (`Arc::make_mut`), once per group and
+//! checkpoint; reads and all other writes go to a plain hash map at its full speed. With
+//! Flink's 128 key groups or more, a group is a small part of a subtask's state.
 
+use std::collections::HashMap;
 use std::hash::Hash;
-
-use imbl::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::exchange::codec::{Codec, DecodeError};
 use crate::graph::keys::{key_group_for_hash, KeyHashCode, MAX_PARALLELISM_UPPER_BOUND};
@@ -92,8 +92,9 @@ impl From<DecodeError> for KeyedStateError {
 pub struct KeyedState<K, V> {
     max_parallelism: usize,
     groups: Range<usize>,
-    /// One map per key group of `groups`.
-    maps: Vec<HashMap<K, V>>,
+    /// One map per key group of `groups`, shared with the snapshot views taken since
+    /// it was last written.
+    maps: Vec<Arc<HashMap<K, V>>>,
 }
 
 impl<K, V> KeyedState<K, V>
@@ -119,7 +120,7 @@ where
             });
         }
         let groups = key_group_range(max_parallelism, parallelism, index);
-        let maps = groups.clone().map(|_| HashMap::new()).collect::<Vec<_>>();
+        let maps = groups.clone().map(|_| Arc::default()).collect::<Vec<_>>();
         Ok(KeyedState {
             max_parallelism,
             groups,
@@ -158,29 +159,35 @@ where
         default: impl FnOnce() -> V,
     ) -> Result<&mut V, KeyedStateError> {
         let map = self.map_of(&key)?;
-        Ok(self.maps[map].entry(key).or_insert_with(default))
+        Ok(Arc::make_mut(&mut self.maps[map])
+            .entry(key)
+            .or_insert_with(default))
     }
 
     /// Sets `key`'s value; returns the one it replaced.
     pub fn insert(&mut self, key: K, value: V) -> Result<Option<V>, KeyedStateError> {
         let map = self.map_of(&key)?;
-        Ok(self.maps[map].insert(key, value))
+        Ok(Arc::make_mut(&mut self.maps[map]).insert(key, value))
     }
 
     /// Clears `key`'s value; returns it.
     pub fn remove(&mut self, key: &K) -> Result<Option<V>, KeyedStateError> {
         let map = self.map_of(key)?;
-        Ok(self.maps[map].remove(key))
+        if !self.maps[map].contains_key(key) {
+            // Nothing to remove: a shared group is not copied for it.
+            return Ok(None);
+        }
+        Ok(Arc::make_mut(&mut self.maps[map]).remove(key))
     }
 
     /// Keys with a value.
     pub fn len(&self) -> usize {
-        self.maps.iter().map(HashMap::len).sum()
+        self.maps.iter().map(|m| m.len()).sum()
     }
 
     /// Whether no key has a value.
     pub fn is_empty(&self) -> bool {
-        self.maps.iter().all(HashMap::is_empty)
+        self.maps.iter().all(|m| m.is_empty())
     }
 
     /// Every key and its value, key group by key group.
@@ -196,7 +203,8 @@ where
 
     /// A view of the state as it is now, which [`snapshot`](Self::snapshot)'s bytes can
     /// be made from later, elsewhere: taking it costs a reference count per key group,
-    /// whatever the state's size, and later writes here do not change it.
+    /// whatever the state's size, and later writes here do not change it (the first
+    /// write to a group the view still shares copies that group).
     pub fn snapshot_view(&self) -> impl FnOnce() -> Vec<u8> + Send + Sync + 'static
     where
         K: Send + Sync + 'static,
@@ -246,7 +254,8 @@ where
                                 "a key filed under key group {group} belongs to another"
                             )));
                         }
-                        state.maps[group - state.groups.start].insert(key, value);
+                        Arc::make_mut(&mut state.maps[group - state.groups.start])
+                            .insert(key, value);
                     }
                 }
             }
@@ -262,10 +271,10 @@ where
 }
 
 /// See [`KeyedState::snapshot`]: `maps` are the groups from `first` on.
-fn encode_maps<K: Codec + Clone + Hash + Eq, V: Codec + Clone>(
+fn encode_maps<K: Codec, V: Codec>(
     max_parallelism: usize,
     first: usize,
-    maps: &[HashMap<K, V>],
+    maps: &[Arc<HashMap<K, V>>],
 ) -> Vec<u8> {
     let mut out = Vec::new();
     KEYED_VERSION.encode(&mut out);
@@ -278,7 +287,7 @@ fn encode_maps<K: Codec + Clone + Hash + Eq, V: Codec + Clone>(
         }
         ((first + offset) as u32).encode(&mut out);
         (map.len() as u32).encode(&mut out);
-        for (key, value) in map {
+        for (key, value) in map.iter() {
             key.encode(&mut out);
             value.encode(&mut out);
         }
