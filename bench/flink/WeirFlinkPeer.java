@@ -626,8 +626,19 @@ public final class WeirFlinkPeer {
         void build(StreamExecutionEnvironment env, long n);
     }
 
-    /** A job's checkpointing: every `intervalMs`, aligned or unaligned. */
-    record Checkpoints(long intervalMs, boolean unaligned) {}
+    /**
+     * A job's checkpointing: every `intervalMs`, aligned or unaligned; `alignedTimeoutMs`
+     * > 0: aligned, switching to unaligned once a checkpoint's alignment took that long
+     * (execution.checkpointing.aligned-checkpoint-timeout).
+     */
+    record Checkpoints(long intervalMs, boolean unaligned, long alignedTimeoutMs) {
+        Checkpoints(long intervalMs, boolean unaligned) {
+            this(intervalMs, unaligned, 0);
+        }
+    }
+
+    /** The aligned checkpoint timeout of the back-pressure case that has one (Weir's too). */
+    static final long ALIGNED_TIMEOUT_MS = 50;
 
     /**
      * `slots` > 0: a remote case, run on 2 task managers of `slots` slots each.
@@ -926,10 +937,13 @@ public final class WeirFlinkPeer {
             {"flink, aligned with buffer debloating", "aligned",
                 "; buffer debloating on (taskmanager.network.memory.buffer-debloat.enabled: true, "
                         + "default target 1 s and period 200 ms) on a MiniCluster of its own"},
+            {"flink, aligned with a 50 ms timeout", "aligned",
+                "; aligned-checkpoint-timeout 50 ms (unaligned once a checkpoint's alignment took that long)"},
         };
         for (String[] b : backPressured) {
             boolean unaligned = b[1].equals("unaligned");
-            boolean debloat = !b[2].isEmpty();
+            boolean timeout = b[0].contains("timeout");
+            boolean debloat = !b[2].isEmpty() && !timeout;
             cases.add(
                     new Case(
                             "checkpoints under back-pressure",
@@ -939,7 +953,7 @@ public final class WeirFlinkPeer {
                             String.format(job, spin, String.format(with, b[1]) + b[2]),
                             (env, records) -> checkpointJob(env, records, SPIN_NS),
                             0,
-                            new Checkpoints(intervalMs, unaligned),
+                            new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
                             debloat));
         }
         return cases;
@@ -1756,6 +1770,13 @@ public final class WeirFlinkPeer {
             jobConf.set(CheckpointingOptions.CHECKPOINTING_CONSISTENCY_MODE, CheckpointingMode.EXACTLY_ONCE);
             jobConf.set(CheckpointingOptions.MAX_CONCURRENT_CHECKPOINTS, 1);
             jobConf.set(CheckpointingOptions.ENABLE_UNALIGNED, c.checkpoints.unaligned);
+            if (c.checkpoints.alignedTimeoutMs > 0) {
+                // Aligned first; unaligned once the alignment took this long.
+                jobConf.set(CheckpointingOptions.ENABLE_UNALIGNED, true);
+                jobConf.set(
+                        CheckpointingOptions.ALIGNED_CHECKPOINT_TIMEOUT,
+                        Duration.ofMillis(c.checkpoints.alignedTimeoutMs));
+            }
         }
         StreamExecutionEnvironment env = new StreamExecutionEnvironment(jobConf);
         env.getConfig().enableObjectReuse();
@@ -1920,7 +1941,9 @@ public final class WeirFlinkPeer {
         }
         CheckpointRun last = runs.isEmpty() ? null : runs.get(runs.size() - 1);
         return "{\"interval_ms\": " + c.checkpoints.intervalMs()
-                + ", \"mode\": " + str(c.checkpoints.unaligned() ? "unaligned" : "aligned")
+                + ", \"mode\": " + str(c.checkpoints.alignedTimeoutMs() > 0
+                        ? "aligned, unaligned after " + c.checkpoints.alignedTimeoutMs() + " ms"
+                        : c.checkpoints.unaligned() ? "unaligned" : "aligned")
                 + ", \"buffer_debloating\": " + c.debloat()
                 + ", \"state_backend\": " + str(last == null ? "unknown" : last.stateBackend())
                 + ", \"checkpoint_storage\": " + str(last == null ? "unknown" : last.storage())

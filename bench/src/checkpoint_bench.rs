@@ -12,7 +12,8 @@
 //! - **Under back-pressure**: that job with a sink that spins 20 µs per record, the
 //!   source unthrottled (the exchange's buffers full), for about 6 s with checkpoints
 //!   every second: aligned, unaligned, aligned with buffer debloating (Flink's
-//!   defaults: target 1 s, period 200 ms, 20 samples, starting at 1 KiB). Each sink
+//!   defaults: target 1 s, period 200 ms, 20 samples, starting at 1 KiB), aligned with a
+//!   50 ms timeout (then unaligned, Flink's `aligned-checkpoint-timeout`). Each sink
 //!   subtask has a worker of its own and the sources share a third (Flink runs every
 //!   task on a thread of its own), so both sides sustain some 2 × 50,000 records/s;
 //!   buffer timeout 100 ms as Flink's side sets it. Checkpoint durations (trigger to
@@ -191,7 +192,12 @@ enum Mode {
     Aligned,
     Unaligned,
     AlignedDebloat,
+    /// Aligned, unaligned once the alignment took [`ALIGNED_TIMEOUT`].
+    AlignedTimeout,
 }
+
+/// The back-pressure case's aligned checkpoint timeout (Flink's side sets the same).
+const ALIGNED_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// The generator → key-by → sink job: `records` 64-byte records, the sink spinning
 /// `spin` per record.
@@ -210,6 +216,7 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
         Mode::None => None,
         Mode::Aligned | Mode::AlignedDebloat => Some(AlignmentMode::Aligned),
         Mode::Unaligned => Some(AlignmentMode::Unaligned),
+        Mode::AlignedTimeout => Some(AlignmentMode::AlignedWithTimeout(ALIGNED_TIMEOUT)),
     };
     if let Some(alignment) = alignment {
         graph =
@@ -615,6 +622,7 @@ pub fn run(
         ("weir, aligned", Mode::Aligned),
         ("weir, unaligned", Mode::Unaligned),
         ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
+        ("weir, aligned with a 50 ms timeout", Mode::AlignedTimeout),
     ] {
         cases.push(Case {
             experiment: "checkpoints under back-pressure",
