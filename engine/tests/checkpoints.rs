@@ -705,3 +705,90 @@ fn unaligned_checkpoints_after_a_source_ended_overtake_its_queued_output() {
     assert!(restored.id >= early.0, "{restored:?} {early:?}");
     assert_eq!(committed(&out, 1), (0..RECORDS).collect::<Vec<_>>());
 }
+
+/// Aligned with a timeout, as Flink's `aligned-checkpoint-timeout` counts it: from the
+/// barrier's start, not from its arrival at the consumer. Behind a back-pressured queue
+/// of some 20,000 records that take 0.1 ms each, the barrier would arrive after seconds;
+/// announced as it is written, its checkpoint times out at the consumer after 10 ms,
+/// switches to unaligned and stores the queue as channel state, and a restore from it
+/// commits every record once.
+#[test]
+fn an_aligned_checkpoint_stuck_behind_a_backlog_times_out_into_unaligned() {
+    const RECORDS: u64 = 100_000;
+    let mode = AlignmentMode::AlignedWithTimeout(Duration::from_millis(10));
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let processed = Arc::new(AtomicU64::new(0));
+    // The consumer's progress and the state's size when each checkpoint completed.
+    let seen: Arc<std::sync::Mutex<Vec<(u64, u64, u64)>>> = Arc::default();
+    let job = |settings: Checkpointing, slow: bool, processed: Arc<AtomicU64>| {
+        let graph = Graph::new()
+            .with_parallelism(1)
+            .with_checkpointing(settings);
+        graph
+            .from_generator(RECORDS, None, |n| n)
+            .rebalance()
+            .map(move |n| {
+                if slow {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                processed.fetch_add(1, Ordering::Relaxed);
+                n
+            })
+            .sink_to_files(out.clone(), |n: &u64, line: &mut Vec<u8>| {
+                line.extend_from_slice(format!("{n}\n").as_bytes());
+            });
+        graph
+    };
+    let settings = {
+        let (seen, processed) = (Arc::clone(&seen), Arc::clone(&processed));
+        Checkpointing::new(dir.path().join("chk"), Duration::from_millis(20))
+            .with_alignment(mode)
+            .with_listener(move |metadata, _| {
+                seen.lock().unwrap().push((
+                    metadata.id,
+                    processed.load(Ordering::Relaxed),
+                    metadata.state_bytes(),
+                ));
+            })
+    };
+    let running = job(settings, true, Arc::clone(&processed))
+        .start(runtime())
+        .expect("starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let first = seen.lock().unwrap().first().copied();
+        if let Some(first) = first {
+            break first;
+        }
+        assert!(
+            processed.load(Ordering::Relaxed) < 5_000,
+            "no checkpoint completed before the consumer had taken 5,000 records: the \
+             barrier waited behind the queue, its timeout counted from its arrival"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // Switched to unaligned: the queue in front of the barrier is in the checkpoint.
+    assert!(
+        first.2 > 10_000,
+        "a checkpoint without channel state: {first:?}"
+    );
+    running.controller().cancel();
+    let _ = running.join();
+    let before = committed(&out, 1).len();
+    assert!(before < RECORDS as usize, "stopped at {before}: {first:?}");
+    let (settings, _) = checkpointing(dir.path(), mode);
+    let second = job(
+        settings.restore_from(dir.path().join("chk")),
+        false,
+        Arc::default(),
+    )
+    .execute(runtime())
+    .expect("runs");
+    assert!(second.checkpoints.and_then(|c| c.restored).is_some());
+    assert_eq!(committed(&out, 1), (0..RECORDS).collect::<Vec<_>>());
+}

@@ -10,10 +10,15 @@
 //!   forwards the barrier; what still arrives on a channel before that channel's barrier
 //!   was in flight at the checkpoint and is recorded as the checkpoint's channel state
 //!   (replayed before new input on restore). No channel is blocked.
-//! - **Aligned with a timeout** (Flink's `aligned-checkpoint-timeout`): aligned, but an
-//!   alignment that lasts longer than the timeout switches to unaligned: the task
+//! - **Aligned with a timeout** (Flink's `aligned-checkpoint-timeout`): aligned, but a
+//!   checkpoint that waits longer than the timeout switches to unaligned: the task
 //!   snapshots then, every channel is unblocked, and the channels whose barrier has not
-//!   come yet are recorded until it does.
+//!   come yet are recorded until it does. As in Flink the wait counts from the barrier's
+//!   start, not from its arrival at this gate: the producer announces the barrier as it
+//!   writes it ([`on_aligned_announcement`](BarrierAligner::on_aligned_announcement)),
+//!   so a barrier stuck behind a back-pressured queue times out there, and the gate then
+//!   reads the announcing channels ahead to it. Without an announcement (a channel that
+//!   cannot carry one) the wait counts from the first barrier to arrive.
 //!
 //! A channel that ended counts as having delivered every later barrier. A barrier of a
 //! newer checkpoint while one is aligning aborts the older (its coordinator has given up
@@ -79,6 +84,9 @@ pub struct BarrierAligner {
     snapshotted: bool,
     /// The newest checkpoint seen (older barriers are ignored).
     newest: u64,
+    /// The newest aligned barrier announced ahead of its arrival, and when the first
+    /// announcement of it came: its timeout counts from then.
+    announced: Option<(u64, u64)>,
 }
 
 impl BarrierAligner {
@@ -91,6 +99,7 @@ impl BarrierAligner {
             current: None,
             snapshotted: false,
             newest: 0,
+            announced: None,
         }
     }
 
@@ -118,6 +127,12 @@ impl BarrierAligner {
     /// The checkpoint in progress at this task, if any.
     pub fn current(&self) -> Option<u64> {
         self.current.map(|(id, _)| id)
+    }
+
+    /// Whether a checkpoint is in progress here or announced and on its way: the gate
+    /// looks at the clock ([`on_time`](Self::on_time)) while it is.
+    pub fn is_active(&self) -> bool {
+        self.current.is_some() || self.announced.is_some()
     }
 
     /// Barrier `id` arrived on `channel` at `now_ns`: what the task must do, in order (an
@@ -219,6 +234,25 @@ impl BarrierAligner {
         out
     }
 
+    /// Aligned barrier `id` was announced at `now_ns` as its producer wrote it in band (it
+    /// is queued behind the data in front of it): in
+    /// [`AlignmentMode::AlignedWithTimeout`] its timeout counts from the first such
+    /// announcement. Nothing in the other modes, or if `id` is done, abandoned or
+    /// already announced here.
+    pub fn on_aligned_announcement(&mut self, id: u64, now_ns: u64) {
+        if !matches!(self.mode, AlignmentMode::AlignedWithTimeout(_)) {
+            return;
+        }
+        let stale = match self.current {
+            Some((current, _)) => id < current || (id == current && self.snapshotted),
+            None => id <= self.newest,
+        };
+        if stale || self.announced.is_some_and(|(announced, _)| announced >= id) {
+            return;
+        }
+        self.announced = Some((id, now_ns));
+    }
+
     /// `channel` ended: it delivers no more barriers, so it counts as having delivered
     /// every one.
     pub fn on_end_of_channel(&mut self, channel: usize, now_ns: u64) -> Alignment {
@@ -238,35 +272,53 @@ impl BarrierAligner {
         Alignment::Wait
     }
 
-    /// The alignment has lasted to `now_ns`: in [`AlignmentMode::AlignedWithTimeout`],
-    /// past the timeout, the checkpoint switches to unaligned and is snapshotted now.
+    /// The clock reads `now_ns`: in [`AlignmentMode::AlignedWithTimeout`], a checkpoint
+    /// that has waited past the timeout (from its announcement, or from its first
+    /// barrier here) switches to unaligned and is snapshotted now, whether or not any
+    /// of its barriers arrived yet.
     pub fn on_time(&mut self, now_ns: u64) -> Alignment {
+        let Some((id, since)) = self.waiting_since() else {
+            return Alignment::Wait;
+        };
         let AlignmentMode::AlignedWithTimeout(timeout) = self.mode else {
             return Alignment::Wait;
         };
-        let Some((id, started)) = self.current else {
-            return Alignment::Wait;
-        };
-        let waited = Duration::from_nanos(now_ns.saturating_sub(started));
-        if self.snapshotted || waited < timeout {
+        if Duration::from_nanos(now_ns.saturating_sub(since)) < timeout {
             return Alignment::Wait;
         }
+        // The alignment proper: from the first barrier here (none yet: zero).
+        let started = *self.current.get_or_insert((id, now_ns));
+        self.newest = self.newest.max(id);
         self.snapshotted = true;
         Alignment::Snapshot {
             id,
-            alignment: waited,
+            alignment: Duration::from_nanos(now_ns.saturating_sub(started.1)),
             unaligned: true,
         }
     }
 
-    /// When [`on_time`](Self::on_time) must be called next, if an alignment may time
+    /// When [`on_time`](Self::on_time) must be called next, if a checkpoint may time
     /// out.
     pub fn deadline(&self) -> Option<u64> {
         let AlignmentMode::AlignedWithTimeout(timeout) = self.mode else {
             return None;
         };
-        let (_, started) = self.current?;
-        (!self.snapshotted).then(|| started + timeout.as_nanos() as u64)
+        let (_, since) = self.waiting_since()?;
+        Some(since + timeout.as_nanos() as u64)
+    }
+
+    /// The checkpoint that may time out and since when it waits: the one aligning here
+    /// (from its announcement if it was announced, else from its first barrier), or,
+    /// with none aligning, the one announced.
+    fn waiting_since(&self) -> Option<(u64, u64)> {
+        match (self.current, self.announced) {
+            (Some(_), _) if self.snapshotted => None,
+            (Some((id, started)), Some((announced, since))) if announced == id => {
+                Some((id, started.min(since)))
+            }
+            (Some(current), _) => Some(current),
+            (None, announced) => announced,
+        }
     }
 
     fn all_arrived(&self) -> bool {
@@ -282,6 +334,11 @@ impl BarrierAligner {
     }
 
     fn reset(&mut self) {
+        if let (Some((id, _)), Some((announced, _))) = (self.current, self.announced) {
+            if announced <= id {
+                self.announced = None;
+            }
+        }
         self.current = None;
         self.snapshotted = false;
         self.arrived.iter_mut().for_each(|a| *a = false);
@@ -365,6 +422,47 @@ mod tests {
         assert!(a.on_barrier(2, 2, 30 * MS).is_empty());
         assert_eq!(a.on_barrier(0, 2, 31 * MS), Vec::new());
         assert_eq!(a.on_barrier(1, 2, 32 * MS), [snapshot(2, 2, false)]);
+    }
+
+    /// An announced aligned barrier times out from its announcement, not from its
+    /// arrival: stuck behind a queue, it switches to unaligned before any barrier came,
+    /// and every channel is recorded until its barrier does. One that arrives in time
+    /// is aligned as usual, its timeout still counted from the announcement.
+    #[test]
+    fn an_announced_barrier_times_out_before_it_arrives() {
+        let timeout = AlignmentMode::AlignedWithTimeout(Duration::from_millis(10));
+        let mut a = BarrierAligner::new(2, timeout);
+        assert_eq!(a.deadline(), None);
+        a.on_aligned_announcement(1, 0);
+        assert!(a.is_active());
+        // A repeated announcement does not restart the clock.
+        a.on_aligned_announcement(1, 4 * MS);
+        assert_eq!(a.deadline(), Some(10 * MS));
+        assert_eq!(a.on_time(9 * MS), Alignment::Wait);
+        assert_eq!(a.on_time(10 * MS), snapshot(1, 0, true));
+        assert_eq!(
+            a.channel_state().map(|s| s.recording),
+            Some(vec![true, true])
+        );
+        assert_eq!(a.deadline(), None);
+        assert!(a.on_barrier(1, 1, 30 * MS).is_empty());
+        assert!(a.on_barrier(0, 1, 31 * MS).is_empty());
+        assert!(!a.is_active() && a.channel_state().is_none());
+        // Announced, then its first barrier: the deadline stays the announcement's.
+        a.on_aligned_announcement(2, 40 * MS);
+        assert!(a.on_barrier(0, 2, 45 * MS).is_empty());
+        assert_eq!(a.deadline(), Some(50 * MS));
+        assert_eq!(a.on_barrier(1, 2, 48 * MS), [snapshot(2, 3, false)]);
+        assert!(!a.is_active());
+        // Late or repeated announcements of a checkpoint done here are ignored.
+        a.on_aligned_announcement(2, 60 * MS);
+        a.on_aligned_announcement(1, 60 * MS);
+        assert!(!a.is_active() && a.deadline().is_none());
+        // Without the timeout mode, announcements change nothing.
+        let mut aligned = BarrierAligner::new(1, AlignmentMode::Aligned);
+        aligned.on_aligned_announcement(1, 0);
+        assert!(!aligned.is_active());
+        assert_eq!(aligned.on_time(u64::MAX), Alignment::Wait);
     }
 
     /// A newer barrier during an alignment aborts the older checkpoint here; the older

@@ -28,6 +28,14 @@
 //! stores them as channel state (Release/Acquire: the gate that sees the id may act on
 //! it; the buffers themselves still come through the ring in order).
 //!
+//! Aligned barriers that may time out (Flink's `aligned-checkpoint-timeout`) are
+//! announced the same way, in a word of their own
+//! ([`ChannelSender::announce_aligned_barrier`], read with
+//! [`InputChannel::announced_aligned_barrier`]): the barrier still travels in band and
+//! is aligned there, but the gate starts the timeout when the barrier is put on the
+//! channel, not when it reaches the front of the queue, and on a timeout reads the
+//! channel ahead to the barrier as it does for an unaligned one.
+//!
 //! Invariant: the ring holds every consumer the producer can have in flight (its pool's
 //! size plus overdraft), so a push never finds it full (`ResultPartition::new` checks).
 
@@ -63,6 +71,13 @@ pub trait InputChannel: Send {
     fn announced_barrier(&self) -> u64 {
         0
     }
+    /// The newest aligned barrier that may time out its producer announced (0: none):
+    /// it is in band behind what the channel holds, and the gate counts its alignment
+    /// timeout from this announcement. A channel that cannot carry such announcements
+    /// returns 0, and the timeout counts from the barrier's arrival in band.
+    fn announced_aligned_barrier(&self) -> u64 {
+        0
+    }
     /// Buffers waiting in the channel for the gate, and the most it holds: the input
     /// side's share of Flink's `inPoolUsage`. `(0, 0)` (the default): not known.
     fn usage(&self) -> (usize, usize) {
@@ -76,6 +91,7 @@ pub struct ChannelSender {
     notify: Option<Arc<dyn Notify>>,
     buffer_size: Arc<AtomicU32>,
     barrier: Arc<AtomicU64>,
+    aligned: Arc<AtomicU64>,
 }
 
 fn announce(barrier: &AtomicU64, notify: Option<&Arc<dyn Notify>>, id: u64) {
@@ -122,6 +138,7 @@ pub struct LocalInputChannel {
     current: Option<BufferConsumer>,
     buffer_size: Arc<AtomicU32>,
     barrier: Arc<AtomicU64>,
+    aligned: Arc<AtomicU64>,
     /// The buffers asked for (the ring may have more slots): the usage's whole.
     capacity: usize,
 }
@@ -139,18 +156,21 @@ pub fn local_channel(
     let (producer, consumer) = ring::channel(capacity);
     let buffer_size = Arc::new(AtomicU32::new(0));
     let barrier = Arc::new(AtomicU64::new(0));
+    let aligned = Arc::new(AtomicU64::new(0));
     (
         ChannelSender {
             ring: producer,
             notify,
             buffer_size: Arc::clone(&buffer_size),
             barrier: Arc::clone(&barrier),
+            aligned: Arc::clone(&aligned),
         },
         LocalInputChannel {
             ring: consumer,
             current: None,
             buffer_size,
             barrier,
+            aligned,
             capacity: capacity.max(1),
         },
     )
@@ -164,11 +184,16 @@ impl ChannelSender {
         self.ring.try_push(consumer)
     }
 
-    /// Wakes the reader's task (bytes were published).
     /// Announces unaligned checkpoint barrier `id` to the consumer ahead of the data,
     /// and wakes it.
     pub fn announce_barrier(&self, id: u64) {
         announce(&self.barrier, self.notify.as_ref(), id);
+    }
+
+    /// Announces aligned barrier `id`, which may time out, to the consumer as it is
+    /// written in band (module docs), and wakes it.
+    pub fn announce_aligned_barrier(&self, id: u64) {
+        announce(&self.aligned, self.notify.as_ref(), id);
     }
 
     /// A handle that announces barriers on this channel after its producer is gone (a
@@ -180,6 +205,7 @@ impl ChannelSender {
         }
     }
 
+    /// Wakes the reader's task (bytes were published).
     #[inline]
     pub(crate) fn notify(&self) {
         if let Some(notify) = &self.notify {
@@ -245,6 +271,10 @@ impl InputChannel for LocalInputChannel {
 
     fn announced_barrier(&self) -> u64 {
         self.barrier.load(Ordering::Acquire)
+    }
+
+    fn announced_aligned_barrier(&self) -> u64 {
+        self.aligned.load(Ordering::Acquire)
     }
 }
 

@@ -249,7 +249,8 @@ pub struct InputGate<T: Codec> {
     debloat: Option<Debloater>,
     /// Barrier alignment; made at the first barrier if not set before.
     aligner: Option<BarrierAligner>,
-    /// Some channel may be blocked (an aligned checkpoint is aligning).
+    /// Some channel may be blocked (an aligned checkpoint is aligning), or a checkpoint
+    /// may time out: the clock is looked at.
     blocking: bool,
     /// The unaligned checkpoint whose channel state is being recorded.
     recording: Option<Recording>,
@@ -267,6 +268,8 @@ pub struct InputGate<T: Codec> {
     any_draining: bool,
     /// The newest barrier announcement acted on.
     announced: u64,
+    /// The newest aligned barrier announcement (one that may time out) acted on.
+    aligned_announced: u64,
     /// Polls since announcements were last looked at.
     polls: u32,
     /// The clock of the last [`poll_next_at`](Self::poll_next_at).
@@ -331,6 +334,7 @@ impl<T: Codec> InputGate<T> {
             draining: Vec::new(),
             any_draining: false,
             announced: 0,
+            aligned_announced: 0,
             polls: 0,
             now_ns: 0,
             _records: PhantomData,
@@ -562,15 +566,18 @@ impl<T: Codec> InputGate<T> {
             self.debloat_period(now_ns);
         }
         self.now_ns = now_ns;
+        let mut switched = false;
         if self.blocking {
             if let Some(aligner) = self.aligner.as_mut() {
                 let alignment = aligner.on_time(now_ns);
+                // A timeout: the channels that announced the barrier are read ahead now.
+                switched = matches!(alignment, Alignment::Snapshot { .. });
                 self.on_alignment(alignment);
             }
         }
         if !self.draining.is_empty() {
             self.polls = self.polls.wrapping_add(1);
-            if run || self.polls % ANNOUNCEMENT_POLLS == 1 || self.any_draining {
+            if switched || run || self.polls % ANNOUNCEMENT_POLLS == 1 || self.any_draining {
                 self.take_announcements()?;
             }
         }
@@ -829,6 +836,15 @@ impl<T: Codec> InputGate<T> {
             if self.channels[channel].ended {
                 continue;
             }
+            let aligned = self.channels[channel].input.announced_aligned_barrier();
+            if aligned > self.aligned_announced {
+                self.aligned_announced = aligned;
+                let now_ns = self.now_ns;
+                if let Some(aligner) = self.aligner.as_mut() {
+                    aligner.on_aligned_announcement(aligned, now_ns);
+                    self.blocking = aligner.is_active();
+                }
+            }
             let id = self.channels[channel].input.announced_barrier();
             if id > self.announced {
                 self.announced = id;
@@ -840,12 +856,14 @@ impl<T: Codec> InputGate<T> {
                 }
                 acted = true;
             }
-            if id > 0
-                && !self.draining[channel]
-                && self
-                    .recording
-                    .as_ref()
-                    .is_some_and(|r| r.id == id && r.channels[channel])
+            // Read ahead to a barrier announced ahead of the data, or to an aligned one
+            // whose checkpoint timed out and is being recorded: both are in band behind
+            // what the channel holds.
+            if !self.draining[channel]
+                && self.recording.as_ref().is_some_and(|r| {
+                    r.channels[channel]
+                        && ((id > 0 && r.id == id) || (aligned > 0 && r.id == aligned))
+                })
             {
                 self.draining[channel] = true;
             }
@@ -920,7 +938,7 @@ impl<T: Codec> InputGate<T> {
         if self.recording.as_ref().is_some_and(|r| r.id == id) {
             self.stop_recording(channel);
         }
-        self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());
+        self.blocking = self.aligner.as_ref().is_some_and(BarrierAligner::is_active);
     }
 
     /// Acts on what the aligner asked for.
@@ -974,7 +992,7 @@ impl<T: Codec> InputGate<T> {
                 });
             }
         }
-        self.blocking = self.aligner.as_ref().is_some_and(|a| a.current().is_some());
+        self.blocking = self.aligner.as_ref().is_some_and(BarrierAligner::is_active);
     }
 
     /// The records waiting in `drained`, framed as channel state.

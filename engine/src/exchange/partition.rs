@@ -189,6 +189,14 @@ impl ResultPartition {
         }
     }
 
+    /// Announces aligned barrier `id`, which may time out, to every consumer as it is
+    /// written in band (see [`ChannelSender::announce_aligned_barrier`]).
+    pub fn announce_aligned_barrier(&self, id: u64) {
+        for subpartition in &self.subpartitions {
+            subpartition.channel.announce_aligned_barrier(id);
+        }
+    }
+
     /// Handles that announce barriers to every consumer after this partition's writer is
     /// gone (see [`BarrierAnnouncer`]).
     pub fn barrier_announcers(&self) -> Vec<BarrierAnnouncer> {

@@ -533,6 +533,14 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         self.partition.announce_barrier(id);
     }
 
+    /// Announces aligned barrier `id`, which may time out (Flink's
+    /// `aligned-checkpoint-timeout`), to every consumer: they count the timeout from now,
+    /// and on a timeout read ahead to the barrier, which still follows in band
+    /// ([`emit_barrier`](Self::emit_barrier)).
+    pub fn announce_aligned_barrier(&self, id: u64) {
+        self.partition.announce_aligned_barrier(id);
+    }
+
     /// Handles that announce later barriers to every consumer once this writer is gone
     /// (its output finished but still queued; see [`BarrierAnnouncer`]).
     pub fn barrier_announcers(&self) -> Vec<BarrierAnnouncer> {

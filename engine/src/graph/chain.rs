@@ -120,6 +120,9 @@ pub(crate) struct Snapshot {
     pub(crate) commits: bool,
     /// The checkpoint is unaligned: writers announce its barrier ahead of the data.
     pub(crate) unaligned: bool,
+    /// The checkpoint is aligned and may time out into unaligned: writers announce its
+    /// barrier as they write it, and the consumers count the timeout from then.
+    pub(crate) timeoutable: bool,
     /// The task's last snapshot (its input ended): a writer whose end went out hands
     /// over [`announcers`](Self::announcers) for its output still queued.
     pub(crate) finishing: bool,
@@ -761,6 +764,9 @@ impl<T: Codec> Link<T> for WriterLink<T> {
             // Ahead of the data: the consumers take the checkpoint now and store what is
             // queued in front of the barrier as channel state.
             self.writer.announce_barrier(id);
+        } else if snapshot.timeoutable {
+            // Its timeout runs from now at the consumers, however long it queues.
+            self.writer.announce_aligned_barrier(id);
         }
         // In band, behind everything written or waiting before it.
         if self.overflow.is_empty() && self.writer.is_available() {
@@ -1231,6 +1237,8 @@ impl<T: 'static> StageTask<T> {
         checkpoint.last_barrier = checkpoint.last_barrier.max(id);
         let mut snapshot = Snapshot {
             unaligned,
+            timeoutable: !unaligned
+                && matches!(checkpoint.mode, AlignmentMode::AlignedWithTimeout(_)),
             ..Snapshot::default()
         };
         if let StageInput::Source(source) = &mut self.input {
