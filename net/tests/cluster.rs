@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use weir_engine::checkpoint::transactional::TransactionalFiles;
-use weir_engine::checkpoint::{CheckpointLink, LinkEvent};
+use weir_engine::checkpoint::{AlignmentMode, CheckpointLink, LinkEvent};
 use weir_engine::graph::keys::subtask_for_key;
 use weir_engine::graph::{Checkpointing, Graph, SubtaskInfo};
 use weir_engine::runtime::{Cores, Runtime};
@@ -285,8 +285,8 @@ fn run_unaligned_backlog(
     peers: Vec<SocketAddr>,
     dir: PathBuf,
     records: u64,
+    mode: AlignmentMode,
 ) -> (Vec<(u64, u64)>, u64) {
-    use weir_engine::checkpoint::AlignmentMode;
     let channels = Arc::new(TransportChannels::start(process, &peers).expect("transport"));
     channels
         .wait_for_peers(Duration::from_secs(20))
@@ -296,7 +296,7 @@ fn run_unaligned_backlog(
     let settings = {
         let (seen, processed) = (Arc::clone(&seen), Arc::clone(&processed));
         Checkpointing::new(dir.join("chk"), Duration::from_millis(20))
-            .with_alignment(AlignmentMode::Unaligned)
+            .with_alignment(mode)
             .with_listener(move |metadata, _| {
                 seen.lock()
                     .unwrap()
@@ -340,6 +340,20 @@ fn run_unaligned_backlog(
 
 #[test]
 fn unaligned_barriers_overtake_the_backlog_on_remote_channels() {
+    barriers_overtake_the_backlog_on_remote_channels(AlignmentMode::Unaligned);
+}
+
+/// Aligned with a timeout, the barriers are announced as they are written (aligned
+/// barrier frames on the remote channels): the checkpoints time out at the consumers and
+/// read the backlog ahead as unaligned ones do, local and remote.
+#[test]
+fn aligned_barriers_with_a_timeout_overtake_the_backlog_on_remote_channels() {
+    barriers_overtake_the_backlog_on_remote_channels(AlignmentMode::AlignedWithTimeout(
+        Duration::from_millis(10),
+    ));
+}
+
+fn barriers_overtake_the_backlog_on_remote_channels(mode: AlignmentMode) {
     const RECORDS: u64 = 24_000;
     let scratch = Scratch::new();
     let peers = free_addrs(2);
@@ -347,7 +361,7 @@ fn unaligned_barriers_overtake_the_backlog_on_remote_channels() {
         .map(|process| {
             let peers = peers.clone();
             let dir = scratch.0.clone();
-            std::thread::spawn(move || run_unaligned_backlog(process, peers, dir, RECORDS))
+            std::thread::spawn(move || run_unaligned_backlog(process, peers, dir, RECORDS, mode))
         })
         .collect();
     let results: Vec<_> = runs

@@ -108,7 +108,9 @@ fn announce(barrier: &AtomicU64, notify: Option<&Arc<dyn Notify>>, id: u64) {
 /// running until its final checkpoint so that a barrier still overtakes that output;
 /// here the checkpoint service announces each later barrier through this handle, and the
 /// consumer reads the channel ahead to its end (which counts as every later barrier),
-/// storing what it read as channel state, instead of waiting for the backlog.
+/// storing what it read as channel state, instead of waiting for the backlog. One made by
+/// [`ChannelSender::aligned_announcer`] announces aligned barriers that may time out
+/// instead (the consumer reads ahead once the timeout passed).
 #[derive(Clone)]
 pub struct BarrierAnnouncer {
     barrier: Arc<AtomicU64>,
@@ -116,8 +118,8 @@ pub struct BarrierAnnouncer {
 }
 
 impl BarrierAnnouncer {
-    /// Announces barrier `id` ahead of what the channel still holds, and wakes its
-    /// consumer.
+    /// Announces barrier `id` ahead of what the channel still holds (unaligned, or
+    /// aligned with a timeout: as the announcer was made), and wakes its consumer.
     pub fn announce(&self, id: u64) {
         announce(&self.barrier, self.notify.as_ref(), id);
     }
@@ -196,11 +198,20 @@ impl ChannelSender {
         announce(&self.aligned, self.notify.as_ref(), id);
     }
 
-    /// A handle that announces barriers on this channel after its producer is gone (a
-    /// finished task's queued output still to be read: see [`BarrierAnnouncer`]).
+    /// A handle that announces unaligned barriers on this channel after its producer is
+    /// gone (a finished task's queued output still to be read: see
+    /// [`BarrierAnnouncer`]).
     pub fn announcer(&self) -> BarrierAnnouncer {
         BarrierAnnouncer {
             barrier: Arc::clone(&self.barrier),
+            notify: self.notify.clone(),
+        }
+    }
+
+    /// [`announcer`](Self::announcer) for aligned barriers that may time out.
+    pub fn aligned_announcer(&self) -> BarrierAnnouncer {
+        BarrierAnnouncer {
+            barrier: Arc::clone(&self.aligned),
             notify: self.notify.clone(),
         }
     }

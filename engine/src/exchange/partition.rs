@@ -206,6 +206,15 @@ impl ResultPartition {
             .collect()
     }
 
+    /// [`barrier_announcers`](Self::barrier_announcers) for aligned barriers that may
+    /// time out.
+    pub fn aligned_barrier_announcers(&self) -> Vec<BarrierAnnouncer> {
+        self.subpartitions
+            .iter()
+            .map(|subpartition| subpartition.channel.aligned_announcer())
+            .collect()
+    }
+
     /// When the oldest unpublished byte was written.
     pub fn unflushed_since_ns(&self) -> Option<u64> {
         self.unflushed_since_ns

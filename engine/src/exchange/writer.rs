@@ -547,6 +547,12 @@ impl<T: Codec, S: ChannelSelector<T>> RecordWriter<T, S> {
         self.partition.barrier_announcers()
     }
 
+    /// [`barrier_announcers`](Self::barrier_announcers) for aligned barriers that may
+    /// time out.
+    pub fn aligned_barrier_announcers(&self) -> Vec<BarrierAnnouncer> {
+        self.partition.aligned_barrier_announcers()
+    }
+
     /// Broadcasts end-of-partition, publishes everything and ends every buffer. Nothing
     /// may be written after.
     /// If it ends pending, [`resume`](Self::resume) completes it.

@@ -756,7 +756,12 @@ impl<T: Codec> Link<T> for WriterLink<T> {
             // front of the end may still be read: later unaligned barriers are
             // announced ahead of it through these.
             if snapshot.finishing {
-                snapshot.announcers.extend(self.writer.barrier_announcers());
+                let announcers = if snapshot.timeoutable {
+                    self.writer.aligned_barrier_announcers()
+                } else {
+                    self.writer.barrier_announcers()
+                };
+                snapshot.announcers.extend(announcers);
             }
             return Ok(());
         }
@@ -1030,7 +1035,9 @@ pub(crate) struct CheckpointSignals {
     /// ended and they left), whose consumers may still have their queued output to
     /// read: each later checkpoint's barrier is announced on them when it is
     /// triggered, as it would overtake that output had the task stayed (Flink keeps a
-    /// finished task running until its final checkpoint for this).
+    /// finished task running until its final checkpoint for this). Aligned with a
+    /// timeout, the same as an aligned barrier's announcement, so that the consumers'
+    /// timeout runs from the trigger.
     pub(crate) finished_outputs: Mutex<Vec<BarrierAnnouncer>>,
 }
 
@@ -1376,6 +1383,7 @@ impl<T: 'static> StageTask<T> {
             };
             let mut snapshot = Snapshot {
                 finishing: true,
+                timeoutable: matches!(checkpoint.mode, AlignmentMode::AlignedWithTimeout(_)),
                 ..Snapshot::default()
             };
             if let StageInput::Source(source) = &mut self.input {
@@ -1385,7 +1393,10 @@ impl<T: 'static> StageTask<T> {
             }
             self.chain.barrier(first, &mut snapshot, cx)?;
             let checkpoint = self.checkpoint.as_mut().expect("checked");
-            if checkpoint.mode == AlignmentMode::Unaligned {
+            if matches!(
+                checkpoint.mode,
+                AlignmentMode::Unaligned | AlignmentMode::AlignedWithTimeout(_)
+            ) {
                 let announcers = std::mem::take(&mut snapshot.announcers);
                 checkpoint.signals.finished(announcers, first);
             }

@@ -9,7 +9,9 @@
 //! Unaligned barriers announced by the producer ahead of its queued buffers arrive as
 //! priority barrier frames, ahead of those buffers; the network thread raises the
 //! channel's barrier word and wakes the gate, which takes the checkpoint and reads the
-//! channel ahead to the barrier in band, as it does a local channel's.
+//! channel ahead to the barrier in band, as it does a local channel's. Aligned barriers
+//! that may time out are announced the same way (aligned barrier frames, another word):
+//! the gate counts their timeout from the announcement.
 //!
 //! Who writes what: the network thread owns the ring's producer and writes `failure`
 //! once, before it drops the producer; the gate owns this consumer. A gate that sees the
@@ -43,6 +45,9 @@ pub struct RemoteInputChannel {
     /// The newest unaligned barrier its producer announced ahead of the data (a priority
     /// barrier frame), written by the network thread.
     barrier: Arc<AtomicU64>,
+    /// The newest aligned barrier its producer announced as it wrote it (an aligned
+    /// barrier frame), written by the network thread.
+    aligned: Arc<AtomicU64>,
 }
 
 impl RemoteInputChannel {
@@ -53,6 +58,7 @@ impl RemoteInputChannel {
         failure: FailureSlot,
         buffer_size: BufferSizeSlot,
         barrier: Arc<AtomicU64>,
+        aligned: Arc<AtomicU64>,
     ) -> Self {
         RemoteInputChannel {
             channel,
@@ -61,6 +67,7 @@ impl RemoteInputChannel {
             failure,
             buffer_size,
             barrier,
+            aligned,
         }
     }
 
@@ -112,6 +119,11 @@ impl InputChannel for RemoteInputChannel {
     fn announced_barrier(&self) -> u64 {
         // Acquire: pairs with the network thread's Release when the frame came.
         self.barrier.load(Ordering::Acquire)
+    }
+
+    fn announced_aligned_barrier(&self) -> u64 {
+        // Acquire: pairs with the network thread's Release when the frame came.
+        self.aligned.load(Ordering::Acquire)
     }
 
     fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {

@@ -29,6 +29,8 @@ pub(super) struct SendChannel {
     pub(super) sequence: u32,
     /// The newest unaligned barrier sent ahead of the queue (a priority barrier frame).
     pub(super) announced: u64,
+    /// The newest aligned barrier announcement sent ahead of the queue.
+    pub(super) aligned_announced: u64,
 }
 
 pub(super) enum Payload {

@@ -20,8 +20,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"WEIR");
 /// id, authentication and heartbeat frames; 4: data buffers may carry checkpoint
 /// barriers, an event a version 3 gate refuses as an unknown tag, so the handshake
 /// refuses the mix instead; 5: checkpoint frames between the processes' checkpoint
-/// services; 6: priority barrier frames, unaligned barriers ahead of queued buffers).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// services; 6: priority barrier frames, unaligned barriers ahead of queued buffers; 7:
+/// aligned barrier announcements, whose alignment timeout counts from when they were
+/// written).
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Largest checkpoint message carried, in bytes.
 pub const CHECKPOINT_MESSAGE_MAX: usize = 16 * 1024;
 /// Largest error message carried, in bytes (longer ones are cut by the sender).
@@ -60,6 +62,11 @@ pub enum FrameKind {
     /// channel's queued buffers (Flink's priority event), its id in arg0 (low 32 bits)
     /// and arg1 (high); the barrier itself still follows in band (version 6).
     PriorityBarrier = 12,
+    /// Producer → consumer: an aligned checkpoint barrier that may time out (Flink's
+    /// `aligned-checkpoint-timeout`), announced ahead of the channel's queued buffers as
+    /// it was written, its id as in a priority barrier: the consumer counts the timeout
+    /// from it; the barrier itself follows in band (version 7).
+    AlignedBarrier = 13,
 }
 
 impl FrameKind {
@@ -77,6 +84,7 @@ impl FrameKind {
             10 => FrameKind::Heartbeat,
             11 => FrameKind::Checkpoint,
             12 => FrameKind::PriorityBarrier,
+            13 => FrameKind::AlignedBarrier,
             other => return Err(FrameError::UnknownType(other)),
         })
     }
@@ -96,6 +104,7 @@ impl FrameKind {
             FrameKind::Heartbeat => "heartbeat",
             FrameKind::Checkpoint => "checkpoint",
             FrameKind::PriorityBarrier => "priority barrier",
+            FrameKind::AlignedBarrier => "aligned barrier announcement",
         }
     }
 }
@@ -127,7 +136,16 @@ impl Header {
         }
     }
 
-    /// The checkpoint id a priority barrier's header carries.
+    /// An aligned barrier announcement's header: checkpoint `id` on `channel`.
+    pub fn aligned_barrier(channel: u32, id: u64) -> Self {
+        Header {
+            kind: FrameKind::AlignedBarrier,
+            ..Header::priority_barrier(channel, id)
+        }
+    }
+
+    /// The checkpoint id a priority barrier's or an aligned barrier announcement's
+    /// header carries.
     pub fn barrier_id(&self) -> u64 {
         u64::from(self.arg0) | (u64::from(self.arg1) << 32)
     }
@@ -252,7 +270,10 @@ impl Header {
         // Fields a type does not use must be zero: they may carry meaning in a later
         // version, and a frame must re-encode to the bytes it came from.
         let (arg0_used, arg1_used) = match kind {
-            FrameKind::Handshake | FrameKind::Buffer | FrameKind::PriorityBarrier => (true, true),
+            FrameKind::Handshake
+            | FrameKind::Buffer
+            | FrameKind::PriorityBarrier
+            | FrameKind::AlignedBarrier => (true, true),
             FrameKind::PartitionRequest | FrameKind::AddCredit | FrameKind::BufferSize => {
                 (true, false)
             }
@@ -294,10 +315,12 @@ impl Header {
                     });
                 }
             }
-            FrameKind::PriorityBarrier if header.arg0 == 0 && header.arg1 == 0 => {
+            FrameKind::PriorityBarrier | FrameKind::AlignedBarrier
+                if header.arg0 == 0 && header.arg1 == 0 =>
+            {
                 return Err(FrameError::Malformed {
                     kind: kind.name(),
-                    reason: "a priority barrier must name a checkpoint (ids start at 1)",
+                    reason: "a barrier frame must name a checkpoint (ids start at 1)",
                 });
             }
             FrameKind::AddCredit if header.arg0 == 0 => {
@@ -392,6 +415,13 @@ pub enum Frame<'a> {
         /// The checkpoint (at least 1).
         id: u64,
     },
+    /// See [`FrameKind::AlignedBarrier`].
+    AlignedBarrier {
+        /// The channel.
+        channel: u32,
+        /// The checkpoint (at least 1).
+        id: u64,
+    },
 }
 
 impl<'a> Frame<'a> {
@@ -440,6 +470,7 @@ impl<'a> Frame<'a> {
                 arg1: 0,
             },
             Frame::PriorityBarrier { channel, id } => Header::priority_barrier(channel, id),
+            Frame::AlignedBarrier { channel, id } => Header::aligned_barrier(channel, id),
             Frame::Error { channel, message } => Header {
                 kind: FrameKind::Error,
                 len: message.len() as u32,
@@ -520,6 +551,10 @@ impl<'a> Frame<'a> {
                 channel: header.channel,
                 id: header.barrier_id(),
             },
+            FrameKind::AlignedBarrier => Frame::AlignedBarrier {
+                channel: header.channel,
+                id: header.barrier_id(),
+            },
         };
         Ok(Some((frame, total)))
     }
@@ -534,7 +569,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u32, u32, u32, Vec<u8>)> {
         (
-            1u8..=12,
+            1u8..=13,
             any::<u32>(),
             1u32..,
             any::<u32>(),
@@ -559,6 +594,10 @@ mod tests {
             10 => Frame::Heartbeat,
             11 => Frame::Checkpoint { message: payload },
             12 => Frame::PriorityBarrier {
+                channel,
+                id: u64::from(arg0) | (u64::from(arg1) << 32),
+            },
+            13 => Frame::AlignedBarrier {
                 channel,
                 id: u64::from(arg0) | (u64::from(arg1) << 32),
             },
@@ -739,6 +778,15 @@ mod tests {
         assert!(matches!(
             Header::decode(&with_payload, MAX),
             Err(FrameError::Oversized { max: 0, .. })
+        ));
+        // An aligned barrier announcement: the same rules.
+        let announced = Header::aligned_barrier(3, (7 << 32) | 9);
+        let decoded = Header::decode(&announced.encode(), MAX).unwrap();
+        assert_eq!(decoded.kind, FrameKind::AlignedBarrier);
+        assert_eq!(decoded.barrier_id(), (7 << 32) | 9);
+        assert!(matches!(
+            Header::decode(&Header::aligned_barrier(3, 0).encode(), MAX),
+            Err(FrameError::Malformed { .. })
         ));
     }
 }

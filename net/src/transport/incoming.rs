@@ -186,6 +186,7 @@ impl Net {
                             credit: header.arg0,
                             sequence: 0,
                             announced: 0,
+                            aligned_announced: 0,
                         });
                     }
                 } else {
@@ -286,6 +287,25 @@ impl Net {
                     let receiver = &mut gate.channels[at.index];
                     if receiver.state == ChannelState::Open {
                         receiver.announce_barrier(header.barrier_id());
+                    }
+                }
+            }
+            FrameKind::AlignedBarrier => {
+                // An aligned barrier was written behind the channel's queued buffers: the
+                // consuming gate counts its alignment timeout from now.
+                let Some(&at) = conn.incoming.get(&channel) else {
+                    return Err(protocol(
+                        conn,
+                        format!(
+                            "an aligned barrier announcement for channel {channel}, which was \
+                             never requested"
+                        ),
+                    ));
+                };
+                if let Some(gate) = gate_at(&mut self.gates, at) {
+                    let receiver = &mut gate.channels[at.index];
+                    if receiver.state == ChannelState::Open {
+                        receiver.announce_aligned_barrier(header.barrier_id());
                     }
                 }
             }

@@ -37,15 +37,15 @@
 //!
 //! Every frame is a 20-byte header, little-endian, then `length` payload bytes:
 //!
-//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat | checkpoint | priority barrier |
-//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 | 1..=16384 | 0 |
-//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 12 |
-//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
-//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 | 0 | channel |
-//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 | 0 | checkpoint id, low 32 bits |
-//! | 16–19 | arg1 | version (6) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | high 32 bits (id ≥ 1) |
-//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | | a checkpoint service's message | |
+//! | bytes | field | handshake | request | buffer | add-credit | end | cancel | error | buffer size | auth | heartbeat | checkpoint | priority barrier | aligned barrier |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | 0–3 | length | 48 | 0 | 1..=segment size | 0 | 0 | 0 | ≤ 4096 | 0 | 32 | 0 | 1..=16384 | 0 | 0 |
+//! | 4 | type | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 12 | 13 |
+//! | 5–7 | reserved | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8–11 | channel | process id | channel | channel | channel | channel | channel | channel or `u32::MAX` (connection) | channel | 0 | 0 | 0 | channel | channel |
+//! | 12–15 | arg0 | magic `WEIR` | initial credit | sequence | credit delta ≥ 1 | 0 | 0 | 0 | bytes per buffer (0: no limit) | 0 | 0 | 0 | checkpoint id, low 32 bits | checkpoint id, low 32 bits |
+//! | 16–19 | arg1 | version (7) | 0 | backlog | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | high 32 bits (id ≥ 1) | high 32 bits (id ≥ 1) |
+//! | 20– | payload | nonce (16), job id (32) | | the buffer's bytes | | | | UTF-8 message | | HMAC tag (32) | | a checkpoint service's message | | |
 //!
 //! The checkpoint frame (version 5) carries the messages of the processes' checkpoint
 //! services ([`weir_engine::checkpoint::link`]) over the connection that already joins
@@ -60,6 +60,12 @@
 //! not yet being written and without credit, and the consumer's
 //! [`RemoteInputChannel`] reports it to its gate, which takes the checkpoint and reads the
 //! channel ahead to the barrier in band.
+//!
+//! The aligned barrier frame (producer → consumer, version 7) announces, the same way, an
+//! aligned barrier that may time out (Flink's `aligned-checkpoint-timeout`;
+//! [`ChannelSender::announce_aligned_barrier`](weir_engine::exchange::ChannelSender::announce_aligned_barrier)):
+//! the consumer's gate counts the barrier's timeout from it, and once it passes reads
+//! the channel ahead to the barrier as for an unaligned one.
 //!
 //! The buffer-size frame (consumer → producer, version 2) carries the size the consuming
 //! gate's debloater announced for a channel; the producer's subpartition starts its next
@@ -379,6 +385,7 @@ impl Transport {
                 Arc::clone(&buffer_size),
             );
             let barrier = Arc::clone(&receiver.barrier);
+            let aligned = Arc::clone(&receiver.aligned);
             receivers.push(receiver);
             remotes.push(RemoteInputChannel::new(
                 channel,
@@ -387,6 +394,7 @@ impl Transport {
                 failure,
                 buffer_size,
                 barrier,
+                aligned,
             ));
         }
         self.command(Command::Consume(Gate::new(

@@ -628,6 +628,7 @@ impl Net {
                             credit,
                             sequence: 0,
                             announced: 0,
+                            aligned_announced: 0,
                         });
                         return;
                     }
@@ -1003,6 +1004,16 @@ impl Net {
             if announced > channel.announced {
                 channel.announced = announced;
                 let header = Header::priority_barrier(channel.id, announced);
+                conn.queue_first(header);
+                busy = true;
+            }
+            // So does an aligned barrier's announcement: the consumer counts the
+            // barrier's alignment timeout from it, however long the queue in front.
+            let channel = &mut conn.outgoing[index];
+            let aligned = channel.input.announced_aligned_barrier();
+            if aligned > channel.aligned_announced {
+                channel.aligned_announced = aligned;
+                let header = Header::aligned_barrier(channel.id, aligned);
                 conn.queue_first(header);
                 busy = true;
             }

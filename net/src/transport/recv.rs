@@ -42,6 +42,8 @@ pub(super) struct RecvChannel {
     /// The newest unaligned barrier the producer announced ahead of the data (0: none),
     /// read by the consumer's gate (see [`RemoteInputChannel`](super::RemoteInputChannel)).
     pub(super) barrier: Arc<AtomicU64>,
+    /// The newest aligned barrier the producer announced as it wrote it (0: none).
+    pub(super) aligned: Arc<AtomicU64>,
     pub(super) state: ChannelState,
     pub(super) credit: u32,
     pub(super) announce: u32,
@@ -65,6 +67,7 @@ impl RecvChannel {
             buffer_size,
             buffer_size_sent: 0,
             barrier: Arc::default(),
+            aligned: Arc::default(),
             state: ChannelState::Open,
             credit: 0,
             announce: 0,
@@ -77,6 +80,15 @@ impl RecvChannel {
     /// gate (Release: pairs with its Acquire load), which is woken.
     pub(super) fn announce_barrier(&mut self, id: u64) {
         self.barrier.fetch_max(id, Ordering::Release);
+        if let Some(notify) = &self.notify {
+            notify.notify();
+        }
+    }
+
+    /// The producer announced aligned barrier `id` as it wrote it: raised for the gate,
+    /// which counts the barrier's alignment timeout from it, and woken.
+    pub(super) fn announce_aligned_barrier(&mut self, id: u64) {
+        self.aligned.fetch_max(id, Ordering::Release);
         if let Some(notify) = &self.notify {
             notify.notify();
         }
