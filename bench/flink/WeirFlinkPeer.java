@@ -1903,7 +1903,19 @@ public final class WeirFlinkPeer {
     }
 
     static String quantiles(List<Double> xs) {
-        return "{\"p50\": " + num(median(xs)) + ", \"max\": " + num(max(xs)) + "}";
+        return "{\"p50\": " + num(median(xs)) + ", \"p99\": " + num(rankQuantile(xs, 0.99))
+                + ", \"max\": " + num(max(xs)) + "}";
+    }
+
+    /** The ceil(q·n)-th smallest of xs (NaN for none), as the Rust side ranks it. */
+    static double rankQuantile(List<Double> xs, double q) {
+        if (xs.isEmpty()) {
+            return Double.NaN;
+        }
+        List<Double> sorted = new ArrayList<>(xs);
+        Collections.sort(sorted);
+        int rank = (int) Math.ceil(q * sorted.size());
+        return sorted.get(Math.min(Math.max(rank - 1, 0), sorted.size() - 1));
     }
 
     /** A row's checkpoint figures over its measured runs (null: no checkpointing). */

@@ -49,7 +49,9 @@ use weir_engine::async_io::OutputMode;
 use weir_engine::checkpoint::AlignmentMode;
 use weir_engine::exchange::codec::FixedBytes;
 use weir_engine::exchange::DebloatConfig;
-use weir_engine::graph::{CheckpointReport, Checkpointing, ExchangeSpec, Graph, Sink, SubtaskInfo};
+use weir_engine::graph::{
+    CheckpointReport, Checkpointing, ExchangeSpec, Graph, LiveCounters, Sink, SubtaskInfo,
+};
 use weir_engine::runtime::{Cores, Runtime, TaskError};
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
 use weir_net::DriverKind;
@@ -71,6 +73,10 @@ struct Turn {
     /// Every completed checkpoint's duration and longest alignment, ms.
     durations_ms: Vec<f64>,
     alignments_ms: Vec<f64>,
+    /// Every completed checkpoint's channel state (in-flight data persisted), bytes.
+    persisted_bytes: Vec<f64>,
+    /// Bytes in flight on the sinks' fullest input channel, sampled every 10 ms.
+    in_flight_bytes: Vec<f64>,
 }
 
 impl Turn {
@@ -85,6 +91,10 @@ impl Turn {
             alignments_ms: report.map_or_else(Vec::new, |r| {
                 r.stats.alignments.iter().map(|d| ms(*d)).collect()
             }),
+            persisted_bytes: report.map_or_else(Vec::new, |r| {
+                r.stats.channel_state.iter().map(|b| *b as f64).collect()
+            }),
+            in_flight_bytes: Vec::new(),
         }
     }
 }
@@ -211,7 +221,13 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
     if matches!(mode, Mode::AlignedDebloat) {
         exchange.debloat = Some(DebloatConfig::new(1));
     }
-    let mut graph = Graph::new().with_parallelism(2).with_exchange(exchange);
+    // The sinks' input channels are sampled while it runs (each task's live figures).
+    let live = Arc::new(LiveCounters::default());
+    live.enable_task_metrics();
+    let mut graph = Graph::new()
+        .with_parallelism(2)
+        .with_exchange(exchange)
+        .with_live(Arc::clone(&live));
     let alignment = match mode {
         Mode::None => None,
         Mode::Aligned | Mode::AlignedDebloat => Some(AlignmentMode::Aligned),
@@ -261,20 +277,43 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
     } else {
         runtime()?
     };
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (live, done) = (Arc::clone(&live), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+                for task in live.tasks() {
+                    let now = task.sample();
+                    // The sinks' tasks (the stage that reads the exchange), running.
+                    if task.stage.ends_with("exchange") && !now.finished {
+                        samples.push(now.in_flight_bytes_max_channel as f64);
+                    }
+                }
+            }
+            samples
+        })
+    };
     let started = Instant::now();
     let result = graph.execute(runtime);
     let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let in_flight_bytes = sampler.join().unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     let result = result.map_err(|e| e.to_string())?;
     let received = count.load(Ordering::Relaxed);
     if received != records {
         return Err(format!("the job delivered {received} of {records} records"));
     }
-    Ok(Turn::new(
-        records as f64 / elapsed.as_secs_f64(),
-        None,
-        result.checkpoints.as_ref(),
-    ))
+    Ok(Turn {
+        in_flight_bytes,
+        ..Turn::new(
+            records as f64 / elapsed.as_secs_f64(),
+            None,
+            result.checkpoints.as_ref(),
+        )
+    })
 }
 
 /// Bytes of one keyed-state entry as encoded: a u64 key and a 92-byte value.
@@ -701,11 +740,31 @@ pub fn run(
                 let alignments: Vec<f64> =
                     turns.iter().flat_map(|t| t.alignments_ms.clone()).collect();
                 let align_max = alignments.iter().copied().fold(0.0, f64::max);
+                let persisted: Vec<f64> = turns
+                    .iter()
+                    .flat_map(|t| t.persisted_bytes.clone())
+                    .collect();
+                let in_flight: Vec<f64> = turns
+                    .iter()
+                    .flat_map(|t| t.in_flight_bytes.clone())
+                    .collect();
                 json!({
                     "completed": summaries.iter().map(|s| s.completed).sum::<u64>(),
                     "failed": summaries.iter().map(|s| s.failed).sum::<u64>(),
-                    "duration_ms": { "p50": median(&durations), "max": max },
+                    "duration_ms": {
+                        "p50": median(&durations),
+                        "p99": rank_quantile(&durations, 0.99),
+                        "max": max,
+                    },
                     "alignment_ms": { "p50": median(&alignments), "max": align_max },
+                    "persisted_bytes": {
+                        "p50": median(&persisted),
+                        "max": persisted.iter().copied().fold(0.0, f64::max),
+                    },
+                    "in_flight_bytes_channel": (!in_flight.is_empty()).then(|| json!({
+                        "p50": median(&in_flight),
+                        "max": in_flight.iter().copied().fold(0.0, f64::max),
+                    })),
                     "size_bytes_last": summaries.last().map(|s| s.last_size),
                 })
             });
@@ -770,6 +829,14 @@ pub fn run(
     }))
 }
 
+/// The ceil(q·n)-th smallest of `samples` (None for none), as HdrHistogram ranks.
+fn rank_quantile(samples: &[f64], q: f64) -> Option<f64> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied()
+}
+
 /// The side a row belongs to: the implementation's first word ("weir", "flink").
 fn side(row: &Value) -> &str {
     row["implementation"]
@@ -825,7 +892,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
     }
     for experiment in experiments {
         out.push_str(&format!("\n### {experiment}\n\n"));
-        out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / max (ms) | alignment p50 / max (ms) |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / p99 / max (ms) | alignment p50 / max (ms) | in-flight data persisted p50 / max (KiB) | in flight on the fullest input channel p50 / max (KiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         let of_experiment: Vec<&Value> = rows
             .iter()
             .filter(|r| r["experiment"] == experiment.as_str())
@@ -851,8 +918,30 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
             } else {
                 "–".to_string()
             };
+            let kib = |v: &Value| {
+                v.as_f64()
+                    .map_or("–".to_string(), |x| format!("{:.1}", x / 1024.0))
+            };
+            let persisted = if c["persisted_bytes"].is_object() {
+                format!(
+                    "{} / {}",
+                    kib(&c["persisted_bytes"]["p50"]),
+                    kib(&c["persisted_bytes"]["max"])
+                )
+            } else {
+                "–".to_string()
+            };
+            let in_flight = if c["in_flight_bytes_channel"].is_object() {
+                format!(
+                    "{} / {}",
+                    kib(&c["in_flight_bytes_channel"]["p50"]),
+                    kib(&c["in_flight_bytes_channel"]["max"])
+                )
+            } else {
+                "–".to_string()
+            };
             out.push_str(&format!(
-                "| {} | {:.0} | {} | {} | {} | {} / {} | {alignment} |\n",
+                "| {} | {:.0} | {} | {} | {} | {} / {} / {} | {alignment} | {persisted} | {in_flight} |\n",
                 row["implementation"].as_str().unwrap_or("?"),
                 rate,
                 base.map_or("–".to_string(), |b| format!("{:.3}", rate / b)),
@@ -861,6 +950,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
                     .as_u64()
                     .map_or("–".to_string(), |n| n.to_string()),
                 f(&c["duration_ms"]["p50"]),
+                f(&c["duration_ms"]["p99"]),
                 f(&c["duration_ms"]["max"]),
             ));
         }

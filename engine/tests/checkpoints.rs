@@ -778,7 +778,14 @@ fn an_aligned_checkpoint_stuck_behind_a_backlog_times_out_into_unaligned() {
         "a checkpoint without channel state: {first:?}"
     );
     running.controller().cancel();
-    let _ = running.join();
+    let (result, _) = running.join();
+    // The figures count it as channel state (data in flight persisted).
+    let stats = result.checkpoints.expect("checkpoints").stats;
+    assert!(
+        stats.channel_state.first().is_some_and(|b| *b > 10_000),
+        "{:?}",
+        stats.channel_state
+    );
     let before = committed(&out, 1).len();
     assert!(before < RECORDS as usize, "stopped at {before}: {first:?}");
     let (settings, _) = checkpointing(dir.path(), mode);

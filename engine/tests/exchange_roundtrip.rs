@@ -813,3 +813,47 @@ fn a_busy_channel_spanning_buffers_does_not_starve_a_quiet_one() {
         "the quiet channel's record came after {quiet} of the busy channel's: {order:?}"
     );
 }
+
+/// The gate's in-flight figure is what its producers published and it has not read:
+/// exact after each flush, per channel, and back to 0 once it has read everything.
+#[test]
+fn in_flight_bytes_are_what_was_published_and_not_yet_read() {
+    let network = NetworkBufferPool::new(16, 256).unwrap();
+    let pool = LocalBufferPool::new(&network, LocalPoolConfig::new(8, 2)).unwrap();
+    let (first, first_rx) = local_channel(16, None);
+    let (second, second_rx) = local_channel(16, None);
+    let partition = ResultPartition::new(pool, vec![first, second]).unwrap();
+    let config = WriterConfig {
+        max_record_size: 1024,
+        buffer_timeout: None,
+    };
+    let mut writer: RecordWriter<u64, RoundRobin> =
+        RecordWriter::new(partition, RoundRobin::default(), config).unwrap();
+    let mut gate: InputGate<u64> =
+        InputGate::new(vec![Box::new(first_rx), Box::new(second_rx)]).unwrap();
+    assert_eq!(gate.in_flight_bytes(), (0, 0));
+    // Written but not flushed: not in flight yet.
+    for n in 0..30u64 {
+        writer.emit(&n, 0).unwrap();
+    }
+    assert_eq!(gate.in_flight_bytes(), (0, 0));
+    writer.flush().unwrap();
+    // 30 records of a 4-byte length and 8 bytes, 15 on each channel (round robin); the
+    // 256-byte segments hold 21 each, so nothing spans a buffer.
+    assert_eq!(gate.in_flight_bytes(), (360, 180));
+    let mut read = 0;
+    while read < 10 {
+        if let Some(GateEvent::Record { .. }) = gate.poll_next().unwrap() {
+            read += 1;
+        }
+    }
+    let (total, fullest) = gate.in_flight_bytes();
+    assert_eq!(total, 360 - 10 * 12, "{total}");
+    assert_eq!(fullest, 180);
+    while read < 30 {
+        if let Some(GateEvent::Record { .. }) = gate.poll_next().unwrap() {
+            read += 1;
+        }
+    }
+    assert_eq!(gate.in_flight_bytes(), (0, 0));
+}

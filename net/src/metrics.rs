@@ -17,6 +17,8 @@
 //! | `weir_task_busyTimeMsPerSecond`, `weir_task_backPressuredTimeMsPerSecond`, `weir_task_idleTimeMsPerSecond` | stage, subtask | how each second since the last scrape was spent (they add up to 1000) |
 //! | `weir_task_outPoolUsage` | stage, subtask | fraction of the output pool's segments in use |
 //! | `weir_task_inPoolUsage` | stage, subtask | fraction of the buffers its input channels hold that wait to be read (0 for a source's task) |
+//! | `weir_task_inFlightBytes` | stage, subtask | bytes on its input channels not yet read by it: published by the producers (local) or arrived (remote; what waits at the sender for credit is not counted) |
+//! | `weir_task_inFlightBytesMaxChannel` | stage, subtask | the same on its fullest input channel |
 //! | `weir_async_inFlight`, `weir_async_timeouts_total` | stage, subtask | the async operators' elements in flight and calls timed out |
 //! | `weir_checkpoint_*` | — | completed and failed checkpoints, the last one's id, duration and size (when the job checkpoints) |
 //! | `weir_redis_*_total` | client | the Redis clients' counters |
@@ -383,6 +385,16 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
         "task_inPoolUsage",
         "Fraction of the input channels' buffers waiting to be read",
     );
+    let in_flight_bytes = gauge_family(
+        &mut registry,
+        "task_inFlightBytes",
+        "Bytes on the task's input channels not yet read by it",
+    );
+    let in_flight_bytes_max = gauge_family(
+        &mut registry,
+        "task_inFlightBytesMaxChannel",
+        "Bytes not yet read on the task's fullest input channel",
+    );
     let in_flight = gauge_family(
         &mut registry,
         "async_inFlight",
@@ -428,6 +440,12 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
         idle.get_or_create(&labels).set(rates.idle_ms_per_second);
         pool.get_or_create(&labels).set(now.out_pool_usage);
         in_pool.get_or_create(&labels).set(now.in_pool_usage);
+        in_flight_bytes
+            .get_or_create(&labels)
+            .set(now.in_flight_bytes as f64);
+        in_flight_bytes_max
+            .get_or_create(&labels)
+            .set(now.in_flight_bytes_max_channel as f64);
         in_flight
             .get_or_create(&labels)
             .set(now.async_in_flight as f64);

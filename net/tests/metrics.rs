@@ -192,6 +192,15 @@ fn a_slow_sink_shows_in_the_pool_usages_and_back_pressure() {
     );
     let source_in = value(&text, "weir_task_inPoolUsage", source).expect("the source's");
     assert_eq!(source_in, 0.0);
+    // Full channels hold segments of published records the sink has not read.
+    let in_flight = value(&text, "weir_task_inFlightBytes", sink).expect("inFlightBytes");
+    let fullest =
+        value(&text, "weir_task_inFlightBytesMaxChannel", sink).expect("the fullest channel");
+    assert!(
+        in_flight > 32.0 * 1024.0 && fullest == in_flight,
+        "one full channel: {in_flight} / {fullest}\n{text}"
+    );
+    assert_eq!(value(&text, "weir_task_inFlightBytes", source), Some(0.0));
     let out_pool = value(&text, "weir_task_outPoolUsage", source).expect("outPoolUsage");
     assert!(
         out_pool > 0.5,

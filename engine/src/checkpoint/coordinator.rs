@@ -98,6 +98,8 @@ pub enum Outcome {
         tasks: Vec<TaskFile>,
         /// The longest alignment a task reported.
         alignment: Duration,
+        /// Bytes of channel state (data in flight) over every task's snapshot.
+        channel_state: u64,
     },
     /// Checkpoint `id` failed (expired, declined or subsumed): discard its files and
     /// tell the tasks to drop what they hold for it.
@@ -122,6 +124,28 @@ pub struct CheckpointStats {
     pub alignments: Vec<Duration>,
     /// Bytes of state of each completed checkpoint.
     pub sizes: Vec<u64>,
+    /// Bytes of channel state (the data in flight an unaligned checkpoint stores) of
+    /// each completed checkpoint, over every task.
+    pub channel_state: Vec<u64>,
+}
+
+/// What a task reports with its acknowledgement, for the checkpoint's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AckFigures {
+    /// How long the task waited for its barriers to align.
+    pub alignment: Duration,
+    /// Bytes of channel state in its snapshot.
+    pub channel_state: u64,
+}
+
+impl From<Duration> for AckFigures {
+    /// An alignment, without channel state.
+    fn from(alignment: Duration) -> Self {
+        AckFigures {
+            alignment,
+            channel_state: 0,
+        }
+    }
 }
 
 /// A checkpoint waiting for its acknowledgements.
@@ -131,6 +155,7 @@ struct Pending {
     tasks: Vec<Option<TaskFile>>,
     acknowledged: usize,
     alignment: Duration,
+    channel_state: u64,
 }
 
 /// See the [module docs](self).
@@ -306,13 +331,15 @@ impl Coordinator {
                 tasks: vec![None; self.tasks],
                 acknowledged: 0,
                 alignment: Duration::ZERO,
+                channel_state: 0,
             },
         );
         self.outcomes.push(Outcome::Trigger(id));
     }
 
     /// Task `task` took its snapshot for checkpoint `id` (its state file, written, and
-    /// how long it waited for its barriers to align). An acknowledgement for a
+    /// its figures: how long it waited for its barriers to align, the channel state it
+    /// stored). An acknowledgement for a
     /// checkpoint no longer pending (expired, aborted, subsumed) is ignored, as Flink
     /// ignores late ones; a second one from the same task too. Returns whether it
     /// completed the checkpoint (the [`Outcome::Complete`] comes from the next
@@ -322,9 +349,10 @@ impl Coordinator {
         id: u64,
         task: usize,
         file: TaskFile,
-        alignment: Duration,
+        figures: impl Into<AckFigures>,
         now_ns: u64,
     ) -> bool {
+        let figures = figures.into();
         let Some(pending) = self.pending.get_mut(&id) else {
             return false;
         };
@@ -336,7 +364,8 @@ impl Coordinator {
         }
         *slot = Some(file);
         pending.acknowledged += 1;
-        pending.alignment = pending.alignment.max(alignment);
+        pending.alignment = pending.alignment.max(figures.alignment);
+        pending.channel_state += figures.channel_state;
         if pending.acknowledged < self.tasks {
             return false;
         }
@@ -356,6 +385,7 @@ impl Coordinator {
         self.stats.durations.push(duration);
         self.stats.alignments.push(pending.alignment);
         self.stats.sizes.push(tasks.iter().map(|t| t.size).sum());
+        self.stats.channel_state.push(pending.channel_state);
         self.failures_in_a_row = 0;
         self.last_completed_ns = Some(now_ns);
         self.outcomes.push(Outcome::Complete {
@@ -364,6 +394,7 @@ impl Coordinator {
             duration,
             tasks,
             alignment: pending.alignment,
+            channel_state: pending.channel_state,
         });
         true
     }

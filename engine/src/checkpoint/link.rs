@@ -11,10 +11,10 @@
 //! |---|---|---|
 //! | `Hello` | participant → coordinator | ready, with the checkpoint it restored and the job's task count, both checked against the coordinator's |
 //! | `Trigger(id)` | coordinator → participants | inject barrier `id` at this process's sources |
-//! | `Ack` | participant → coordinator | a task's state file for checkpoint `id` is written (its name, size, CRC, alignment) |
+//! | `Ack` | participant → coordinator | a task's state file for checkpoint `id` is written (its name, size, CRC, alignment, bytes of channel state) |
 //! | `Decline` | participant → coordinator | a task could not snapshot checkpoint `id` |
 //! | `TriggerNow` | participant → coordinator | a finished task waits for a checkpoint to commit its last output |
-//! | `Complete` | coordinator → participants | checkpoint `id` is durable: commit (with its duration and longest alignment) |
+//! | `Complete` | coordinator → participants | checkpoint `id` is durable: commit (with its duration, longest alignment and channel state) |
 //! | `Abort(id)` | coordinator → participants | checkpoint `id` failed |
 //! | `Done` | participant → coordinator | every task here ended; this process stays until released |
 //! | `Release` | coordinator → participants | every process's tasks ended: the services stop |
@@ -29,6 +29,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::coordinator::AckFigures;
 use super::storage::TaskFile;
 use super::CheckpointError;
 
@@ -186,7 +187,7 @@ pub(crate) enum Wire {
         id: u64,
         task: u32,
         file: TaskFile,
-        alignment: Duration,
+        figures: AckFigures,
     },
     Decline {
         id: u64,
@@ -198,6 +199,7 @@ pub(crate) enum Wire {
         id: u64,
         duration: Duration,
         alignment: Duration,
+        channel_state: u64,
     },
     Abort {
         id: u64,
@@ -232,7 +234,7 @@ impl Wire {
                 id,
                 task,
                 file,
-                alignment,
+                figures,
             } => {
                 out.push(3);
                 u64s(
@@ -242,7 +244,8 @@ impl Wire {
                         u64::from(*task),
                         file.size,
                         u64::from(file.crc),
-                        nanos(alignment),
+                        nanos(&figures.alignment),
+                        figures.channel_state,
                     ],
                 );
                 text(&mut out, &file.name);
@@ -257,9 +260,13 @@ impl Wire {
                 id,
                 duration,
                 alignment,
+                channel_state,
             } => {
                 out.push(6);
-                u64s(&mut out, &[*id, nanos(duration), nanos(alignment)]);
+                u64s(
+                    &mut out,
+                    &[*id, nanos(duration), nanos(alignment), *channel_state],
+                );
             }
             Wire::Abort { id, reason } => {
                 out.push(7);
@@ -295,12 +302,16 @@ impl Wire {
                 let crc = u32::try_from(reader.u64().ok_or_else(short)?)
                     .map_err(|_| malformed("a CRC past u32"))?;
                 let alignment = Duration::from_nanos(reader.u64().ok_or_else(short)?);
+                let channel_state = reader.u64().ok_or_else(short)?;
                 let name = reader.text().ok_or_else(short)?;
                 Wire::Ack {
                     id,
                     task,
                     file: TaskFile { name, size, crc },
-                    alignment,
+                    figures: AckFigures {
+                        alignment,
+                        channel_state,
+                    },
                 }
             }
             4 => Wire::Decline {
@@ -313,6 +324,7 @@ impl Wire {
                 id: reader.u64().ok_or_else(short)?,
                 duration: Duration::from_nanos(reader.u64().ok_or_else(short)?),
                 alignment: Duration::from_nanos(reader.u64().ok_or_else(short)?),
+                channel_state: reader.u64().ok_or_else(short)?,
             },
             7 => Wire::Abort {
                 id: reader.u64().ok_or_else(short)?,
@@ -381,7 +393,10 @@ mod tests {
                     size: 1 << 40,
                     crc: u32::MAX,
                 },
-                alignment: Duration::from_micros(1234),
+                figures: AckFigures {
+                    alignment: Duration::from_micros(1234),
+                    channel_state: 1 << 33,
+                },
             },
             Wire::Decline {
                 id: 8,
@@ -393,6 +408,7 @@ mod tests {
                 id: 8,
                 duration: Duration::from_millis(12),
                 alignment: Duration::from_micros(7),
+                channel_state: 654_321,
             },
             Wire::Abort {
                 id: 9,

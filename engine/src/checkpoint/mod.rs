@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use alignment::{Alignment, AlignmentMode, BarrierAligner, ChannelState};
-pub use coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
+pub use coordinator::{AckFigures, CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 pub use keyed::{key_group_range, KeyedState, KeyedStateError};
 pub use link::{CheckpointLink, LinkEvent, LocalLinks};
 pub use restart::{RestartStrategy, Restarts};

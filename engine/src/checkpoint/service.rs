@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::coordinator::{CheckpointConfig, CheckpointStats, Coordinator, Outcome};
+use super::coordinator::{AckFigures, CheckpointConfig, CheckpointStats, Coordinator, Outcome};
 use super::link::{CheckpointLink, LinkEvent, Wire};
 use super::storage::{read_metadata, unix_ms, CheckpointMetadata, CheckpointStore};
 use super::CheckpointError;
@@ -75,7 +75,7 @@ enum Message {
         task: usize,
         name: String,
         state: TaskState,
-        alignment: Duration,
+        figures: AckFigures,
     },
     Decline {
         id: u64,
@@ -170,7 +170,8 @@ pub struct Acks {
 
 impl Acks {
     /// Task `task` (its state file named `name`) took its snapshot for checkpoint `id`
-    /// after waiting `alignment` for its barriers. Returns at once: the state is made
+    /// with `figures` (how long it waited for its barriers, and the channel state its
+    /// snapshot holds; a bare [`Duration`] is an alignment without channel state). Returns at once: the state is made
     /// (when deferred) and written by the service's thread. Does nothing once the
     /// service stopped.
     pub fn acknowledge(
@@ -179,14 +180,14 @@ impl Acks {
         task: usize,
         name: &str,
         state: impl Into<TaskState>,
-        alignment: Duration,
+        figures: impl Into<AckFigures>,
     ) {
         let _ = self.tx.send(Message::Ack {
             id,
             task,
             name: name.to_string(),
             state: state.into(),
-            alignment,
+            figures: figures.into(),
         });
     }
 
@@ -491,9 +492,9 @@ impl Peers {
                 id,
                 task,
                 file,
-                alignment,
+                figures,
             } => {
-                coordinator.acknowledge(id, task as usize, file, alignment, place.now());
+                coordinator.acknowledge(id, task as usize, file, figures, place.now());
             }
             Wire::Decline { id, task, reason } => {
                 coordinator.decline(id, task as usize, format!("process {from}: {reason}"))?;
@@ -560,7 +561,7 @@ fn coordinate(
                 task,
                 name,
                 state,
-                alignment,
+                figures,
             } => {
                 // A late acknowledgement (expired, aborted, subsumed) writes nothing.
                 if coordinator.is_pending(id) {
@@ -568,7 +569,7 @@ fn coordinate(
                     // and reaches the disk here, not on the task's worker.
                     let state = state.into_bytes();
                     let file = place.store.write_task_state(id, &name, &state)?;
-                    coordinator.acknowledge(id, task, file, alignment, place.now());
+                    coordinator.acknowledge(id, task, file, figures, place.now());
                 }
             }
             Message::Decline { id, task, reason } => {
@@ -669,6 +670,7 @@ fn act(
                 duration,
                 tasks,
                 alignment,
+                channel_state,
             } => {
                 let since_trigger = place
                     .epoch
@@ -687,6 +689,7 @@ fn act(
                     id,
                     duration,
                     alignment,
+                    channel_state,
                 });
                 hooks.completed(&metadata, alignment);
             }
@@ -727,13 +730,13 @@ fn participate(
     // The newest checkpoint whose outcome came: anything up to it is over.
     let mut settled = 0u64;
     // Writes a task's state for checkpoint `id` and tells the coordinator.
-    let ack = |id: u64, task: usize, name: &str, state: &[u8], alignment: Duration| {
+    let ack = |id: u64, task: usize, name: &str, state: &[u8], figures: AckFigures| {
         let file = place.store.write_task_state(id, name, state)?;
         send(Wire::Ack {
             id,
             task: task as u32,
             file,
-            alignment,
+            figures,
         });
         Ok::<(), CheckpointError>(())
     };
@@ -768,7 +771,7 @@ fn participate(
                 task,
                 name,
                 state,
-                alignment,
+                figures,
             } => {
                 // A barrier may reach a task here before the coordinator's trigger
                 // does: the checkpoint is live until its outcome comes.
@@ -777,7 +780,7 @@ fn participate(
                         since: Instant::now(),
                     });
                     let state = state.into_bytes();
-                    ack(id, task, &name, &state, alignment)?;
+                    ack(id, task, &name, &state, figures)?;
                 }
             }
             Message::Decline { id, task, reason } => send(Wire::Decline {
@@ -792,7 +795,7 @@ fn participate(
                 state,
             } => {
                 for &id in heard.keys().filter(|&&id| id >= from) {
-                    ack(id, task, &name, &state, Duration::ZERO)?;
+                    ack(id, task, &name, &state, AckFigures::default())?;
                 }
                 finished.push((task, name, from, state));
             }
@@ -821,7 +824,7 @@ fn participate(
                         if fresh {
                             for (task, name, from, state) in &finished {
                                 if id >= *from {
-                                    ack(id, *task, name, state, Duration::ZERO)?;
+                                    ack(id, *task, name, state, AckFigures::default())?;
                                 }
                             }
                         }
@@ -830,6 +833,7 @@ fn participate(
                         id,
                         duration,
                         alignment,
+                        channel_state,
                     } => {
                         // What is older is subsumed by it.
                         heard.retain(|&h, _| h > id);
@@ -841,6 +845,7 @@ fn participate(
                         stats.completed += 1;
                         stats.durations.push(duration);
                         stats.alignments.push(alignment);
+                        stats.channel_state.push(channel_state);
                         stats
                             .sizes
                             .push(metadata.as_ref().map_or(0, CheckpointMetadata::state_bytes));

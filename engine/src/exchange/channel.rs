@@ -83,6 +83,11 @@ pub trait InputChannel: Send {
     fn usage(&self) -> (usize, usize) {
         (0, 0)
     }
+    /// Bytes its producer published (or that arrived) that the gate has not taken yet:
+    /// this channel's data in flight. `None` (the default): not known.
+    fn queued_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The producer side of a local channel.
@@ -92,6 +97,10 @@ pub struct ChannelSender {
     buffer_size: Arc<AtomicU32>,
     barrier: Arc<AtomicU64>,
     aligned: Arc<AtomicU64>,
+    /// Bytes published on the channel so far (the producer's running total, stored for
+    /// the consumer's in-flight figure; Relaxed: a gauge).
+    published: Arc<AtomicU64>,
+    published_total: u64,
 }
 
 fn announce(barrier: &AtomicU64, notify: Option<&Arc<dyn Notify>>, id: u64) {
@@ -141,6 +150,9 @@ pub struct LocalInputChannel {
     buffer_size: Arc<AtomicU32>,
     barrier: Arc<AtomicU64>,
     aligned: Arc<AtomicU64>,
+    published: Arc<AtomicU64>,
+    /// Bytes handed to the gate so far.
+    taken: u64,
     /// The buffers asked for (the ring may have more slots): the usage's whole.
     capacity: usize,
 }
@@ -159,6 +171,7 @@ pub fn local_channel(
     let buffer_size = Arc::new(AtomicU32::new(0));
     let barrier = Arc::new(AtomicU64::new(0));
     let aligned = Arc::new(AtomicU64::new(0));
+    let published = Arc::new(AtomicU64::new(0));
     (
         ChannelSender {
             ring: producer,
@@ -166,6 +179,8 @@ pub fn local_channel(
             buffer_size: Arc::clone(&buffer_size),
             barrier: Arc::clone(&barrier),
             aligned: Arc::clone(&aligned),
+            published: Arc::clone(&published),
+            published_total: 0,
         },
         LocalInputChannel {
             ring: consumer,
@@ -173,6 +188,8 @@ pub fn local_channel(
             buffer_size,
             barrier,
             aligned,
+            published,
+            taken: 0,
             capacity: capacity.max(1),
         },
     )
@@ -214,6 +231,15 @@ impl ChannelSender {
             barrier: Arc::clone(&self.aligned),
             notify: self.notify.clone(),
         }
+    }
+
+    /// `bytes` more were published on the channel (for its in-flight figure: a plain
+    /// store of the running total, the producer being its only writer).
+    #[inline]
+    pub(crate) fn count_published(&mut self, bytes: usize) {
+        self.published_total += bytes as u64;
+        self.published
+            .store(self.published_total, Ordering::Relaxed);
     }
 
     /// Wakes the reader's task (bytes were published).
@@ -258,6 +284,7 @@ impl InputChannel for LocalInputChannel {
             };
             match current.read() {
                 Read::Bytes(view) => {
+                    self.taken += view.as_slice().len() as u64;
                     if current.is_spent() {
                         // The buffer's last bytes: the next poll starts the next buffer.
                         self.current = None;
@@ -286,6 +313,15 @@ impl InputChannel for LocalInputChannel {
 
     fn announced_aligned_barrier(&self) -> u64 {
         self.aligned.load(Ordering::Acquire)
+    }
+
+    fn queued_bytes(&self) -> Option<u64> {
+        // The producer counts after it publishes: a view taken in between reads as 0.
+        Some(
+            self.published
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.taken),
+        )
     }
 }
 

@@ -407,6 +407,22 @@ impl<T: Codec> InputGate<T> {
         }
     }
 
+    /// Bytes in flight on its channels, in total and on the fullest one: what each
+    /// channel's producer published (or what arrived, on a remote channel) that this
+    /// gate has not read yet, the buffer it is reading included. Channels that cannot
+    /// tell count only what the gate holds.
+    pub fn in_flight_bytes(&self) -> (u64, u64) {
+        self.channels.iter().fold((0, 0), |(total, max), state| {
+            let held = state
+                .buffer
+                .as_ref()
+                .map_or(0, |b| b.as_slice().len().saturating_sub(state.offset))
+                as u64;
+            let bytes = state.input.queued_bytes().unwrap_or(0) + held;
+            (total + bytes, max.max(bytes))
+        })
+    }
+
     /// Its input channels.
     pub fn channels(&self) -> usize {
         self.channels.len()

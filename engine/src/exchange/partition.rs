@@ -402,6 +402,7 @@ impl ResultPartition {
                     return Ok(());
                 };
                 let fresh = builder.has_unpublished();
+                let new_bytes = builder.len() - builder.published_len();
                 if fresh && subpartition.channel.is_disconnected() {
                     return Err(ExchangeError::ConsumerGone { subpartition: sub });
                 }
@@ -424,6 +425,7 @@ impl ResultPartition {
                 }
                 if fresh {
                     self.metrics.publishes += 1;
+                    subpartition.channel.count_published(new_bytes);
                 }
                 if fresh || (finish && enqueued) {
                     // Ending a buffer with nothing new still wakes its reader, which holds
@@ -436,6 +438,7 @@ impl ResultPartition {
                     return Ok(());
                 };
                 let fresh = builder.has_unpublished();
+                let new_bytes = builder.len() - builder.published_len();
                 if fresh {
                     for (sub, subpartition) in self.subpartitions.iter().enumerate() {
                         if subpartition.channel.is_disconnected() {
@@ -462,6 +465,9 @@ impl ResultPartition {
                 }
                 if fresh {
                     self.metrics.publishes += 1;
+                    for subpartition in &mut self.subpartitions {
+                        subpartition.channel.count_published(new_bytes);
+                    }
                 }
                 if fresh || (finish && enqueued) {
                     for subpartition in &self.subpartitions {

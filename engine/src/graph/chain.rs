@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::async_io::{AsyncFunction, AsyncWaitOperator};
 use crate::checkpoint::elements::encode_elements;
-use crate::checkpoint::{Acks, AlignmentMode, KeyedState, TaskState};
+use crate::checkpoint::{AckFigures, Acks, AlignmentMode, KeyedState, TaskState};
 use crate::element::{Record, StreamElement};
 use crate::exchange::codec::Codec;
 use crate::exchange::{BarrierAnnouncer, GateEvent, GateRun, InputGate, RecordWriter};
@@ -965,6 +965,8 @@ pub(crate) trait GateInput<T> {
     fn alignment_deadline(&self) -> Option<u64>;
     /// See [`InputGate::in_pool_usage`].
     fn in_pool_usage(&self) -> f64;
+    /// See [`InputGate::in_flight_bytes`].
+    fn in_flight_bytes(&self) -> (u64, u64);
     /// The batch form of [`next`](Self::next): appends up to `max` records to `run`
     /// (see [`InputGate::poll_run_at`]); what ended the run, if not `max` or the
     /// buffer's end.
@@ -979,6 +981,10 @@ pub(crate) trait GateInput<T> {
 impl<T: Codec> GateInput<T> for InputGate<Record<T>> {
     fn in_pool_usage(&self) -> f64 {
         InputGate::in_pool_usage(self)
+    }
+
+    fn in_flight_bytes(&self) -> (u64, u64) {
+        InputGate::in_flight_bytes(self)
     }
 
     fn take_channel_state(&mut self) -> Option<(u64, Vec<u8>)> {
@@ -1197,6 +1203,9 @@ impl<T: 'static> StageTask<T> {
         if let StageInput::Gate(gate) = &self.input {
             let usage = gate.in_pool_usage();
             TaskMetrics::set(&metrics.in_pool_usage_ppm, (usage * 1e6) as u64);
+            let (in_flight, fullest) = gate.in_flight_bytes();
+            TaskMetrics::set(&metrics.in_flight_bytes, in_flight);
+            TaskMetrics::set(&metrics.in_flight_bytes_max_channel, fullest);
         }
         self.chain.report(metrics);
         if done {
@@ -1268,11 +1277,13 @@ impl<T: 'static> StageTask<T> {
         }
         self.chain.barrier(id, &mut snapshot, cx)?;
         let checkpoint = self.checkpoint.as_mut().expect("checked");
+        let mut channel_state = 0;
         if let StageInput::Gate(gate) = &mut self.input {
             // Channel state: what was in flight at the snapshot (unaligned, or records the
             // gate had taken out of their channels and not yet given).
             match gate.take_channel_state() {
                 Some((state_id, bytes)) if state_id == id && !bytes.is_empty() => {
+                    channel_state = bytes.len() as u64;
                     snapshot.push(CHANNEL_SECTION, bytes);
                 }
                 Some((state_id, _)) if state_id == id => {}
@@ -1288,7 +1299,10 @@ impl<T: 'static> StageTask<T> {
             checkpoint.task,
             &checkpoint.name,
             snapshot.into_state(),
-            alignment,
+            AckFigures {
+                alignment,
+                channel_state,
+            },
         );
         Ok(())
     }
@@ -1334,6 +1348,7 @@ impl<T: 'static> StageTask<T> {
         if let Some((id, bytes)) = gate.take_channel_state() {
             if let Some((waiting, mut snapshot, alignment)) = checkpoint.waiting.take() {
                 if waiting == id {
+                    let channel_state = bytes.len() as u64;
                     if !bytes.is_empty() {
                         snapshot.push(CHANNEL_SECTION, bytes);
                     }
@@ -1342,7 +1357,10 @@ impl<T: 'static> StageTask<T> {
                         checkpoint.task,
                         &checkpoint.name,
                         snapshot.into_state(),
-                        alignment,
+                        AckFigures {
+                            alignment,
+                            channel_state,
+                        },
                     );
                 } else {
                     checkpoint.waiting = Some((waiting, snapshot, alignment));

@@ -46,6 +46,12 @@ pub struct TaskMetrics {
     /// Its input gate's usage in parts per million (Flink's `inPoolUsage`: buffers
     /// waiting in its channels over what they hold); 0 for a source's task.
     pub in_pool_usage_ppm: AtomicU64,
+    /// Bytes in flight on its input channels: published (or arrived) and not yet read
+    /// by it ([`InputGate::in_flight_bytes`](crate::exchange::InputGate::in_flight_bytes));
+    /// 0 for a source's task.
+    pub in_flight_bytes: AtomicU64,
+    /// The same on its fullest input channel.
+    pub in_flight_bytes_max_channel: AtomicU64,
     /// The task ended (its figures stay as they were at the end).
     pub finished: AtomicBool,
 }
@@ -66,6 +72,8 @@ impl TaskMetrics {
             async_timeouts: AtomicU64::new(0),
             out_pool_usage_ppm: AtomicU64::new(0),
             in_pool_usage_ppm: AtomicU64::new(0),
+            in_flight_bytes: AtomicU64::new(0),
+            in_flight_bytes_max_channel: AtomicU64::new(0),
             finished: AtomicBool::new(false),
         }
     }
@@ -83,6 +91,8 @@ impl TaskMetrics {
             async_timeouts: get(&self.async_timeouts),
             out_pool_usage: get(&self.out_pool_usage_ppm) as f64 / 1e6,
             in_pool_usage: get(&self.in_pool_usage_ppm) as f64 / 1e6,
+            in_flight_bytes: get(&self.in_flight_bytes),
+            in_flight_bytes_max_channel: get(&self.in_flight_bytes_max_channel),
             finished: self.finished.load(Ordering::Relaxed),
         }
     }
@@ -115,6 +125,10 @@ pub struct TaskSample {
     pub out_pool_usage: f64,
     /// Fraction of the input channels' buffers in use.
     pub in_pool_usage: f64,
+    /// See [`TaskMetrics::in_flight_bytes`].
+    pub in_flight_bytes: u64,
+    /// See [`TaskMetrics::in_flight_bytes_max_channel`].
+    pub in_flight_bytes_max_channel: u64,
     /// See [`TaskMetrics::finished`].
     pub finished: bool,
 }
@@ -171,6 +185,8 @@ mod tests {
             async_timeouts: 0,
             out_pool_usage: 0.0,
             in_pool_usage: 0.0,
+            in_flight_bytes: 0,
+            in_flight_bytes_max_channel: 0,
             finished: false,
         }
     }

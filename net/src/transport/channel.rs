@@ -48,6 +48,9 @@ pub struct RemoteInputChannel {
     /// The newest aligned barrier its producer announced as it wrote it (an aligned
     /// barrier frame), written by the network thread.
     aligned: Arc<AtomicU64>,
+    /// Bytes that arrived so far (the network thread's running total), and those taken.
+    received: Arc<AtomicU64>,
+    taken: u64,
 }
 
 impl RemoteInputChannel {
@@ -59,6 +62,7 @@ impl RemoteInputChannel {
         buffer_size: BufferSizeSlot,
         barrier: Arc<AtomicU64>,
         aligned: Arc<AtomicU64>,
+        received: Arc<AtomicU64>,
     ) -> Self {
         RemoteInputChannel {
             channel,
@@ -68,6 +72,8 @@ impl RemoteInputChannel {
             buffer_size,
             barrier,
             aligned,
+            received,
+            taken: 0,
         }
     }
 
@@ -98,7 +104,9 @@ impl RemoteInputChannel {
 impl InputChannel for RemoteInputChannel {
     #[inline]
     fn poll_buffer(&mut self) -> Option<SharedBuffer> {
-        self.ring.try_pop()
+        let buffer = self.ring.try_pop()?;
+        self.taken += buffer.as_slice().len() as u64;
+        Some(buffer)
     }
 
     fn is_disconnected(&self) -> bool {
@@ -124,6 +132,15 @@ impl InputChannel for RemoteInputChannel {
     fn announced_aligned_barrier(&self) -> u64 {
         // Acquire: pairs with the network thread's Release when the frame came.
         self.aligned.load(Ordering::Acquire)
+    }
+
+    fn queued_bytes(&self) -> Option<u64> {
+        // What arrived and waits here; what waits at the sender for credit is not seen.
+        Some(
+            self.received
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.taken),
+        )
     }
 
     fn failure(&self) -> Option<Box<dyn std::error::Error + Send + Sync>> {

@@ -6,6 +6,7 @@
 //! checkpoint service's inbox).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +42,11 @@ impl Net {
                         if ring.try_push(buffer.into_shared()).is_err() {
                             unreachable!("rings hold the whole receive pool");
                         }
+                        // Relaxed: a gauge (the network thread is its only writer).
+                        channel.received_total += len as u64;
+                        channel
+                            .received
+                            .store(channel.received_total, Ordering::Relaxed);
                         if let Some(notify) = &channel.notify {
                             notify.notify();
                         }

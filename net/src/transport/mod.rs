@@ -386,6 +386,7 @@ impl Transport {
             );
             let barrier = Arc::clone(&receiver.barrier);
             let aligned = Arc::clone(&receiver.aligned);
+            let received = Arc::clone(&receiver.received);
             receivers.push(receiver);
             remotes.push(RemoteInputChannel::new(
                 channel,
@@ -395,6 +396,7 @@ impl Transport {
                 buffer_size,
                 barrier,
                 aligned,
+                received,
             ));
         }
         self.command(Command::Consume(Gate::new(

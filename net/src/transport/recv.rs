@@ -44,6 +44,9 @@ pub(super) struct RecvChannel {
     pub(super) barrier: Arc<AtomicU64>,
     /// The newest aligned barrier the producer announced as it wrote it (0: none).
     pub(super) aligned: Arc<AtomicU64>,
+    /// Bytes that arrived so far (a running total for the gate's in-flight figure).
+    pub(super) received: Arc<AtomicU64>,
+    pub(super) received_total: u64,
     pub(super) state: ChannelState,
     pub(super) credit: u32,
     pub(super) announce: u32,
@@ -68,6 +71,8 @@ impl RecvChannel {
             buffer_size_sent: 0,
             barrier: Arc::default(),
             aligned: Arc::default(),
+            received: Arc::default(),
+            received_total: 0,
             state: ChannelState::Open,
             credit: 0,
             announce: 0,
