@@ -33,6 +33,15 @@ pub(crate) type FailureSlot = Arc<Mutex<Option<Arc<TransportError>>>>;
 /// send to the producer when it changes.
 pub(crate) type BufferSizeSlot = Arc<AtomicU32>;
 
+/// The words the network thread writes for a channel's consumer: the newest unaligned
+/// and aligned barrier announcements, and the bytes that arrived so far.
+#[derive(Clone, Default)]
+pub(crate) struct ChannelWords {
+    pub(crate) barrier: Arc<AtomicU64>,
+    pub(crate) aligned: Arc<AtomicU64>,
+    pub(crate) received: Arc<AtomicU64>,
+}
+
 /// A channel fed by a remote producer over the transport (Flink's
 /// `RemoteInputChannel`). Give it to an [`InputGate`](weir_engine::exchange::InputGate)
 /// beside local channels. Dropping it cancels the channel at the producer.
@@ -60,9 +69,7 @@ impl RemoteInputChannel {
         ring: Consumer<SharedBuffer>,
         failure: FailureSlot,
         buffer_size: BufferSizeSlot,
-        barrier: Arc<AtomicU64>,
-        aligned: Arc<AtomicU64>,
-        received: Arc<AtomicU64>,
+        words: ChannelWords,
     ) -> Self {
         RemoteInputChannel {
             channel,
@@ -70,9 +77,9 @@ impl RemoteInputChannel {
             ring,
             failure,
             buffer_size,
-            barrier,
-            aligned,
-            received,
+            barrier: words.barrier,
+            aligned: words.aligned,
+            received: words.received,
             taken: 0,
         }
     }

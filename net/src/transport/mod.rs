@@ -384,9 +384,11 @@ impl Transport {
                 Arc::clone(&failure),
                 Arc::clone(&buffer_size),
             );
-            let barrier = Arc::clone(&receiver.barrier);
-            let aligned = Arc::clone(&receiver.aligned);
-            let received = Arc::clone(&receiver.received);
+            let words = channel::ChannelWords {
+                barrier: Arc::clone(&receiver.barrier),
+                aligned: Arc::clone(&receiver.aligned),
+                received: Arc::clone(&receiver.received),
+            };
             receivers.push(receiver);
             remotes.push(RemoteInputChannel::new(
                 channel,
@@ -394,9 +396,7 @@ impl Transport {
                 consumer,
                 failure,
                 buffer_size,
-                barrier,
-                aligned,
-                received,
+                words,
             ));
         }
         self.command(Command::Consume(Gate::new(
