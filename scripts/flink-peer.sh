@@ -51,7 +51,8 @@
 #                                          remote, checkpoints, mainjob)
 #
 # FLINK_ONLY=TEXT runs only the cases whose "experiment / implementation" contains TEXT
-# (e.g. FLINK_ONLY=back-pressure scripts/flink-peer.sh checkpoints).
+# (e.g. FLINK_ONLY=back-pressure scripts/flink-peer.sh checkpoints); such a partial run
+# writes to target/flink-peer-only/ (or FLINK_PEER_DATA), never over the report's files.
 # FLINK_PEER_DATA=DIR writes elsewhere. Where Java or Flink cannot be installed, each
 # JSON says why ("unavailable") so that `weir report` states it instead of leaving the
 # rows out, and the script exits 0; a failed Flink job is reported the same way and
@@ -87,7 +88,11 @@ done
 if [ "${suites[*]}" != "async exchange remote checkpoints" ]; then
   quick="$quick ${suites[*]}"
 fi
-data=${FLINK_PEER_DATA:-results/report}
+if [ -n "${FLINK_ONLY:-}" ]; then
+  data=${FLINK_PEER_DATA:-target/flink-peer-only}
+else
+  data=${FLINK_PEER_DATA:-results/report}
+fi
 venv=target/flink-venv
 build=target/flink-peer
 mkdir -p "$data" "$build"

@@ -869,18 +869,32 @@ public final class WeirFlinkPeer {
     static final double BACK_PRESSURE_RECORDS = 2 * 50_000 * 6.0;
 
     static void checkpointJob(StreamExecutionEnvironment env, long n, long spinNs) {
+        checkpointJob(env, n, spinNs, false);
+    }
+
+    /**
+     * The checkpoints job; `remote`: the sources and the sinks in slot sharing groups of
+     * their own, so that on two task managers (a case with slots) every record crosses
+     * the network (runs placed otherwise are retried, see run).
+     */
+    static void checkpointJob(StreamExecutionEnvironment env, long n, long spinNs, boolean remote) {
         env.setBufferTimeout(100);
         DataGeneratorSource<byte[]> generator =
                 new DataGeneratorSource<>(
                         new Records(64, 0, false),
                         n,
                         PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO);
-        env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records")
-                .setParallelism(2)
-                .keyBy(new SeqKey(), Types.LONG)
+        var source = env.fromSource(generator, WatermarkStrategy.noWatermarks(), "records").setParallelism(2);
+        if (remote) {
+            source.slotSharingGroup("producers");
+        }
+        var sink = source.keyBy(new SeqKey(), Types.LONG)
                 .sinkTo(new CountingSink(spinNs))
                 .setParallelism(2)
                 .name("sink");
+        if (remote) {
+            sink.slotSharingGroup("consumers");
+        }
     }
 
     static String every(long intervalMs) {
@@ -953,6 +967,26 @@ public final class WeirFlinkPeer {
                             String.format(job, spin, String.format(with, b[1]) + b[2]),
                             (env, records) -> checkpointJob(env, records, SPIN_NS),
                             0,
+                            new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
+                            debloat));
+        }
+        // The same over two task managers (2 slots each), the sources on one and the
+        // sinks on the other: every record crosses Netty, as Weir's two-process runs
+        // cross its transport.
+        for (String[] b : backPressured) {
+            boolean unaligned = b[1].equals("unaligned");
+            boolean timeout = b[0].contains("timeout");
+            boolean debloat = !b[2].isEmpty() && !timeout;
+            cases.add(
+                    new Case(
+                            "checkpoints under back-pressure, two processes",
+                            b[0],
+                            m,
+                            null,
+                            String.format(job, spin, String.format(with, b[1]) + b[2])
+                                    + "; on 2 task managers of 2 slots, sources and sinks in slot sharing groups of their own and on different task managers",
+                            (env, records) -> checkpointJob(env, records, SPIN_NS, true),
+                            2,
                             new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
                             debloat));
         }

@@ -50,7 +50,8 @@ use weir_engine::checkpoint::AlignmentMode;
 use weir_engine::exchange::codec::FixedBytes;
 use weir_engine::exchange::DebloatConfig;
 use weir_engine::graph::{
-    CheckpointReport, Checkpointing, ExchangeSpec, Graph, LiveCounters, Sink, SubtaskInfo,
+    CheckpointReport, Checkpointing, ExchangeSpec, Graph, JobResult, LiveCounters, Sink,
+    SubtaskInfo,
 };
 use weir_engine::runtime::{Cores, Runtime, TaskError};
 use weir_net::lookup::{Latency, LookupServer, ServerConfig};
@@ -206,6 +207,18 @@ enum Mode {
     AlignedTimeout,
 }
 
+impl Mode {
+    /// How the gates align barriers (none: no checkpoints).
+    fn alignment(self) -> Option<AlignmentMode> {
+        match self {
+            Mode::None => None,
+            Mode::Aligned | Mode::AlignedDebloat => Some(AlignmentMode::Aligned),
+            Mode::Unaligned => Some(AlignmentMode::Unaligned),
+            Mode::AlignedTimeout => Some(AlignmentMode::AlignedWithTimeout(ALIGNED_TIMEOUT)),
+        }
+    }
+}
+
 /// The back-pressure case's aligned checkpoint timeout (Flink's side sets the same).
 const ALIGNED_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -228,13 +241,7 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
         .with_parallelism(2)
         .with_exchange(exchange)
         .with_live(Arc::clone(&live));
-    let alignment = match mode {
-        Mode::None => None,
-        Mode::Aligned | Mode::AlignedDebloat => Some(AlignmentMode::Aligned),
-        Mode::Unaligned => Some(AlignmentMode::Unaligned),
-        Mode::AlignedTimeout => Some(AlignmentMode::AlignedWithTimeout(ALIGNED_TIMEOUT)),
-    };
-    if let Some(alignment) = alignment {
+    if let Some(alignment) = mode.alignment() {
         graph =
             graph.with_checkpointing(Checkpointing::new(&dir, INTERVAL).with_alignment(alignment));
     }
@@ -278,23 +285,7 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
         runtime()?
     };
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (live, done) = (Arc::clone(&live), Arc::clone(&done));
-        std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(10));
-                for task in live.tasks() {
-                    let now = task.sample();
-                    // The sinks' tasks (the stage that reads the exchange), running.
-                    if task.stage.ends_with("exchange") && !now.finished {
-                        samples.push(now.in_flight_bytes_max_channel as f64);
-                    }
-                }
-            }
-            samples
-        })
-    };
+    let sampler = in_flight_sampler(Arc::clone(&live), Arc::clone(&done));
     let started = Instant::now();
     let result = graph.execute(runtime);
     let elapsed = started.elapsed();
@@ -313,6 +304,147 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
             None,
             result.checkpoints.as_ref(),
         )
+    })
+}
+
+/// [`keyed_job`] under back-pressure over two processes, as Flink's MiniCluster runs it
+/// with two task managers: two transports in this process on loopback (each a process of
+/// the job, with its own runtime of 2 workers and its own network thread), the sources
+/// in process 0 and both sink subtasks in process 1, so that every record crosses the
+/// transport (credit-based flow control, remote barriers and announcements). Process 0's
+/// checkpoint service coordinates; the figures are its.
+fn keyed_job_two_processes(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
+    use weir_net::cluster::TransportChannels;
+    let dir = scratch("keyed-two");
+    let peers: Vec<std::net::SocketAddr> = {
+        let listeners: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("no free loopback port: {e}"))?;
+        listeners
+            .iter()
+            .map(|l| l.local_addr())
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?
+    };
+    let count = Arc::new(AtomicU64::new(0));
+    let live = Arc::new(LiveCounters::default());
+    live.enable_task_metrics();
+    let started = Arc::new(std::sync::Barrier::new(2));
+    let processes: Vec<_> = (0..2)
+        .map(|process| {
+            let (peers, dir, count, live, started) = (
+                peers.clone(),
+                dir.clone(),
+                Arc::clone(&count),
+                Arc::clone(&live),
+                Arc::clone(&started),
+            );
+            std::thread::spawn(move || -> Result<(JobResult, Duration), String> {
+                let channels =
+                    Arc::new(TransportChannels::start(process, &peers).map_err(|e| e.to_string())?);
+                channels
+                    .wait_for_peers(Duration::from_secs(20))
+                    .map_err(|e| e.to_string())?;
+                let mut exchange = ExchangeSpec {
+                    buffer_timeout: Some(Duration::from_millis(100)),
+                    ..ExchangeSpec::default()
+                };
+                if matches!(mode, Mode::AlignedDebloat) {
+                    exchange.debloat = Some(DebloatConfig::new(1));
+                }
+                let mut graph = Graph::new()
+                    .with_parallelism(2)
+                    .with_exchange(exchange)
+                    .with_cluster(channels.cluster())
+                    .with_live(live);
+                if let Some(alignment) = mode.alignment() {
+                    graph = graph.with_checkpointing(
+                        Checkpointing::new(&dir, INTERVAL).with_alignment(alignment),
+                    );
+                }
+                // Global workers: 0–1 are process 0's, 2–3 process 1's.
+                graph
+                    .from_generator(records, None, |n| {
+                        let mut bytes = [0u8; 64];
+                        bytes[..8].copy_from_slice(&n.to_le_bytes());
+                        FixedBytes(bytes)
+                    })
+                    .place(vec![0, 0])
+                    .key_by(|r: &FixedBytes<64>| {
+                        u64::from_le_bytes(r.0[..8].try_into().expect("8"))
+                    })
+                    .place(vec![2, 3])
+                    .sink(move |_: &SubtaskInfo| SlowSink {
+                        spin,
+                        count: Arc::clone(&count),
+                    });
+                let runtime = Runtime::builder()
+                    .cores(Cores::Count(2))
+                    .pin(false)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                started.wait();
+                let began = Instant::now();
+                let (result, failure) = graph.execute_to_end(runtime).map_err(|e| e.to_string())?;
+                let elapsed = began.elapsed();
+                if let Some(failure) = failure {
+                    return Err(format!("process {process}: {failure}"));
+                }
+                channels
+                    .drain(Duration::from_secs(20))
+                    .map_err(|e| e.to_string())?;
+                Ok((result, elapsed))
+            })
+        })
+        .collect();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = in_flight_sampler(Arc::clone(&live), Arc::clone(&done));
+    let results: Vec<Result<(JobResult, Duration), String>> = processes
+        .into_iter()
+        .map(|p| {
+            p.join()
+                .unwrap_or_else(|_| Err("a process panicked".into()))
+        })
+        .collect();
+    done.store(true, Ordering::Relaxed);
+    let in_flight_bytes = sampler.join().unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut results = results.into_iter().collect::<Result<Vec<_>, String>>()?;
+    let elapsed = results.iter().map(|(_, e)| *e).max().unwrap_or_default();
+    let (coordinator, _) = results.swap_remove(0);
+    let received = count.load(Ordering::Relaxed);
+    if received != records {
+        return Err(format!("the job delivered {received} of {records} records"));
+    }
+    Ok(Turn {
+        in_flight_bytes,
+        ..Turn::new(
+            records as f64 / elapsed.as_secs_f64(),
+            None,
+            coordinator.checkpoints.as_ref(),
+        )
+    })
+}
+
+/// Samples, every 10 ms until `done`, the bytes in flight on the fullest input channel
+/// of each running task that reads an exchange (the sinks here).
+fn in_flight_sampler(
+    live: Arc<LiveCounters>,
+    done: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<f64>> {
+    std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        while !done.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+            for task in live.tasks() {
+                let now = task.sample();
+                if task.stage.ends_with("exchange") && !now.finished {
+                    samples.push(now.in_flight_bytes_max_channel as f64);
+                }
+            }
+        }
+        samples
     })
 }
 
@@ -667,6 +799,18 @@ pub fn run(
             experiment: "checkpoints under back-pressure",
             implementation,
             run: Box::new(move || keyed_job(pressured_records, SINK_SPIN, mode)),
+        });
+    }
+    for (implementation, mode) in [
+        ("weir, aligned", Mode::Aligned),
+        ("weir, unaligned", Mode::Unaligned),
+        ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
+        ("weir, aligned with a 50 ms timeout", Mode::AlignedTimeout),
+    ] {
+        cases.push(Case {
+            experiment: "checkpoints under back-pressure, two processes",
+            implementation,
+            run: Box::new(move || keyed_job_two_processes(pressured_records, SINK_SPIN, mode)),
         });
     }
     cases.retain(|case| only.is_none_or(|only| case.experiment.contains(only)));
