@@ -799,3 +799,83 @@ fn an_aligned_checkpoint_stuck_behind_a_backlog_times_out_into_unaligned() {
     assert!(second.checkpoints.and_then(|c| c.restored).is_some());
     assert_eq!(committed(&out, 1), (0..RECORDS).collect::<Vec<_>>());
 }
+
+/// A task whose chain is slow per record looks at its gate between short runs, so an
+/// unaligned barrier announced ahead of the data is taken within a record or two, not
+/// after the run of up to 256 records the task took last (half a second at 2 ms a record).
+/// Counted in records the operator processed between a checkpoint's trigger and its
+/// completion, not in time; the first checkpoint of three jobs (later ones find the
+/// channel state of the first being replayed record by record, which hides the runs).
+#[test]
+fn a_slow_chain_takes_announced_barriers_between_records() {
+    let during: Vec<usize> = (0..3)
+        .map(|_| records_while_the_first_checkpoint_pends())
+        .collect();
+    // The trigger time has a millisecond's resolution and the service writes the state
+    // after the snapshot: a few records either way, never a run's worth.
+    assert!(
+        during.iter().all(|&n| n < 20),
+        "records processed while each job's first checkpoint was pending: {during:?} (the \
+         barrier waited for the run the task had taken)"
+    );
+}
+
+fn records_while_the_first_checkpoint_pends() -> usize {
+    let dir = scratch();
+    let out = dir.path().join("out");
+    // When each record was processed, µs since the Unix epoch.
+    let processed_at: Arc<std::sync::Mutex<Vec<u128>>> = Arc::default();
+    // Records processed while each completed checkpoint was pending.
+    let during: Arc<std::sync::Mutex<Vec<usize>>> = Arc::default();
+    let unix_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    let settings = {
+        let (processed_at, during) = (Arc::clone(&processed_at), Arc::clone(&during));
+        Checkpointing::new(dir.path().join("chk"), Duration::from_millis(50))
+            .with_alignment(AlignmentMode::Unaligned)
+            .with_listener(move |metadata, _| {
+                let triggered = u128::from(metadata.triggered_unix_ms) * 1000;
+                let after = processed_at
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|&&at| at >= triggered)
+                    .count();
+                during.lock().unwrap().push(after);
+            })
+    };
+    let graph = Graph::new()
+        .with_parallelism(1)
+        .with_checkpointing(settings);
+    {
+        let processed_at = Arc::clone(&processed_at);
+        graph
+            .from_generator(100_000, None, |n| n)
+            .rebalance()
+            .map(move |n| {
+                std::thread::sleep(Duration::from_millis(2));
+                processed_at.lock().unwrap().push(unix_us());
+                n
+            })
+            .sink_to_files(out, |n: &u64, line: &mut Vec<u8>| {
+                line.extend_from_slice(format!("{n}\n").as_bytes());
+            });
+    }
+    let running = graph.start(runtime()).expect("starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while during.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    running.controller().cancel();
+    let _ = running.join();
+    let first = during.lock().unwrap()[0];
+    first
+}

@@ -44,6 +44,14 @@ use super::{GraphRunError, IoHandler, Shared};
 /// Input elements a task takes per poll before yielding to its worker's other tasks.
 pub(crate) const POLL_BATCH_MAX: usize = 256;
 
+/// What one run from a gate should cost a checkpointed task, chain included: the task
+/// looks at its gate between runs (barriers announced ahead of the data, alignment
+/// timeouts), so a run of 256 records through an operator that takes 20 µs each would
+/// hold a barrier for 5 ms. Runs of such a task shrink to what fits this budget (and grow
+/// back, doubling, while they take less than half of it), so that barriers wait at most
+/// about this long, as Flink's mailbox looks at its mail between records.
+pub(crate) const RUN_BUDGET_NS: u64 = 100_000;
+
 /// One operator of a chain (or its end), taking elements of `T`.
 pub(crate) trait Link<T> {
     /// Whether it takes another element now.
@@ -1156,6 +1164,8 @@ pub(crate) struct StageTask<T> {
     metrics: Option<Arc<TaskMetrics>>,
     /// The run of records being handed to the chain (kept for its capacity).
     run: Vec<Record<T>>,
+    /// The most records a run from the gate may hold (see [`RUN_BUDGET_NS`]).
+    run_cap: usize,
 }
 
 impl<T: 'static> StageTask<T> {
@@ -1182,6 +1192,18 @@ impl<T: 'static> StageTask<T> {
             source_io: None,
             metrics: None,
             run: Vec::with_capacity(POLL_BATCH_MAX),
+            run_cap: POLL_BATCH_MAX,
+        }
+    }
+
+    /// A run of `count` records from the gate took `took_ns` through the chain: the next
+    /// run's cap follows [`RUN_BUDGET_NS`].
+    fn fit_run_cap(&mut self, count: usize, took_ns: u64) {
+        if took_ns > RUN_BUDGET_NS {
+            let fits = count as u64 * RUN_BUDGET_NS / took_ns.max(1);
+            self.run_cap = (fits as usize).clamp(1, POLL_BATCH_MAX);
+        } else if took_ns < RUN_BUDGET_NS / 2 && count >= self.run_cap {
+            self.run_cap = (self.run_cap * 2).min(POLL_BATCH_MAX);
         }
     }
 
@@ -1446,9 +1468,16 @@ impl<T: 'static> StageTask<T> {
             self.wake_at = None;
             let mut taken = 0;
             let mut records = 0;
+            // A checkpointed task's runs from its gate are timed (one clock read per run)
+            // to keep barriers from waiting behind a slow chain (see RUN_BUDGET_NS).
+            let mut mark = (self.checkpoint.is_some() && matches!(self.input, StageInput::Gate(_)))
+                .then(std::time::Instant::now);
             while taken < POLL_BATCH_MAX {
                 // One look at the chain's room per run, not per record.
-                let room = self.chain.room().min(POLL_BATCH_MAX - taken);
+                let mut room = self.chain.room().min(POLL_BATCH_MAX - taken);
+                if mark.is_some() {
+                    room = room.min(self.run_cap);
+                }
                 if room == 0 {
                     self.blocked_since.get_or_insert(now);
                     break;
@@ -1470,6 +1499,12 @@ impl<T: 'static> StageTask<T> {
                     records += count as u64;
                     taken += count;
                     self.chain.push_run(&mut self.run, cx)?;
+                    if let Some(started) = mark.as_mut() {
+                        let now = std::time::Instant::now();
+                        let took = now.saturating_duration_since(*started).as_nanos() as u64;
+                        *started = now;
+                        self.fit_run_cap(count, took);
+                    }
                 }
                 let Some(step) = step else {
                     continue;
