@@ -30,7 +30,9 @@
 //! the per-record ones: a watermark, barrier or end of input ends a run, so everything
 //! keeps its position; back-pressure is checked once per run, and a run is never larger
 //! than what the chain has room for (an async operator's free capacity, a sink's
-//! [`Sink::room`]). Which form to write: the per-record
+//! [`Sink::room`]); a checkpointed task shrinks the runs it takes from its gate to about
+//! 100 µs of its chain's work, so that barriers announced ahead of the data are acted on
+//! within about that time. Which form to write: the per-record
 //! methods (`Source::poll_next`, `Sink::invoke`) are what a source or sink must have,
 //! and the batch forms default to calling them; implement the batch form too when the
 //! work has a cheaper way for many records at once (a fetched batch handed over in
