@@ -954,41 +954,32 @@ public final class WeirFlinkPeer {
             {"flink, aligned with a 50 ms timeout", "aligned",
                 "; aligned-checkpoint-timeout 50 ms (unaligned once a checkpoint's alignment took that long)"},
         };
-        for (String[] b : backPressured) {
-            boolean unaligned = b[1].equals("unaligned");
-            boolean timeout = b[0].contains("timeout");
-            boolean debloat = !b[2].isEmpty() && !timeout;
-            cases.add(
-                    new Case(
-                            "checkpoints under back-pressure",
-                            b[0],
-                            m,
-                            null,
-                            String.format(job, spin, String.format(with, b[1]) + b[2]),
-                            (env, records) -> checkpointJob(env, records, SPIN_NS),
-                            0,
-                            new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
-                            debloat));
-        }
-        // The same over two task managers (2 slots each), the sources on one and the
-        // sinks on the other: every record crosses Netty, as Weir's two-process runs
-        // cross its transport.
-        for (String[] b : backPressured) {
-            boolean unaligned = b[1].equals("unaligned");
-            boolean timeout = b[0].contains("timeout");
-            boolean debloat = !b[2].isEmpty() && !timeout;
-            cases.add(
-                    new Case(
-                            "checkpoints under back-pressure, two processes",
-                            b[0],
-                            m,
-                            null,
-                            String.format(job, spin, String.format(with, b[1]) + b[2])
-                                    + "; on 2 task managers of 2 slots, sources and sinks in slot sharing groups of their own and on different task managers",
-                            (env, records) -> checkpointJob(env, records, SPIN_NS, true),
-                            2,
-                            new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
-                            debloat));
+        // In one task manager, then over two task managers (2 slots each), the sources on
+        // one and the sinks on the other: every record crosses Netty, as Weir's
+        // two-process runs cross its transport.
+        for (boolean remote : new boolean[] {false, true}) {
+            for (String[] b : backPressured) {
+                boolean unaligned = b[1].equals("unaligned");
+                boolean timeout = b[0].contains("timeout");
+                boolean debloat = !b[2].isEmpty() && !timeout;
+                String described = String.format(job, spin, String.format(with, b[1]) + b[2]);
+                cases.add(
+                        new Case(
+                                remote
+                                        ? "checkpoints under back-pressure, two processes"
+                                        : "checkpoints under back-pressure",
+                                b[0],
+                                m,
+                                null,
+                                remote
+                                        ? described
+                                                + "; on 2 task managers of 2 slots, sources and sinks in slot sharing groups of their own and on different task managers"
+                                        : described,
+                                (env, records) -> checkpointJob(env, records, SPIN_NS, remote),
+                                remote ? 2 : 0,
+                                new Checkpoints(intervalMs, unaligned, timeout ? ALIGNED_TIMEOUT_MS : 0),
+                                debloat));
+            }
         }
         return cases;
     }

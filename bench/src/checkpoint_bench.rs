@@ -789,29 +789,30 @@ pub fn run(
             run: Box::new(move || keyed_job(keyed_records, Duration::ZERO, mode)),
         });
     }
-    for (implementation, mode) in [
-        ("weir, aligned", Mode::Aligned),
-        ("weir, unaligned", Mode::Unaligned),
-        ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
-        ("weir, aligned with a 50 ms timeout", Mode::AlignedTimeout),
-    ] {
-        cases.push(Case {
-            experiment: "checkpoints under back-pressure",
-            implementation,
-            run: Box::new(move || keyed_job(pressured_records, SINK_SPIN, mode)),
-        });
-    }
-    for (implementation, mode) in [
-        ("weir, aligned", Mode::Aligned),
-        ("weir, unaligned", Mode::Unaligned),
-        ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
-        ("weir, aligned with a 50 ms timeout", Mode::AlignedTimeout),
-    ] {
-        cases.push(Case {
-            experiment: "checkpoints under back-pressure, two processes",
-            implementation,
-            run: Box::new(move || keyed_job_two_processes(pressured_records, SINK_SPIN, mode)),
-        });
+    // The back-pressured job in one process, then over two.
+    let pressured: [(
+        &'static str,
+        fn(u64, Duration, Mode) -> Result<Turn, String>,
+    ); 2] = [
+        ("checkpoints under back-pressure", keyed_job),
+        (
+            "checkpoints under back-pressure, two processes",
+            keyed_job_two_processes,
+        ),
+    ];
+    for (experiment, job) in pressured {
+        for (implementation, mode) in [
+            ("weir, aligned", Mode::Aligned),
+            ("weir, unaligned", Mode::Unaligned),
+            ("weir, aligned with buffer debloating", Mode::AlignedDebloat),
+            ("weir, aligned with a 50 ms timeout", Mode::AlignedTimeout),
+        ] {
+            cases.push(Case {
+                experiment,
+                implementation,
+                run: Box::new(move || job(pressured_records, SINK_SPIN, mode)),
+            });
+        }
     }
     cases.retain(|case| only.is_none_or(|only| case.experiment.contains(only)));
     let recoveries_too = only.is_none_or(|only| "recovery".contains(only));
