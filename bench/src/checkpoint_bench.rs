@@ -219,6 +219,9 @@ impl Mode {
     }
 }
 
+/// A back-pressured run of `records` with a sink spinning so long per record, in a mode.
+type PressuredJob = fn(u64, Duration, Mode) -> Result<Turn, String>;
+
 /// The back-pressure case's aligned checkpoint timeout (Flink's side sets the same).
 const ALIGNED_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -790,10 +793,7 @@ pub fn run(
         });
     }
     // The back-pressured job in one process, then over two.
-    let pressured: [(
-        &'static str,
-        fn(u64, Duration, Mode) -> Result<Turn, String>,
-    ); 2] = [
+    let pressured: [(&'static str, PressuredJob); 2] = [
         ("checkpoints under back-pressure", keyed_job),
         (
             "checkpoints under back-pressure, two processes",
