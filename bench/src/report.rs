@@ -1024,7 +1024,7 @@ fn fault_tolerance_section(md: &mut String, value: &Value, flink: Option<&Value>
     );
     let _ = writeln!(
         md,
-        "Unaligned barriers overtake the data queued in front of them on both sides (Weir: announced ahead of the data on every local channel, the queued data read ahead and stored as channel state; Flink: priority events). A checkpoint triggered after the sources ended waits for the end of their input to come through the queued data on both sides (a finished task's end counts as its barrier), which is where long maxima under back-pressure come from.\n"
+        "Unaligned barriers overtake the data queued in front of them on both sides (Weir: announced ahead of the data on every channel, local and remote, the queued data read ahead and stored as channel state; Flink: priority events), also after a source finished (Weir announces later barriers on a finished task's queued output; Flink keeps a finished task running until its final checkpoint). With an aligned-checkpoint timeout both sides switch to unaligned once the timeout has passed since the barrier was written. The two-process experiment runs the sources and the sinks in different processes of the job (Weir: two transports in one OS process, on loopback; Flink: two task managers of one MiniCluster, placed apart), so that every record crosses the network.\n"
     );
     for line in crate::checkpoint_bench::targets(value) {
         let _ = writeln!(md, "- {line}");
