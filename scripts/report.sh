@@ -32,6 +32,14 @@ for suite in ring pool async exchange lookup remote; do
   echo "== $suite" >&2
   "$weir" compare "$suite" --rounds "$rounds" --scale "$scale" --json "$data/$suite.json" > "$data/$suite.md" 2>/dev/null
 done
+echo "== instructions per record (callgrind)" >&2
+# The targets table quotes them beside the times; without valgrind it says they were
+# not counted.
+if command -v valgrind >/dev/null || (apt-get install -y valgrind >/dev/null 2>&1); then
+  scripts/instructions.sh $quick >/dev/null || echo "scripts/instructions.sh failed; the targets table says so" >&2
+else
+  echo "no valgrind here; the targets table says the instructions were not counted" >&2
+fi
 echo "== checkpoints" >&2
 "$weir" checkpoint-bench $([ -n "$quick" ] && echo "--rounds 2 --scale 0.3") --json "$data/checkpoints.json" > "$data/checkpoints.md"
 echo "== debloat" >&2

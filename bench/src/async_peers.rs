@@ -44,7 +44,7 @@ use hdrhistogram::Histogram;
 use weir_engine::async_io::{
     AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture,
 };
-use weir_engine::element::{Collector, StreamElement};
+use weir_engine::element::{Collector, Record, StreamElement};
 use weir_engine::limits::{LATENCY_SAMPLE_EVERY, TIMER_SLOTS, TIMER_TICK_NS};
 use weir_engine::park::Parker;
 use weir_engine::runtime::{signal, Cores, Progress, Runtime, Task, TaskContext, TaskError};
@@ -135,6 +135,63 @@ impl AsyncFunction for Immediate {
     }
 }
 
+/// Answers every input without a call ([`AsyncFunction::ready`]); `invoke` gives the
+/// same answer where the operator calls it instead.
+struct Ready;
+
+impl AsyncFunction for Ready {
+    type In = u64;
+    type Out = u64;
+    #[inline]
+    fn ready(&mut self, input: &u64) -> Option<u64> {
+        Some(*input)
+    }
+    #[inline]
+    fn invoke(&mut self, input: &u64, result: ResultFuture<u64>) {
+        result.complete_one(*input);
+    }
+    #[inline]
+    fn key(&self, input: &u64) -> u64 {
+        *input & 63
+    }
+}
+
+/// `n` records through Weir's operator, each answered by [`AsyncFunction::ready`]: one
+/// record at a time, or (`runs`) in runs of its free capacity.
+pub fn weir_ready(mode: OutputMode, capacity: usize, n: u64, runs: bool) -> Measurement {
+    pin_first_core();
+    let parker = Parker::current();
+    let config = AsyncConfig::new(mode, capacity);
+    let mut operator =
+        AsyncWaitOperator::new(Ready, config, parker.unparker()).expect("valid config");
+    let mut sink = CountingSink { count: 0, sum: 0 };
+    let start = Instant::now();
+    if runs {
+        let mut run: Vec<Record<u64>> = Vec::with_capacity(capacity);
+        let mut next = 0;
+        while next < n {
+            let end = n.min(next + operator.free_capacity() as u64);
+            run.extend((next..end).map(|value| Record {
+                value,
+                timestamp: None,
+            }));
+            next = end;
+            operator
+                .process_run(run.drain(..), 0, &mut sink)
+                .expect("no failure");
+        }
+    } else {
+        for i in 0..n {
+            operator
+                .process_record(i, None, 0, &mut sink)
+                .expect("no failure");
+        }
+    }
+    let elapsed = start.elapsed();
+    check(&sink, n);
+    elapsed.into()
+}
+
 /// `n` records through Weir's operator with latency 0.
 pub fn weir_immediate(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
     pin_first_core();
@@ -147,6 +204,36 @@ pub fn weir_immediate(mode: OutputMode, capacity: usize, n: u64) -> Measurement 
     for i in 0..n {
         operator
             .process_record(i, None, 0, &mut sink)
+            .expect("no failure");
+    }
+    let elapsed = start.elapsed();
+    check(&sink, n);
+    elapsed.into()
+}
+
+/// `n` records through Weir's operator with latency 0, handed over in runs of
+/// `capacity` ([`AsyncWaitOperator::process_run`]), as a chain hands an async stage the
+/// runs it reads from its gate: each run is filled from the input sequence, then
+/// admitted in one call.
+pub fn weir_immediate_runs(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
+    pin_first_core();
+    let parker = Parker::current();
+    let config = AsyncConfig::new(mode, capacity);
+    let mut operator =
+        AsyncWaitOperator::new(Immediate, config, parker.unparker()).expect("valid config");
+    let mut sink = CountingSink { count: 0, sum: 0 };
+    let mut run: Vec<Record<u64>> = Vec::with_capacity(capacity);
+    let start = Instant::now();
+    let mut next = 0;
+    while next < n {
+        let end = n.min(next + operator.free_capacity() as u64);
+        run.extend((next..end).map(|value| Record {
+            value,
+            timestamp: None,
+        }));
+        next = end;
+        operator
+            .process_run(run.drain(..), 0, &mut sink)
             .expect("no failure");
     }
     let elapsed = start.elapsed();

@@ -128,6 +128,8 @@ pub struct Summary {
     pub service_cpu_ns: Vec<f64>,
     /// See [`Case::pairing`].
     pub pairing: Option<&'static str>,
+    /// Operations per turn (see [`Case::ops`]).
+    pub ops: u64,
 }
 
 /// The median of `samples`; NaN if there are none.
@@ -324,6 +326,26 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
             Arc::new(move |n| async_peers::weir_immediate(mode, 100, n)),
             None,
         ));
+        cases.push(workload(
+            experiment,
+            leak(format!(
+                "{weir} in runs (process_run: a run of its free capacity at a time)"
+            )),
+            immediate,
+            Arc::new(move |n| async_peers::weir_immediate_runs(mode, 100, n)),
+            None,
+        ));
+        for (runs, how) in [(false, "one at a time"), (true, "in runs")] {
+            cases.push(workload(
+                experiment,
+                leak(format!(
+                    "{weir} ready, {how} (answered by AsyncFunction::ready, no call made)"
+                )),
+                immediate,
+                Arc::new(move |n| async_peers::weir_ready(mode, 100, n, runs)),
+                None,
+            ));
+        }
         for (framework, name) in frameworks(ordered) {
             cases.push(workload(
                 experiment,
@@ -1273,6 +1295,7 @@ pub fn run(cases: &[Case], rounds: usize, mut progress: impl FnMut(&Case, f64)) 
             client_cpu_ns: Vec::new(),
             service_cpu_ns: Vec::new(),
             pairing: c.pairing,
+            ops: c.ops,
         })
         .collect();
     let mut experiments: Vec<&'static str> = cases.iter().map(|c| c.experiment).collect();
@@ -1412,6 +1435,7 @@ pub fn to_json(summaries: &[Summary], command: &str, rounds: usize) -> Value {
                 "peer_over_weir": ratios.over_weir.map(|(_, r)| r),
                 "compared_with": ratios.over_weir.or(ratios.best_peer).map(|(name, _)| name),
                 "pairing": s.pairing,
+                "ops_per_turn": s.ops,
                 "best_peer": ratios.best_peer.map(|(name, _)| name),
                 "best_peer_over_weir": ratios.best_peer.map(|(_, r)| r),
                 "limit_ops_per_s": s.limit_ops_per_s,
@@ -1492,6 +1516,7 @@ mod tests {
             client_cpu_ns: Vec::new(),
             service_cpu_ns: Vec::new(),
             pairing: None,
+            ops: 1,
         }
     }
 

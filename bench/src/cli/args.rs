@@ -63,7 +63,8 @@ pub(crate) enum Command {
         /// Only the experiments whose name contains this text.
         #[arg(long)]
         only: Option<String>,
-        /// Only the implementations whose name contains this text (e.g. to profile one).
+        /// Only the implementations whose name contains this text (e.g. to profile one);
+        /// only the one so named, where a name is exactly this text.
         #[arg(long)]
         implementation: Option<String>,
     },

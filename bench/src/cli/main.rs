@@ -222,7 +222,16 @@ fn main() {
                 }
             }
             if let Some(implementation) = &implementation {
-                cases.retain(|c| c.implementation.contains(implementation.as_str()));
+                // An exact name picks that one row where others contain it too
+                // ("weir exchange, runs" and "weir exchange, runs read in place").
+                let exact = cases.iter().any(|c| c.implementation == implementation.as_str());
+                cases.retain(|c| {
+                    if exact {
+                        c.implementation == implementation.as_str()
+                    } else {
+                        c.implementation.contains(implementation.as_str())
+                    }
+                });
                 if cases.is_empty() {
                     eprintln!(
                         "error: no implementation in these experiments matches \

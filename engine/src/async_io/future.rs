@@ -253,6 +253,15 @@ impl<T> CompletionQueue<T> {
             .with_mut(|q| unsafe { (*q).push_front(completion) });
     }
 
+    /// Whether a completion made on this thread waits in the queue (one owner-only
+    /// load; other threads' completions are not looked at).
+    #[inline(always)]
+    pub(crate) fn has_local(&self) -> bool {
+        let block = self.block();
+        // SAFETY: owner-only field on the owner thread.
+        !block.local.with(|q| unsafe { (*q).is_empty() })
+    }
+
     /// Whether another thread pushed a completion the owner has not taken.
     #[inline]
     fn foreign_waiting(&self) -> bool {

@@ -131,6 +131,52 @@ pub trait AsyncFunction: 'static {
     /// Starts the call for `input`.
     fn invoke(&mut self, input: &Self::In, result: ResultFuture<Self::Out>);
 
+    /// An answer known without making a call (a value computed from the input, an entry
+    /// of a table the function keeps in memory): `Some(result)` stands for a call that
+    /// completed inside [`invoke`](Self::invoke) with that one result, and is emitted at
+    /// once without the call's handle, slot or queue: the fast path of functions that
+    /// answer many inputs themselves. `None` (the default) makes the call.
+    ///
+    /// The operator asks only where the answer could leave at once: no watermark is
+    /// pending, in ordered mode no record is held, in keyed-ordered mode none of the
+    /// record's key, and no retry strategy or lookup cache is configured. Elsewhere it
+    /// calls `invoke` for the same input, so an answer given here must be the one
+    /// `invoke` completes with.
+    ///
+    /// ```
+    /// use weir_engine::async_io::{AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture};
+    ///
+    /// /// Even numbers are answered at once; odd ones would go to a service.
+    /// struct Halve;
+    /// impl AsyncFunction for Halve {
+    ///     type In = u64;
+    ///     type Out = u64;
+    ///     fn ready(&mut self, n: &u64) -> Option<u64> {
+    ///         (n % 2 == 0).then(|| n / 2)
+    ///     }
+    ///     fn invoke(&mut self, n: &u64, result: ResultFuture<u64>) {
+    ///         match self.ready(n) {
+    ///             Some(half) => result.complete_one(half),
+    ///             None => result.complete_one(n * 3 + 1), // stands for the service's answer
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let mut operator = AsyncWaitOperator::new(Halve, AsyncConfig::new(OutputMode::Ordered, 4), || {})?;
+    /// let mut out = Vec::new();
+    /// for n in [4, 3, 10] {
+    ///     operator.process_record(n, None, 0, &mut out)?;
+    /// }
+    /// let values: Vec<u64> = out.iter().filter_map(|e| e.as_record().map(|r| r.value)).collect();
+    /// assert_eq!(values, [2, 10, 5]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    fn ready(&mut self, input: &Self::In) -> Option<Self::Out> {
+        let _ = input;
+        None
+    }
+
     /// [`invoke`](Self::invoke) at `now_ns` by the operator's clock (what the operator
     /// calls; the default ignores the time).
     #[inline(always)]

@@ -38,6 +38,20 @@
 //! timer or queue round trip. Any other outcome is queued ahead of later completions
 //! and applied to the stored entry like every completion.
 //!
+//! A function that knows some answers without a call says so in
+//! [`AsyncFunction::ready`]: where a record may leave at once (as above) and no retry or
+//! cache is configured, its answer is emitted before any of the call's machinery (slot
+//! key, handle, inline slot) is touched; a function that keeps the default pays nothing,
+//! the branch being removed with the constant `None`.
+//!
+//! Runs ([`AsyncWaitOperator::process_run`]) admit records one after the other through
+//! the same per-record step as [`AsyncWaitOperator::process_record`], with the failure
+//! and capacity checks, the counters, the latency sample of the calls completed inside
+//! `invoke` and the look for other threads' completions taken once per run. A completion
+//! a record's call leaves in this thread's queue is applied before the next record, as
+//! one at a time, so a run emits what its records one at a time would, in the same
+//! order, and fails at the same record (`engine/tests/async_runs.rs`).
+//!
 //! With a lookup cache (`cache.rs`), a record is looked up before its call: a hit
 //! completes the record's handle at once with the cached results, taking exactly the
 //! path of a call completed inside `invoke` (emitted without an entry when it may leave
@@ -271,6 +285,9 @@ pub struct AsyncWaitOperator<F: AsyncFunction> {
     /// the branch that checks its results and stores cache loads.
     inline_slow: bool,
     next_sequence: u64,
+    /// Calls completed inside `invoke` by runs since the last latency sample taken for
+    /// them (below `LATENCY_SAMPLE_EVERY`).
+    inline_unsampled: u64,
     closed: bool,
     failure: Option<String>,
     metrics: AsyncMetrics,
@@ -328,6 +345,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             cache,
             cache_hit: false,
             next_sequence: 0,
+            inline_unsampled: 0,
             closed: false,
             failure: None,
             metrics: AsyncMetrics::new(),
@@ -419,6 +437,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// [`is_full`](Self::is_full). Completions made inside `invoke` are processed
     /// before this returns.
     ///
+    /// For a run of records, [`process_run`](Self::process_run) does the same with its
+    /// bookkeeping paid once per run.
+    ///
     /// # Panics
     /// If the operator is full (a caller bug: it must wait first).
     // A hint, so that whether a caller's loop inlines the per-record path does not turn
@@ -437,10 +458,145 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             !self.is_full(),
             "process_record on a full async operator: wait while is_full()"
         );
+        let sequence = self.next_sequence;
+        if self.admit(value, timestamp, now_ns, out) {
+            self.metrics.completed += 1;
+            self.metrics.emitted += 1;
+            if sequence % LATENCY_SAMPLE_EVERY == 0 {
+                // Completed within the call: the latency is below the clock's resolution.
+                self.metrics.latency_ns.saturating_record(1);
+            }
+        }
+        self.drain_if_waiting(now_ns, out)
+    }
+
+    /// Starts the calls for a run of records, in order, all at time `now_ns`: what
+    /// [`process_record`](Self::process_record) does for each, with the same outputs in
+    /// the same order, but with the failure check, the capacity check, the counters, the
+    /// latency sample of the calls completed inside `invoke` and the look for other
+    /// completions made once per run instead of once per record. A run therefore holds
+    /// at most [`free_capacity`](Self::free_capacity) records (a chain hands an async
+    /// stage no more).
+    ///
+    /// A call that fails inside `invoke` fails the operator before the run's next record,
+    /// as in the per-record form: the error is returned and the rest of the run is not
+    /// called (the task fails with it).
+    ///
+    /// # Panics
+    /// If the run holds more records than the operator's free capacity (a caller bug).
+    ///
+    /// ```
+    /// use weir_engine::async_io::{AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture};
+    /// use weir_engine::element::{Record, StreamElement};
+    ///
+    /// struct Double;
+    /// impl AsyncFunction for Double {
+    ///     type In = u64;
+    ///     type Out = u64;
+    ///     fn invoke(&mut self, n: &u64, result: ResultFuture<u64>) {
+    ///         result.complete_one(n * 2);
+    ///     }
+    /// }
+    ///
+    /// let mut operator = AsyncWaitOperator::new(Double, AsyncConfig::new(OutputMode::Ordered, 8), || {})?;
+    /// let mut run: Vec<Record<u64>> = (1..=3).map(|n| Record { value: n, timestamp: None }).collect();
+    /// let mut out = Vec::new();
+    /// operator.process_run(run.drain(..), 0, &mut out)?;
+    /// assert_eq!(
+    ///     out,
+    ///     [StreamElement::record(2, None), StreamElement::record(4, None), StreamElement::record(6, None)]
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn process_run<I>(
+        &mut self,
+        records: I,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> Result<(), OperatorError>
+    where
+        I: IntoIterator<Item = Record<F::In>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.check()?;
+        let records = records.into_iter();
+        assert!(
+            records.len() <= self.free_capacity(),
+            "process_run with a run of {} on an async operator with room for {}: \
+             hand it at most free_capacity() records",
+            records.len(),
+            self.free_capacity()
+        );
+        let mut inline = 0u64;
+        for record in records {
+            inline += u64::from(self.admit(record.value, record.timestamp, now_ns, out));
+            // A completion this thread made and could not hand over at once (one that may
+            // not leave yet, an error, another record's handle completed inside the call)
+            // is applied before the next record, as the per-record form applies it: the
+            // run's outputs and failures then come in the same order. One load of an
+            // owner-only length; other threads' completions wait for the end of the run.
+            if self.completions.has_local() {
+                if let Err(error) = self.drain(now_ns, out) {
+                    self.count_inline(inline);
+                    return Err(error);
+                }
+            }
+        }
+        self.count_inline(inline);
+        self.drain_if_waiting(now_ns, out)
+    }
+
+    /// Counts `inline` calls of a run completed inside `invoke` (or answered by `ready`)
+    /// and emitted at once.
+    #[inline]
+    fn count_inline(&mut self, inline: u64) {
+        if inline > 0 {
+            self.metrics.completed += inline;
+            self.metrics.emitted += inline;
+            // One sample per LATENCY_SAMPLE_EVERY calls completed inside `invoke`, as the
+            // per-record form takes them, recorded in one step (below the clock's
+            // resolution: 1 ns); the remainder carries over to the next run.
+            let due = self.inline_unsampled + inline;
+            self.inline_unsampled = due % LATENCY_SAMPLE_EVERY;
+            let samples = due / LATENCY_SAMPLE_EVERY;
+            if samples > 0 {
+                self.metrics.latency_ns.saturating_record_n(1, samples);
+            }
+        }
+    }
+
+    /// Makes the call for one record, the operator known not to be full and not failed.
+    /// Returns true if the call completed inside `invoke` and its results were emitted
+    /// at once, without an entry (the caller counts it); otherwise the record holds an
+    /// entry, and any completion of it made inside `invoke` waits in the queue for the
+    /// caller's drain. Shared by both forms, always inlined into each (one copy of the
+    /// call site per form).
+    #[inline(always)]
+    fn admit(
+        &mut self,
+        value: F::In,
+        timestamp: Option<i64>,
+        now_ns: u64,
+        out: &mut impl Collector<F::Out>,
+    ) -> bool {
         let key = match self.mode {
             OutputMode::KeyedOrdered => self.function.key(&value),
             OutputMode::Ordered | OutputMode::Unordered => 0,
         };
+        // An answer known without a call, where it may leave at once: emitted here, with
+        // no handle, slot or queue. For a function that keeps the default `ready`
+        // (always `None`) the compiler removes this branch and its checks.
+        if !self.inline_slow && self.may_leave_at_once(key) {
+            if let Some(result) = self.function.ready(&value) {
+                self.next_sequence += 1;
+                out.collect(StreamElement::Record(Record {
+                    value: result,
+                    timestamp,
+                }));
+                return true;
+            }
+        }
         let Some(slot) = self.entries.next_key() else {
             unreachable!("slab has a slot per unit of capacity and the operator is not full");
         };
@@ -458,16 +614,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             self.function.invoke_at(&value, handle, now_ns);
         }
         if let Some(outcome) = self.completions.take_inline() {
-            let emitted = self.emit_completed_inline(
-                key,
-                outcome,
-                timestamp,
-                sequence,
-                (&value, now_ns),
-                out,
-            );
-            match emitted {
-                None => return self.drain_if_waiting(now_ns, out),
+            match self.emit_completed_inline(key, outcome, timestamp, (&value, now_ns), out) {
+                None => return true,
                 Some(outcome) => self.completions.push_front(Completion {
                     key: slot,
                     attempt: 0,
@@ -518,7 +666,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             // Nothing else could free a slot before the held calls' deadline.
             self.function.flush_pending(now_ns, true);
         }
-        self.drain_if_waiting(now_ns, out)
+        false
     }
 
     /// The fast path of a call completed inside `invoke`, before its entry was stored:
@@ -529,22 +677,18 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     ///
     /// `load`: the input and the time, to store the results of a lookup-cache miss
     /// before they are emitted.
-    #[inline]
+    // Always inlined: outlined, the call and the moves of its outcome through memory were
+    // a third of the latency-0 path's instructions in a run (`scripts/instructions.sh`).
+    #[inline(always)]
     fn emit_completed_inline(
         &mut self,
         key: u64,
         outcome: Outcome<F::Out>,
         timestamp: Option<i64>,
-        sequence: u64,
         load: (&F::In, u64),
         out: &mut impl Collector<F::Out>,
     ) -> Option<Outcome<F::Out>> {
-        let emittable = self.segments.list.len() == 1
-            && match self.mode {
-                OutputMode::Unordered => true,
-                OutputMode::Ordered => self.entries.is_empty(),
-                OutputMode::KeyedOrdered => !self.chains.has_chain(key),
-            };
+        let emittable = self.may_leave_at_once(key);
         let results = match outcome {
             Outcome::Results(results) if emittable => results,
             outcome => return Some(outcome),
@@ -574,14 +718,21 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
                 );
             }
         }
-        self.metrics.completed += 1;
-        self.metrics.emitted += 1;
+        // Counted and sampled by the caller (once per run in a run).
         results.for_each(|value| out.collect(StreamElement::Record(Record { value, timestamp })));
-        if sequence % LATENCY_SAMPLE_EVERY == 0 {
-            // Completed within the call: the latency is below the clock's resolution.
-            self.metrics.latency_ns.saturating_record(1);
-        }
         None
+    }
+
+    /// Whether a record of `key` completed now may be emitted at once: no watermark
+    /// pending, and in ordered mode no record held, in keyed-ordered mode none of its key.
+    #[inline(always)]
+    fn may_leave_at_once(&self, key: u64) -> bool {
+        self.segments.list.len() == 1
+            && match self.mode {
+                OutputMode::Unordered => true,
+                OutputMode::Ordered => self.entries.is_empty(),
+                OutputMode::KeyedOrdered => !self.chains.has_chain(key),
+            }
     }
 
     /// Looks `input` up in the cache: on a hit, completes the first attempt's handle of

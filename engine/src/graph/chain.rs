@@ -520,6 +520,27 @@ where
         }
     }
 
+    /// The operator takes as much of the run as it has room for in one
+    /// [`process_run`](AsyncWaitOperator::process_run) (all of it when the run came
+    /// within [`room`](Link::room)); the rest waits in the input queue.
+    #[inline]
+    fn push_run(
+        &mut self,
+        run: &mut Vec<Record<F::In>>,
+        cx: &mut TaskContext<'_>,
+    ) -> Result<(), TaskError> {
+        if self.input.is_empty() {
+            let fits = run.len().min(self.operator.free_capacity());
+            if fits > 0 {
+                self.operator
+                    .process_run(run.drain(..fits), cx.now_ns, &mut self.output)?;
+            }
+        }
+        self.input
+            .extend(run.drain(..).map(StreamElement::Record));
+        Ok(())
+    }
+
     fn poll(&mut self, cx: &mut TaskContext<'_>) -> Result<bool, TaskError> {
         let now = cx.now_ns;
         let mut busy = self.operator.drain(now, &mut self.output)? > 0;
