@@ -52,10 +52,11 @@
 //! one at a time, so a run emits what its records one at a time would, in the same
 //! order, and fails at the same record (`engine/tests/async_runs.rs`).
 //!
-//! With a lookup cache (`cache.rs`), a record is looked up before its call: a hit
-//! completes the record's handle at once with the cached results, taking exactly the
-//! path of a call completed inside `invoke` (emitted without an entry when it may leave
-//! at once, queued ahead of later completions otherwise). A miss calls the function;
+//! With a lookup cache (`cache.rs`), a record is looked up before its call: a hit that
+//! may leave at once is emitted there, as an answer from `ready` is (its results passed
+//! the retry strategy when they were stored); any other hit completes the record's
+//! handle at once with the cached results, taking exactly the path of a call completed
+//! inside `invoke` (queued ahead of later completions). A miss calls the function;
 //! its results are stored in the cache when they stand: at once if the call completed
 //! inside `invoke` and leaves at once, else when its entry completes (the entry is
 //! marked `loading`; a timeout clears the mark, as its hook's outcome is no lookup).
@@ -602,16 +603,31 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         };
         let sequence = self.next_sequence;
         self.next_sequence += 1;
+        // With a lookup cache, the record is looked up first (out of line). A hit that may
+        // leave at once is emitted here, like an answer from `ready` (its results passed
+        // the retry strategy when they were stored); another hit completes the record's
+        // handle below and makes no call.
+        let hit = match self.cache.is_some().then(|| self.look_up(&value, now_ns)).flatten() {
+            Some(results) if self.may_leave_at_once(key) => {
+                results.for_each(|value| {
+                    out.collect(StreamElement::Record(Record { value, timestamp }))
+                });
+                return true;
+            }
+            hit => hit,
+        };
         // The call is made before the entry is stored, with the input borrowed from
         // here: a call that completes inside `invoke` (a cache hit, a computed answer)
         // and may leave at once never touches the slab, the chains or the wheel.
         self.completions.arm_inline(slot);
-        // With a lookup cache, a hit completes the record's handle (out of line) and makes
-        // no call; a miss and an operator without a cache share the call below, the one
-        // call site of `invoke` on this path (see the module docs).
-        if !(self.cache.is_some() && self.complete_hit(&value, slot, now_ns)) {
-            let handle = self.completions.issue(slot, 0);
-            self.function.invoke_at(&value, handle, now_ns);
+        // A miss and an operator without a cache share the call below, the one call site
+        // of `invoke` on this path (see the module docs).
+        match hit {
+            Some(results) => self.complete_hit(results, slot),
+            None => {
+                let handle = self.completions.issue(slot, 0);
+                self.function.invoke_at(&value, handle, now_ns);
+            }
         }
         if let Some(outcome) = self.completions.take_inline() {
             match self.emit_completed_inline(key, outcome, timestamp, (&value, now_ns), out) {
@@ -735,14 +751,13 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
             }
     }
 
-    /// Looks `input` up in the cache: on a hit, completes the first attempt's handle of
-    /// entry `slot` with the cached results (as a call completing inside `invoke` would)
-    /// and returns true. Notes the outcome in `cache_hit` for the rest of the record's
-    /// path (a miss is a load). Cold and out of line: an operator without a cache never
-    /// comes here, and one with a cache pays a call for its lookup anyway.
+    /// Looks `input` up in the cache and counts the outcome; notes it in `cache_hit` for
+    /// the rest of the record's path (a miss is a load). Cold and out of line: an
+    /// operator without a cache never comes here, and one with a cache pays a call for
+    /// its lookup anyway.
     #[cold]
     #[inline(never)]
-    fn complete_hit(&mut self, input: &F::In, slot: Key, now_ns: u64) -> bool {
+    fn look_up(&mut self, input: &F::In, now_ns: u64) -> Option<Results<F::Out>> {
         let cache = self
             .cache
             .as_mut()
@@ -750,18 +765,25 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         let hit = cache.lookup(input, now_ns);
         self.metrics.cache_entries = cache.len() as u64;
         self.cache_hit = hit.is_some();
-        let Some(results) = hit else {
+        if hit.is_some() {
+            self.metrics.cache_hits += 1;
+        } else {
             self.metrics.cache_misses += 1;
-            return false;
-        };
-        self.metrics.cache_hits += 1;
+        }
+        hit
+    }
+
+    /// Completes the first attempt's handle of entry `slot` with a cache hit's `results`,
+    /// as a call completing inside `invoke` would (for a hit that may not leave at once).
+    #[cold]
+    #[inline(never)]
+    fn complete_hit(&mut self, results: Results<F::Out>, slot: Key) {
         let handle = self.completions.issue(slot, 0);
         match results {
             Results::Empty => handle.complete(None),
             Results::One(one) => handle.complete_one(one),
             Results::Many(all) => handle.complete(all),
         }
-        true
     }
 
     /// Stores the results of a loading entry that stood, and hands them back.
