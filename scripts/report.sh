@@ -35,10 +35,10 @@ done
 echo "== instructions per record (callgrind)" >&2
 # The targets table quotes them beside the times; without valgrind it says they were
 # not counted.
-if command -v valgrind >/dev/null || (apt-get install -y valgrind >/dev/null 2>&1); then
+if command -v valgrind >/dev/null; then
   scripts/instructions.sh $quick >/dev/null || echo "scripts/instructions.sh failed; the targets table says so" >&2
 else
-  echo "no valgrind here; the targets table says the instructions were not counted" >&2
+  echo "no valgrind here (apt-get install valgrind); the targets table says the instructions were not counted" >&2
 fi
 echo "== checkpoints" >&2
 "$weir" checkpoint-bench $([ -n "$quick" ] && echo "--rounds 2 --scale 0.3") --json "$data/checkpoints.json" > "$data/checkpoints.md"

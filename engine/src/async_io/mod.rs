@@ -141,7 +141,9 @@ pub trait AsyncFunction: 'static {
     /// pending, in ordered mode no record is held, in keyed-ordered mode none of the
     /// record's key, and no retry strategy or lookup cache is configured. Elsewhere it
     /// calls `invoke` for the same input, so an answer given here must be the one
-    /// `invoke` completes with.
+    /// `invoke` completes with, and asking should change nothing (where `ready` returns
+    /// `None`, `invoke` runs next). Answers of none or several results go through
+    /// `invoke`.
     ///
     /// ```
     /// use weir_engine::async_io::{AsyncConfig, AsyncFunction, AsyncWaitOperator, OutputMode, ResultFuture};

@@ -49,8 +49,12 @@
 //! and capacity checks, the counters, the latency sample of the calls completed inside
 //! `invoke` and the look for other threads' completions taken once per run. A completion
 //! a record's call leaves in this thread's queue is applied before the next record, as
-//! one at a time, so a run emits what its records one at a time would, in the same
-//! order, and fails at the same record (`engine/tests/async_runs.rs`).
+//! one at a time, so where calls complete on the operator's thread a run emits what its
+//! records one at a time would, in the same order, and fails at the same record
+//! (`engine/tests/async_runs.rs`). Completions from other threads are looked for once, at
+//! the end of the run: in unordered mode they may come out later among the run's
+//! outputs than one record at a time would have them, and an error among them fails the
+//! operator after the run's calls are made.
 //!
 //! With a lookup cache (`cache.rs`), a record is looked up before its call: a hit that
 //! may leave at once is emitted there, as an answer from `ready` is (its results passed
@@ -480,8 +484,9 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
     /// stage no more).
     ///
     /// A call that fails inside `invoke` fails the operator before the run's next record,
-    /// as in the per-record form: the error is returned and the rest of the run is not
-    /// called (the task fails with it).
+    /// as in the per-record form: the error is returned and the rest of the run is
+    /// dropped uncalled (the task fails with it). Completions from other threads are
+    /// looked for once, at the end of the run.
     ///
     /// # Panics
     /// If the run holds more records than the operator's free capacity (a caller bug).

@@ -36,8 +36,9 @@
 //! methods (`Source::poll_next`, `Sink::invoke`) are what a source or sink must have,
 //! and the batch forms default to calling them; implement the batch form too when the
 //! work has a cheaper way for many records at once (a fetched batch handed over in
-//! one go, one request or one buffer append for a run). An async stage takes each run
-//! whole ([`AsyncWaitOperator::process_run`](crate::async_io::AsyncWaitOperator::process_run));
+//! one go, one request or one buffer append for a run). An async stage takes its input
+//! in runs of up to its free capacity
+//! ([`AsyncWaitOperator::process_run`](crate::async_io::AsyncWaitOperator::process_run));
 //! its function is still called per record, and gives the answers it knows without a
 //! call in [`AsyncFunction::ready`](crate::async_io::AsyncFunction::ready).
 //!
