@@ -558,7 +558,11 @@ pub fn section(md: &mut String, data: &Path) {
 
 /// The rows of `scripts/instructions.sh` each target's figure is quoted with: the
 /// figure's opening words, then (label, experiment, implementation's opening words).
-const COUNTED: &[(&str, &[(&str, &str, &str)])] = &[
+/// One counted row: its label in the cell, its experiment, its implementation's opening
+/// words.
+type CountedRow = (&'static str, &'static str, &'static str);
+
+const COUNTED: &[(&str, &[CountedRow])] = &[
     (
         "operator at latency 0, C = 100, vs the best framework peer",
         &[
