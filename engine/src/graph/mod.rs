@@ -40,7 +40,7 @@
 //! in runs of up to its free capacity
 //! ([`AsyncWaitOperator::process_run`](crate::async_io::AsyncWaitOperator::process_run));
 //! its function is still called per record, and gives the answers it knows without a
-//! call in [`AsyncFunction::ready`](crate::async_io::AsyncFunction::ready).
+//! call in [`AsyncFunction::ready`].
 //!
 //! Nothing starts before the whole graph is checked: [`Graph::plan`] and
 //! [`Graph::execute`] refuse a graph that cannot run with a [`GraphError`] naming the
