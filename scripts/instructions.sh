@@ -26,8 +26,12 @@ if [[ "${1:-}" == "--quick" ]]; then small=0.005; fi
 large=$(python3 -c "print($small * 2)")
 bin=target/measure/weir
 [[ -x "$bin" ]] || cargo build --profile measure -p weir-bench
-# The commit counted; "-dirty" when the tree has changes the commit does not.
-sha=$(git describe --always --dirty 2>/dev/null || echo nogit)
+# The commit counted; "-dirty" when the code differs from it (results/, which the report
+# run rewrites before it comes here, does not count).
+sha=$(git rev-parse --short HEAD 2>/dev/null || echo nogit)
+if [[ "$sha" != nogit ]] && ! git diff --quiet HEAD -- . ':(exclude)results'; then
+  sha="$sha-dirty"
+fi
 json=results/report/instructions.json
 md="results/$(date -u +%Y-%m-%d)-instructions-$sha.md"
 work=$(mktemp -d)
