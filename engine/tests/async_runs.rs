@@ -51,10 +51,16 @@ impl AsyncFunction for Scripted {
 #[derive(Debug, Clone)]
 enum Step {
     /// Records, cut into runs of these lengths (each cut to the free capacity).
-    Records { records: Vec<(u32, Option<u32>)>, cuts: Vec<usize> },
+    Records {
+        records: Vec<(u32, Option<u32>)>,
+        cuts: Vec<usize>,
+    },
     Watermark,
     /// Complete the `pick`-th held call with `count` results.
-    Complete { pick: usize, count: u32 },
+    Complete {
+        pick: usize,
+        count: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -91,12 +97,9 @@ impl Side {
             answers_ready,
             ..Scripted::default()
         };
-        let operator = AsyncWaitOperator::new(
-            function.clone(),
-            AsyncConfig::new(mode, capacity),
-            || {},
-        )
-        .expect("valid config");
+        let operator =
+            AsyncWaitOperator::new(function.clone(), AsyncConfig::new(mode, capacity), || {})
+                .expect("valid config");
         Side {
             function,
             operator,
@@ -256,9 +259,16 @@ fn a_call_failing_inside_a_run_fails_the_operator() {
     );
     assert_eq!(
         out,
-        [StreamElement::record(1, None), StreamElement::record(2, None)]
+        [
+            StreamElement::record(1, None),
+            StreamElement::record(2, None)
+        ]
     );
-    assert_eq!(operator.metrics().completed, 2, "no call after the failing one");
+    assert_eq!(
+        operator.metrics().completed,
+        2,
+        "no call after the failing one"
+    );
     let again = operator.process_run(run(6..7), 0, &mut out);
     assert!(
         matches!(&again, Err(OperatorError::Failed { cause }) if cause.contains("the third call fails")),

@@ -224,7 +224,9 @@ fn main() {
             if let Some(implementation) = &implementation {
                 // An exact name picks that one row where others contain it too
                 // ("weir exchange, runs" and "weir exchange, runs read in place").
-                let exact = cases.iter().any(|c| c.implementation == implementation.as_str());
+                let exact = cases
+                    .iter()
+                    .any(|c| c.implementation == implementation.as_str());
                 cases.retain(|c| {
                     if exact {
                         c.implementation == implementation.as_str()

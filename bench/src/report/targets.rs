@@ -103,7 +103,9 @@ pub fn section(md: &mut String, data: &Path) {
                 let fast = find("tokio + value-or-future fast path");
                 // futures-buffered queues every call: it is compared with the calls made
                 // through `invoke` (completed there), not with answers from `ready`.
-                if let (Some(single), Some(runs), Some(buffered)) = (invoked, invoked_runs, buffered) {
+                if let (Some(single), Some(runs), Some(buffered)) =
+                    (invoked, invoked_runs, buffered)
+                {
                     framework.push((mode, single, runs, buffered));
                 }
                 if let (Some(single), Some(runs), Some(fast)) = (single, runs, fast) {
@@ -152,7 +154,8 @@ pub fn section(md: &mut String, data: &Path) {
             }
             if !of_loop.is_empty() {
                 let met = of_loop.iter().all(|(_, single, runs, fast)| {
-                    fast.median_ns / single.median_ns >= 0.5 && fast.median_ns / runs.median_ns >= 1.0
+                    fast.median_ns / single.median_ns >= 0.5
+                        && fast.median_ns / runs.median_ns >= 1.0
                 });
                 targets.push(Target {
                     figure: "operator at latency 0, C = 100, against a loop that emits a synchronously completed value at once (the value-or-future fast path)".into(),
@@ -566,61 +569,176 @@ const COUNTED: &[(&str, &[CountedRow])] = &[
     (
         "operator at latency 0, C = 100, vs the best framework peer",
         &[
-            ("ordered: Weir", "async latency 0, capacity 100, ordered", "weir ordered (inline"),
-            ("in runs", "async latency 0, capacity 100, ordered", "weir ordered in runs"),
-            ("`ready`", "async latency 0, capacity 100, ordered", "weir ordered ready, one at a time"),
-            ("`ready` in runs", "async latency 0, capacity 100, ordered", "weir ordered ready, in runs"),
-            ("futures-buffered", "async latency 0, capacity 100, ordered", "tokio + futures-buffered"),
-            ("unordered: Weir", "async latency 0, capacity 100, unordered", "weir unordered (inline"),
-            ("in runs", "async latency 0, capacity 100, unordered", "weir unordered in runs"),
-            ("`ready`", "async latency 0, capacity 100, unordered", "weir unordered ready, one at a time"),
-            ("`ready` in runs", "async latency 0, capacity 100, unordered", "weir unordered ready, in runs"),
-            ("futures-buffered", "async latency 0, capacity 100, unordered", "tokio + futures-buffered"),
+            (
+                "ordered: Weir",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered (inline",
+            ),
+            (
+                "in runs",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered in runs",
+            ),
+            (
+                "`ready`",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered ready, one at a time",
+            ),
+            (
+                "`ready` in runs",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered ready, in runs",
+            ),
+            (
+                "futures-buffered",
+                "async latency 0, capacity 100, ordered",
+                "tokio + futures-buffered",
+            ),
+            (
+                "unordered: Weir",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered (inline",
+            ),
+            (
+                "in runs",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered in runs",
+            ),
+            (
+                "`ready`",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered ready, one at a time",
+            ),
+            (
+                "`ready` in runs",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered ready, in runs",
+            ),
+            (
+                "futures-buffered",
+                "async latency 0, capacity 100, unordered",
+                "tokio + futures-buffered",
+            ),
         ],
     ),
     (
         "operator at latency 0, C = 100, against a loop",
         &[
-            ("ordered: Weir", "async latency 0, capacity 100, ordered", "weir ordered (inline"),
-            ("in runs", "async latency 0, capacity 100, ordered", "weir ordered in runs"),
-            ("`ready`", "async latency 0, capacity 100, ordered", "weir ordered ready, one at a time"),
-            ("`ready` in runs", "async latency 0, capacity 100, ordered", "weir ordered ready, in runs"),
-            ("the loop", "async latency 0, capacity 100, ordered", "tokio + value-or-future"),
-            ("unordered: Weir", "async latency 0, capacity 100, unordered", "weir unordered (inline"),
-            ("in runs", "async latency 0, capacity 100, unordered", "weir unordered in runs"),
-            ("`ready`", "async latency 0, capacity 100, unordered", "weir unordered ready, one at a time"),
-            ("`ready` in runs", "async latency 0, capacity 100, unordered", "weir unordered ready, in runs"),
-            ("the loop", "async latency 0, capacity 100, unordered", "tokio + value-or-future"),
+            (
+                "ordered: Weir",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered (inline",
+            ),
+            (
+                "in runs",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered in runs",
+            ),
+            (
+                "`ready`",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered ready, one at a time",
+            ),
+            (
+                "`ready` in runs",
+                "async latency 0, capacity 100, ordered",
+                "weir ordered ready, in runs",
+            ),
+            (
+                "the loop",
+                "async latency 0, capacity 100, ordered",
+                "tokio + value-or-future",
+            ),
+            (
+                "unordered: Weir",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered (inline",
+            ),
+            (
+                "in runs",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered in runs",
+            ),
+            (
+                "`ready`",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered ready, one at a time",
+            ),
+            (
+                "`ready` in runs",
+                "async latency 0, capacity 100, unordered",
+                "weir unordered ready, in runs",
+            ),
+            (
+                "the loop",
+                "async latency 0, capacity 100, unordered",
+                "tokio + value-or-future",
+            ),
         ],
     ),
     (
         "lookups through the operator",
         &[
-            ("C = 256: Weir (epoll)", "lookup latency 0, 256 in flight", "weir epoll"),
-            ("tokio loop", "lookup latency 0, 256 in flight", "tokio pipelined loop"),
+            (
+                "C = 256: Weir (epoll)",
+                "lookup latency 0, 256 in flight",
+                "weir epoll",
+            ),
+            (
+                "tokio loop",
+                "lookup latency 0, 256 in flight",
+                "tokio pipelined loop",
+            ),
         ],
     ),
     (
         "local exchange 1→1 in runs",
         &[
-            ("100 B: Weir runs", "exchange 1→1, 100-byte records, round robin, timeout 100 ms", "weir exchange, runs"),
-            ("crossbeam", "exchange 1→1, 100-byte records, round robin, timeout 100 ms", "crossbeam_channel, Vec"),
-            ("1000 B: Weir in place", "exchange 1→1, 1000-byte records, round robin, timeout 100 ms", "weir exchange, runs read in place"),
-            ("crossbeam", "exchange 1→1, 1000-byte records, round robin, timeout 100 ms", "crossbeam_channel, Vec"),
+            (
+                "100 B: Weir runs",
+                "exchange 1→1, 100-byte records, round robin, timeout 100 ms",
+                "weir exchange, runs",
+            ),
+            (
+                "crossbeam",
+                "exchange 1→1, 100-byte records, round robin, timeout 100 ms",
+                "crossbeam_channel, Vec",
+            ),
+            (
+                "1000 B: Weir in place",
+                "exchange 1→1, 1000-byte records, round robin, timeout 100 ms",
+                "weir exchange, runs read in place",
+            ),
+            (
+                "crossbeam",
+                "exchange 1→1, 1000-byte records, round robin, timeout 100 ms",
+                "crossbeam_channel, Vec",
+            ),
         ],
     ),
     (
         "local exchange 1→1 at 8 B",
         &[
-            ("Weir runs", "exchange 1→1, 8-byte records, round robin, timeout 100 ms", "weir exchange, runs"),
-            ("reference", "exchange 1→1, 8-byte records, round robin, timeout 100 ms", "wire-format reference: copy into segments, decode on the other core"),
+            (
+                "Weir runs",
+                "exchange 1→1, 8-byte records, round robin, timeout 100 ms",
+                "weir exchange, runs",
+            ),
+            (
+                "reference",
+                "exchange 1→1, 8-byte records, round robin, timeout 100 ms",
+                "wire-format reference: copy into segments, decode on the other core",
+            ),
         ],
     ),
 ];
 
 /// The instructions-per-record cell of the target named `figure`.
 fn instructions_cell(counted: Option<&Value>, figure: &str) -> String {
-    let Some((_, wanted)) = COUNTED.iter().find(|(prefix, _)| figure.starts_with(prefix)) else {
+    let Some((_, wanted)) = COUNTED
+        .iter()
+        .find(|(prefix, _)| figure.starts_with(prefix))
+    else {
         return "not counted".into();
     };
     let Some(rows) = counted.and_then(|c| c["results"].as_array()) else {
@@ -635,7 +753,10 @@ fn instructions_cell(counted: Option<&Value>, figure: &str) -> String {
                         .as_str()
                         .is_some_and(|i| i.starts_with(implementation))
             })?;
-            Some(format!("{label} {:.0}", row["instructions_per_op"].as_f64()?))
+            Some(format!(
+                "{label} {:.0}",
+                row["instructions_per_op"].as_f64()?
+            ))
         })
         .collect();
     if cells.is_empty() {

@@ -612,7 +612,12 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         // leave at once is emitted here, like an answer from `ready` (its results passed
         // the retry strategy when they were stored); another hit completes the record's
         // handle below and makes no call.
-        let hit = match self.cache.is_some().then(|| self.look_up(&value, now_ns)).flatten() {
+        let hit = match self
+            .cache
+            .is_some()
+            .then(|| self.look_up(&value, now_ns))
+            .flatten()
+        {
             Some(results) if self.may_leave_at_once(key) => {
                 results.for_each(|value| {
                     out.collect(StreamElement::Record(Record { value, timestamp }))

@@ -536,8 +536,7 @@ where
                     .process_run(run.drain(..fits), cx.now_ns, &mut self.output)?;
             }
         }
-        self.input
-            .extend(run.drain(..).map(StreamElement::Record));
+        self.input.extend(run.drain(..).map(StreamElement::Record));
         Ok(())
     }
 
