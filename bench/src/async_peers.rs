@@ -159,11 +159,22 @@ impl AsyncFunction for Ready {
 /// `n` records through Weir's operator, each answered by [`AsyncFunction::ready`]: one
 /// record at a time, or (`runs`) in runs of its free capacity.
 pub fn weir_ready(mode: OutputMode, capacity: usize, n: u64, runs: bool) -> Measurement {
+    run_through(Ready, mode, capacity, n, runs)
+}
+
+/// `n` records through Weir's operator over `function` (answering each input with
+/// itself), timed: one record at a time, or (`runs`) in runs of its free capacity, as a
+/// chain hands an async stage the runs it reads from its gate (each run filled from the
+/// input sequence, then admitted in one call).
+fn run_through<F>(function: F, mode: OutputMode, capacity: usize, n: u64, runs: bool) -> Measurement
+where
+    F: AsyncFunction<In = u64, Out = u64>,
+{
     pin_first_core();
     let parker = Parker::current();
     let config = AsyncConfig::new(mode, capacity);
     let mut operator =
-        AsyncWaitOperator::new(Ready, config, parker.unparker()).expect("valid config");
+        AsyncWaitOperator::new(function, config, parker.unparker()).expect("valid config");
     let mut sink = CountingSink { count: 0, sum: 0 };
     let start = Instant::now();
     if runs {
@@ -216,29 +227,7 @@ pub fn weir_immediate(mode: OutputMode, capacity: usize, n: u64) -> Measurement 
 /// runs it reads from its gate: each run is filled from the input sequence, then
 /// admitted in one call.
 pub fn weir_immediate_runs(mode: OutputMode, capacity: usize, n: u64) -> Measurement {
-    pin_first_core();
-    let parker = Parker::current();
-    let config = AsyncConfig::new(mode, capacity);
-    let mut operator =
-        AsyncWaitOperator::new(Immediate, config, parker.unparker()).expect("valid config");
-    let mut sink = CountingSink { count: 0, sum: 0 };
-    let mut run: Vec<Record<u64>> = Vec::with_capacity(capacity);
-    let start = Instant::now();
-    let mut next = 0;
-    while next < n {
-        let end = n.min(next + operator.free_capacity() as u64);
-        run.extend((next..end).map(|value| Record {
-            value,
-            timestamp: None,
-        }));
-        next = end;
-        operator
-            .process_run(run.drain(..), 0, &mut sink)
-            .expect("no failure");
-    }
-    let elapsed = start.elapsed();
-    check(&sink, n);
-    elapsed.into()
+    run_through(Immediate, mode, capacity, n, true)
 }
 
 /// The framework a tokio peer runs its calls through, `capacity` in flight.
