@@ -126,10 +126,15 @@ for rate in $rates; do
   "$weir" run --rate "$rate" --records "$records" --quiet --json "$data/load-$rate.json" > "$data/load-$rate.txt" 2>&1
 done
 echo "== timer slack at low load" >&2
+# What a wake-up and a timer cost a thread on this machine: the yardstick of the rows
+# below.
+"$weir" wake-cost $([ -n "$quick" ] && echo "--sleeps 2000 --round-trips 5000") \
+  --json "$data/wake-cost.json" > "$data/wake-cost.txt" 2>&1 ||
+  echo "weir wake-cost failed; the report leaves it out" >&2
 # 50 k records/s with the workers' timer slack at 0, the default (50 µs) and longer:
 # CPU per record and wake-ups against the latency each adds.
 records=$(awk "BEGIN { printf \"%d\", 50000 * $seconds }")
-for slack in 0 50 100 200; do
+for slack in 0 50 100 200 500 1000; do
   "$weir" run --rate 50000 --records "$records" --timer-slack "${slack}us" --quiet \
     --json "$data/slack-$slack.json" > "$data/slack-$slack.txt" 2>&1
 done

@@ -296,6 +296,7 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
                 } else {
                     TOKIO_BUFFER_UNORDERED
                 },
+                CALLS_MADE,
             ),
             (
                 Framework::FuturesBuffered,
@@ -304,6 +305,7 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
                 } else {
                     FUTURES_BUFFERED_UNORDERED
                 },
+                CALLS_MADE,
             ),
             (
                 Framework::ValueOrFuture,
@@ -312,48 +314,61 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
                 } else {
                     VALUE_OR_FUTURE_UNORDERED
                 },
+                ANSWERED_AT_ONCE,
             ),
         ]
     };
     for (setting, mode, weir, ordered) in modes {
         let experiment = leak(format!("async latency 0, {setting}"));
-        cases.push(workload(
-            experiment,
-            leak(format!(
-                "{weir} (inline: completed in invoke, nothing stored)"
-            )),
-            immediate,
-            Arc::new(move |n| async_peers::weir_immediate(mode, 100, n)),
-            None,
-        ));
-        cases.push(workload(
-            experiment,
-            leak(format!(
-                "{weir} in runs (process_run: a run of its free capacity at a time)"
-            )),
-            immediate,
-            Arc::new(move |n| async_peers::weir_immediate_runs(mode, 100, n)),
-            None,
-        ));
-        for (runs, how) in [(false, "one at a time"), (true, "in runs")] {
-            cases.push(workload(
+        cases.push(
+            workload(
                 experiment,
                 leak(format!(
-                    "{weir} ready, {how} (answered by AsyncFunction::ready, no call made)"
+                    "{weir} (inline: completed in invoke, nothing stored)"
                 )),
                 immediate,
-                Arc::new(move |n| async_peers::weir_ready(mode, 100, n, runs)),
+                Arc::new(move |n| async_peers::weir_immediate(mode, 100, n)),
                 None,
-            ));
-        }
-        for (framework, name) in frameworks(ordered) {
-            cases.push(workload(
+            )
+            .paired(CALLS_MADE),
+        );
+        cases.push(
+            workload(
                 experiment,
-                name,
+                leak(format!(
+                    "{weir} in runs (process_run: a run of its free capacity at a time)"
+                )),
                 immediate,
-                Arc::new(move |n| async_peers::tokio_immediate(framework, ordered, 100, n)),
+                Arc::new(move |n| async_peers::weir_immediate_runs(mode, 100, n)),
                 None,
-            ));
+            )
+            .paired(CALLS_MADE),
+        );
+        for (runs, how) in [(false, "one at a time"), (true, "in runs")] {
+            cases.push(
+                workload(
+                    experiment,
+                    leak(format!(
+                        "{weir} ready, {how} (answered by AsyncFunction::ready, no call made)"
+                    )),
+                    immediate,
+                    Arc::new(move |n| async_peers::weir_ready(mode, 100, n, runs)),
+                    None,
+                )
+                .paired(ANSWERED_AT_ONCE),
+            );
+        }
+        for (framework, name, pairing) in frameworks(ordered) {
+            cases.push(
+                workload(
+                    experiment,
+                    name,
+                    immediate,
+                    Arc::new(move |n| async_peers::tokio_immediate(framework, ordered, 100, n)),
+                    None,
+                )
+                .paired(pairing),
+            );
         }
     }
     for (setting, mode, weir, ordered) in modes {
@@ -369,7 +384,7 @@ pub fn async_cases(scale: f64) -> Vec<Case> {
             Arc::new(move |n| async_peers::weir_batched(mode, 100, n)),
             None,
         ));
-        for (framework, name) in frameworks(ordered) {
+        for (framework, name, _) in frameworks(ordered) {
             cases.push(workload(
                 experiment,
                 name,
@@ -492,6 +507,12 @@ fn leak(name: String) -> &'static str {
     Box::leak(name.into_boxed_str())
 }
 
+/// The pairing, at latency 0, of calls made through `invoke` (and completed there) with
+/// the peers that make a call per record and queue it.
+const CALLS_MADE: &str = "a call made per record";
+/// The pairing, at latency 0, of answers given by `AsyncFunction::ready` with the peer
+/// that emits a value known at once without queueing it (the value-or-future loop).
+const ANSWERED_AT_ONCE: &str = "answered at once, no call queued";
 /// The pairing of ordered output (Weir's ordered and keyed-ordered modes) with ordered
 /// peers.
 const ORDERED: &str = "ordered output";

@@ -30,3 +30,4 @@ pub mod report;
 pub mod ring_peers;
 pub mod stream_bench;
 pub mod streams;
+pub mod wake_cost;

@@ -151,6 +151,24 @@ fn slack_section(md: &mut String, data: &Path) {
             us("p99.9")
         );
     }
+    if let Some(text) = wake_cost_text(data) {
+        let _ = writeln!(md, "\n{text}");
+    }
+}
+
+/// What a wake-up and a timer that runs out cost a thread on this machine
+/// (`wake-cost.json`, from `weir wake-cost`), as a sentence for the low-load figures.
+pub(crate) fn wake_cost_text(data: &Path) -> Option<String> {
+    let cost = read(data, "wake-cost.json")?;
+    let us = |k: &str| cost[k].as_f64().map(|ns| ns / 1e3);
+    let (timer, wake) = (us("timer_cpu_ns")?, us("wake_cpu_ns")?);
+    Some(format!(
+        "On this machine (`{}`) a timed sleep of {:.0} µs that runs out costs {timer:.1} µs of the sleeping thread's CPU, and a wake-up by another thread (a futex, sender and receiver together) {wake:.1} µs: a job whose threads wake, for a timer or for an arrival, once per k records pays about {:.0} µs ÷ k a record for the wake-ups alone, so a CPU per record of 3 µs needs every wake-up of every thread (the lookup service's included) shared by {:.0} records or more.",
+        cost["command"].as_str().unwrap_or("weir wake-cost"),
+        cost["sleep_us"].as_f64().unwrap_or(f64::NAN),
+        timer.min(wake),
+        (timer.min(wake) / 3.0).ceil(),
+    ))
 }
 
 fn read(dir: &Path, name: &str) -> Option<Value> {

@@ -232,6 +232,46 @@ impl AsyncBatchFunction for Inline {
     }
 }
 
+/// A batch function that knows the answer of even inputs without a call.
+#[derive(Clone, Default)]
+struct EvenReady(Stash);
+
+impl AsyncBatchFunction for EvenReady {
+    type In = u32;
+    type Out = u32;
+    fn ready(&mut self, input: &u32) -> Option<u32> {
+        (input % 2 == 0).then_some(input * 10)
+    }
+    fn invoke_batch(&mut self, inputs: &[u32], result: BatchResult<u32>) {
+        self.0.invoke_batch(inputs, result);
+    }
+}
+
+/// `Batched` forwards `ready`: an input answered at once joins no batch and leaves at
+/// once; one that may not leave yet (behind a held record, ordered) joins a batch.
+#[test]
+fn answers_known_without_a_call_join_no_batch() {
+    let function = EvenReady::default();
+    let mut h = AsyncHarness::new(
+        Batched::new(function.clone(), BatchConfig::new(2, 5 * MS)),
+        AsyncConfig::new(OutputMode::Ordered, 10),
+    )
+    .unwrap();
+    h.process_record(0, None).unwrap();
+    h.process_record(2, None).unwrap();
+    assert_eq!(records(&h.take_output()), [0, 20]);
+    assert_eq!(h.operator().function().buffered(), 0, "no batch for them");
+    h.process_record(1, None).unwrap();
+    // Behind the held 1: batched with it (the batch of two is cut and called).
+    h.process_record(4, None).unwrap();
+    assert_eq!(function.0.sizes(), [2]);
+    assert_eq!(function.0.inputs(0), [1, 4]);
+    function.0.complete(0);
+    h.run_mailbox().unwrap();
+    assert_eq!(records(&h.take_output()), [10, 40]);
+    assert_eq!(h.operator().metrics().ready, 2);
+}
+
 #[test]
 fn end_of_input_sends_what_is_held() {
     let mut h = AsyncHarness::new(

@@ -221,7 +221,34 @@ proptest! {
         let (a, b) = (single.operator.metrics(), runs.operator.metrics());
         prop_assert_eq!(a.completed, b.completed);
         prop_assert_eq!(a.emitted, b.emitted);
+        prop_assert_eq!(a.ready, b.ready);
+        prop_assert_eq!(plain.operator.metrics().ready, 0);
     }
+}
+
+/// Answers from `ready` are counted apart (and as completed and emitted); records that
+/// may not leave at once (behind a held one, in ordered mode) are called instead.
+#[test]
+fn answers_from_ready_are_counted() {
+    let mut side = Side::new(OutputMode::Ordered, 8, true);
+    let record = |id: u32, inline: Option<u32>| Record {
+        value: (id, 0, inline),
+        timestamp: None,
+    };
+    let run = vec![record(1, Some(READY)), record(2, Some(READY))];
+    side.operator.process_run(run, 0, &mut side.out).unwrap();
+    assert_eq!(side.operator.metrics().ready, 2);
+    // Held: the next answer known at once must wait behind it, so `invoke` answers it.
+    side.operator
+        .process_record((3, 0, None), None, 0, &mut side.out)
+        .unwrap();
+    side.operator
+        .process_record((4, 0, Some(READY)), None, 0, &mut side.out)
+        .unwrap();
+    assert_eq!(side.operator.metrics().ready, 2);
+    side.settle().unwrap();
+    let m = side.operator.metrics();
+    assert_eq!((m.ready, m.completed, m.emitted), (2, 4, 4));
 }
 
 /// A call failing inside `invoke` fails the operator at that record, as one record at

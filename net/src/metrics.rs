@@ -19,7 +19,7 @@
 //! | `weir_task_inPoolUsage` | stage, subtask | fraction of the buffers its input channels hold that wait to be read (0 for a source's task) |
 //! | `weir_task_inFlightBytes` | stage, subtask | bytes on its input channels not yet read by it: published by the producers (local) or arrived (remote; what waits at the sender for credit is not counted) |
 //! | `weir_task_inFlightBytesMaxChannel` | stage, subtask | the same on its fullest input channel |
-//! | `weir_async_inFlight`, `weir_async_timeouts_total` | stage, subtask | the async operators' elements in flight and calls timed out |
+//! | `weir_async_inFlight`, `weir_async_timeouts_total`, `weir_async_ready_total` | stage, subtask | the async operators' elements in flight, calls timed out, and records answered by `AsyncFunction::ready` with no call made |
 //! | `weir_checkpoint_*` | — | completed and failed checkpoints, the last one's id, duration and size (when the job checkpoints) |
 //! | `weir_redis_*_total` | client | the Redis clients' counters |
 //! | `weir_stream_source_*_total` | source | Redis Streams sources: entries, reads, acknowledgements, reconnects, errors, bytes |
@@ -405,6 +405,11 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
         "async_timeouts",
         "Calls the task's async operators timed out",
     );
+    let ready = counter_family::<TaskLabels>(
+        &mut registry,
+        "async_ready",
+        "Records the task's async operators answered with AsyncFunction::ready, no call made",
+    );
 
     for (index, task) in sources.live.tasks().iter().enumerate() {
         let labels = TaskLabels {
@@ -450,6 +455,7 @@ pub(crate) fn render(sources: &MetricsSources, previous: &mut Previous) -> Strin
             .get_or_create(&labels)
             .set(now.async_in_flight as f64);
         timeouts.get_or_create(&labels).inc_by(now.async_timeouts);
+        ready.get_or_create(&labels).inc_by(now.async_ready);
         previous.insert(index, now);
     }
 

@@ -167,6 +167,20 @@ pub(crate) enum Command {
         /// The checkpoint directory (holds `chk-<id>/`).
         dir: PathBuf,
     },
+    /// What sleeping and waking cost a thread on this machine: the CPU of a short timed
+    /// sleep that runs out, and of a wake-up by another thread (futex ping-pong between
+    /// two cores); the yardstick of the low-load figures.
+    WakeCost {
+        /// Timed sleeps of 20 µs to measure.
+        #[arg(long, default_value_t = 20_000)]
+        sleeps: u64,
+        /// Wake-up round trips to measure (two wake-ups each).
+        #[arg(long, default_value_t = 50_000)]
+        round_trips: u64,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Samples a workload with the in-process profiler and writes a flamegraph SVG.
     Profile {
         /// What to profile.

@@ -88,6 +88,41 @@ fn main() {
             }
         }
         Command::Profile { target, out } => std::process::exit(profile(target, &out)),
+        Command::WakeCost {
+            sleeps,
+            round_trips,
+            json,
+        } => {
+            if sleeps == 0 || round_trips == 0 {
+                eprintln!("error: --sleeps and --round-trips must be at least 1");
+                std::process::exit(2);
+            }
+            let cost = weir_bench::wake_cost::measure(sleeps, round_trips);
+            println!(
+                "a timed sleep of {} µs that runs out: {:.2} µs of the thread's CPU ({:.1} µs wall)",
+                weir_bench::wake_cost::SLEEP.as_micros(),
+                cost.timer_cpu_ns / 1e3,
+                cost.timer_elapsed_ns / 1e3
+            );
+            println!(
+                "a wake-up by another thread (futex, sender and receiver): {:.2} µs of CPU ({:.1} µs wall)",
+                cost.wake_cpu_ns / 1e3,
+                cost.wake_elapsed_ns / 1e3
+            );
+            if let Some(path) = json {
+                let mut value = cost.to_json(sleeps, round_trips);
+                value["machine"] = weir_bench::compare::machine();
+                value["command"] = format!(
+                    "weir wake-cost --sleeps {sleeps} --round-trips {round_trips} --json {}",
+                    path.display()
+                )
+                .into();
+                if let Err(error) = std::fs::write(&path, format!("{value:#}\n")) {
+                    eprintln!("error: writing {}: {error}", path.display());
+                    std::process::exit(1);
+                }
+            }
+        }
         Command::Debloat(args) => std::process::exit(debloat(args)),
         Command::KafkaBench {
             brokers,

@@ -50,6 +50,18 @@ pub trait AsyncBatchFunction: 'static {
     /// them, now or later, on this thread or another.
     fn invoke_batch(&mut self, inputs: &[Self::In], result: BatchResult<Self::Out>);
 
+    /// An answer known without a call, as [`AsyncFunction::ready`]'s: `Some(result)`
+    /// stands for a batch call that completed the input with that one result, and the
+    /// record never joins a batch. [`Batched`] forwards it; the operator asks only where
+    /// the record may leave at once (see [`AsyncFunction::ready`]), and otherwise the
+    /// input joins a batch, so an answer given here must be the one the batch call
+    /// would give. The default (`None`) batches every input.
+    #[inline(always)]
+    fn ready(&mut self, input: &Self::In) -> Option<Self::Out> {
+        let _ = input;
+        None
+    }
+
     /// Called for a record whose timeout passed before its batch's call completed it
     /// (measured from when it joined its batch, across retries): its completion decides
     /// the record, as [`AsyncFunction::timeout`]'s. The default fails with
@@ -309,6 +321,11 @@ impl<F: AsyncBatchFunction> AsyncFunction for Batched<F> {
     type Out = F::Out;
 
     const BUFFERS: bool = true;
+
+    #[inline(always)]
+    fn ready(&mut self, input: &F::In) -> Option<F::Out> {
+        self.inner.ready(input)
+    }
 
     fn invoke(&mut self, input: &F::In, result: ResultFuture<F::Out>) {
         let now_ns = self.now_ns;

@@ -108,10 +108,15 @@ impl LocalExecutor {
     }
 }
 
+/// An answer known without a call, given to a future-returning function
+/// ([`FutureFunction::with_ready`], [`FutureBatchFunction::with_ready`]).
+type ReadyFn<In, Out> = Box<dyn FnMut(&In) -> Option<Out>>;
+
 /// An [`AsyncFunction`] written as a function returning a future.
 pub struct FutureFunction<In, Out, F> {
     executor: Rc<RefCell<LocalExecutor>>,
     call: F,
+    ready: Option<ReadyFn<In, Out>>,
     _types: std::marker::PhantomData<fn(&In) -> Out>,
 }
 
@@ -121,8 +126,17 @@ impl<In, Out, F> FutureFunction<In, Out, F> {
         FutureFunction {
             executor,
             call,
+            ready: None,
             _types: std::marker::PhantomData,
         }
+    }
+
+    /// Answers known without a call ([`AsyncFunction::ready`]): where `ready` returns
+    /// `Some(result)` and the record may leave at once, no future is made. It must give
+    /// the one result the call's future would.
+    pub fn with_ready(mut self, ready: impl FnMut(&In) -> Option<Out> + 'static) -> Self {
+        self.ready = Some(Box::new(ready));
+        self
     }
 }
 
@@ -135,6 +149,11 @@ where
 {
     type In = In;
     type Out = Out;
+
+    #[inline]
+    fn ready(&mut self, input: &In) -> Option<Out> {
+        self.ready.as_mut().and_then(|ready| ready(input))
+    }
 
     fn invoke(&mut self, input: &In, result: ResultFuture<Out>) {
         let call = (self.call)(input);
@@ -156,6 +175,7 @@ where
 pub struct FutureBatchFunction<In, Out, F> {
     executor: Rc<RefCell<LocalExecutor>>,
     call: F,
+    ready: Option<ReadyFn<In, Out>>,
     _types: std::marker::PhantomData<fn(&In) -> Out>,
 }
 
@@ -165,8 +185,18 @@ impl<In, Out, F> FutureBatchFunction<In, Out, F> {
         FutureBatchFunction {
             executor,
             call,
+            ready: None,
             _types: std::marker::PhantomData,
         }
+    }
+
+    /// Answers known without a call
+    /// ([`AsyncBatchFunction::ready`](super::AsyncBatchFunction::ready)): where `ready`
+    /// returns `Some(result)` and the record may leave at once, it joins no batch. It
+    /// must give the one result the batch's future would give that input.
+    pub fn with_ready(mut self, ready: impl FnMut(&In) -> Option<Out> + 'static) -> Self {
+        self.ready = Some(Box::new(ready));
+        self
     }
 }
 
@@ -179,6 +209,11 @@ where
 {
     type In = In;
     type Out = Out;
+
+    #[inline]
+    fn ready(&mut self, input: &In) -> Option<Out> {
+        self.ready.as_mut().and_then(|ready| ready(input))
+    }
 
     fn invoke_batch(&mut self, inputs: &[In], result: super::BatchResult<Out>) {
         let call = (self.call)(inputs);
@@ -280,5 +315,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("zero"));
+    }
+
+    /// `with_ready` answers what it knows without making a future; the rest are called.
+    #[test]
+    fn answers_known_without_a_call_make_no_future() {
+        let executor = Rc::new(RefCell::new(LocalExecutor::new(8, None).unwrap()));
+        let function = FutureFunction::new(Rc::clone(&executor), |input: &u32| {
+            let input = *input;
+            async move { Ok(vec![input * 10]) }
+        })
+        .with_ready(|input: &u32| (input % 2 == 0).then_some(input * 10));
+        let mut harness =
+            AsyncHarness::new(function, AsyncConfig::new(OutputMode::Unordered, 4)).unwrap();
+        harness.process_record(2, None).unwrap();
+        assert!(executor.borrow().is_empty(), "no future for a ready answer");
+        assert_eq!(harness.take_output(), vec![StreamElement::record(20, None)]);
+        harness.process_record(3, None).unwrap();
+        assert_eq!(executor.borrow().len(), 1);
+        executor.borrow_mut().run_ready();
+        harness.run_mailbox().unwrap();
+        assert_eq!(harness.take_output(), vec![StreamElement::record(30, None)]);
+        assert_eq!(harness.operator().metrics().ready, 1);
     }
 }

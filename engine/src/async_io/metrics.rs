@@ -13,6 +13,9 @@ use hdrhistogram::Histogram;
 pub struct AsyncMetrics {
     /// Records whose result stood (emitted or waiting to be).
     pub completed: u64,
+    /// Records answered by [`AsyncFunction::ready`](super::AsyncFunction::ready), with no
+    /// call made (counted in `completed` and `emitted` too).
+    pub ready: u64,
     /// Retries scheduled.
     pub retried: u64,
     /// Elements whose timeout fired.
@@ -50,6 +53,7 @@ impl AsyncMetrics {
     pub(crate) fn new() -> Self {
         AsyncMetrics {
             completed: 0,
+            ready: 0,
             retried: 0,
             timed_out: 0,
             failed: 0,
@@ -83,6 +87,7 @@ impl AsyncMetrics {
     /// Adds `other`'s counts and latencies to these (for several subtasks).
     pub fn merge(&mut self, other: &AsyncMetrics) {
         self.completed += other.completed;
+        self.ready += other.ready;
         self.retried += other.retried;
         self.timed_out += other.timed_out;
         self.failed += other.failed;

@@ -596,6 +596,7 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         if !self.inline_slow && self.may_leave_at_once(key) {
             if let Some(result) = self.function.ready(&value) {
                 self.next_sequence += 1;
+                self.metrics.ready += 1;
                 out.collect(StreamElement::Record(Record {
                     value: result,
                     timestamp,

@@ -605,6 +605,7 @@ where
         // later link's report only if they are reported first-to-last (they are).
         TaskMetrics::set(&metrics.async_in_flight, self.operator.in_flight() as u64);
         TaskMetrics::set(&metrics.async_timeouts, self.operator.metrics().timed_out);
+        TaskMetrics::set(&metrics.async_ready, self.operator.metrics().ready);
         self.next.report(metrics);
     }
 

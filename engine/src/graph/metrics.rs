@@ -40,6 +40,8 @@ pub struct TaskMetrics {
     pub async_in_flight: AtomicU64,
     /// Calls its async operators timed out.
     pub async_timeouts: AtomicU64,
+    /// Records its async operators answered with `AsyncFunction::ready`, no call made.
+    pub async_ready: AtomicU64,
     /// Its output pool's usage in parts per million of its reserved segments (Flink's
     /// `outPoolUsage`); 0 for a task without an exchange after it.
     pub out_pool_usage_ppm: AtomicU64,
@@ -70,6 +72,7 @@ impl TaskMetrics {
             backpressured_ns: AtomicU64::new(0),
             async_in_flight: AtomicU64::new(0),
             async_timeouts: AtomicU64::new(0),
+            async_ready: AtomicU64::new(0),
             out_pool_usage_ppm: AtomicU64::new(0),
             in_pool_usage_ppm: AtomicU64::new(0),
             in_flight_bytes: AtomicU64::new(0),
@@ -89,6 +92,7 @@ impl TaskMetrics {
             backpressured_ns: get(&self.backpressured_ns),
             async_in_flight: get(&self.async_in_flight),
             async_timeouts: get(&self.async_timeouts),
+            async_ready: get(&self.async_ready),
             out_pool_usage: get(&self.out_pool_usage_ppm) as f64 / 1e6,
             in_pool_usage: get(&self.in_pool_usage_ppm) as f64 / 1e6,
             in_flight_bytes: get(&self.in_flight_bytes),
@@ -121,6 +125,8 @@ pub struct TaskSample {
     pub async_in_flight: u64,
     /// See [`TaskMetrics::async_timeouts`].
     pub async_timeouts: u64,
+    /// See [`TaskMetrics::async_ready`].
+    pub async_ready: u64,
     /// Fraction of the output pool in use.
     pub out_pool_usage: f64,
     /// Fraction of the input channels' buffers in use.
@@ -183,6 +189,7 @@ mod tests {
             backpressured_ns: bp_ms * 1_000_000,
             async_in_flight: 0,
             async_timeouts: 0,
+            async_ready: 0,
             out_pool_usage: 0.0,
             in_pool_usage: 0.0,
             in_flight_bytes: 0,
