@@ -138,6 +138,13 @@ for slack in 0 50 100 200 500 1000; do
   "$weir" run --rate 50000 --records "$records" --timer-slack "${slack}us" --quiet \
     --json "$data/slack-$slack.json" > "$data/slack-$slack.txt" 2>&1
 done
+# ... and with the embedded lookup service answering at one timer expiry what comes due
+# within the same slack.
+for slack in 200 1000; do
+  "$weir" run --rate 50000 --records "$records" --timer-slack "${slack}us" \
+    --service-timer-slack "${slack}us" --quiet \
+    --json "$data/service-slack-$slack.json" > "$data/service-slack-$slack.txt" 2>&1
+done
 echo "== lookup cache" >&2
 # The main job with Zipf keys, without and with a cache, alternating.
 for i in 0 1 2; do

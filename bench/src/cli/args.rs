@@ -396,6 +396,12 @@ pub(crate) struct RunArgs {
     /// waits). 0s: every arrival wakes its worker.
     #[arg(long, default_value = "50us", value_parser = parse_duration)]
     pub(crate) timer_slack: Duration,
+    /// The embedded lookup service's timer slack (as `weir serve-lookup
+    /// --timer-slack`): the answers due within this long after the earliest leave
+    /// together at one timer expiry, up to this much late. 0s: each answer leaves at its
+    /// time, as the external service it stands in for would answer.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub(crate) service_timer_slack: Duration,
     /// Completed checkpoints kept in --checkpoint-dir (Flink's
     /// state.checkpoints.num-retained): older ones are what --restore-fallback can use.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), requires = "checkpoint_interval")]

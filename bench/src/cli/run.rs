@@ -451,6 +451,7 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                     ..Faults::default()
                 },
                 core: service_core,
+                slack: args.service_timer_slack,
                 ..ServerConfig::default()
             };
             Some(LookupServer::start(config).map_err(RunError::Service)?)
@@ -764,6 +765,7 @@ pub(crate) fn run_main_job(args: &RunArgs) -> Result<i32, RunError> {
                 "embedded": stats.is_some(),
                 "placement": service_place,
                 "core": service_core,
+                "timer_slack_us": args.service_timer_slack.as_secs_f64() * 1e6,
                 "requests": stats.map(|s| s.requests),
                 "errors_injected": stats.map(|s| s.errors),
                 "cpu_s": stats.map(|s| s.cpu_ns as f64 / 1e9),

@@ -470,7 +470,7 @@ pub fn section(md: &mut String, data: &Path) {
                 measured: format!("{:.1} µs ({:.0}% of it the embedded service)", cpu / 1e3, share * 100.0),
                 met: Some(cpu <= 3000.0),
                 bound: format!(
-                    "Wake-ups (default timer slack, {:.0} µs): {} The service thread spends {:.1} µs a request here (it keeps no slack: it stands in for the external system). {} A longer slack trades latency for fewer wake-ups: {} Next: fewer wake-ups rather than cheaper ones, since the cost is the kernel's and the hypervisor's: the lookup service answering the requests due within one timer expiry together (`weir serve-lookup --timer-slack`, not yet the embedded service's default), and the source's pacing deadline merged with the slack.",
+                    "Wake-ups (default timer slack, {:.0} µs): {} The service thread spends {:.1} µs a request here (it keeps no slack: it stands in for the external system). {} A longer slack trades latency for fewer wake-ups: {} The embedded service's own slack (`--service-timer-slack`, its rows in that section) trims only its share. Next: the rest of a worker's CPU per wake-up beyond the wake-up itself (about 50 µs against the 20 µs above): the system calls of the turn that follows it (`io_uring` enters for the lookups' sends and receives, the exchange's doorbells), to be counted per turn and merged.",
                     job["settings"]["timer_slack_us"].as_f64().unwrap_or(f64::NAN),
                     wakeup_text(&job, read(data, "load-400000.json").as_ref()),
                     job["lookup_service"]["cpu_s"].as_f64().unwrap_or(f64::NAN) * 1e6
