@@ -8,7 +8,14 @@
 # consumers on the other), start-up excluded and reported apart. Writes the same JSON as `weir compare --json`:
 #
 #   results/report/flink-async.json, flink-exchange.json, flink-remote.json,
-#   flink-checkpoints.json, flink-mainjob.json
+#   flink-checkpoints.json, flink-keyed.json, flink-mainjob.json
+#
+# keyed: Weir's keyed state snapshot (checkpoint-bench's "keyed state snapshot") as a
+# Flink job: 10 MB, 100 MB and 1 GB (--quick: 10 and 100 MB) of keyed state in one
+# subtask (a ValueState<byte[92]> per Long key, HashMapStateBackend), filled, then 1% of
+# the keys written a second while aligned checkpoints come every 1 s; per checkpoint of
+# the whole state, the subtask's synchronous part (its pause), asynchronous part and the
+# end-to-end duration, from the job's checkpoint statistics.
 #
 # checkpoints: the job DataGeneratorSource (64-byte records, parallelism 2) → keyBy →
 # counting sink (parallelism 2) without checkpoints and with aligned or unaligned
@@ -44,11 +51,11 @@
 # gives Little's limit, 2 × C ÷ latency). Where nothing listens there the suite fails at
 # once (exit 1, the JSON says why), as it does when the service goes away mid-run.
 #
-#   scripts/flink-peer.sh                  async, exchange, remote and checkpoints at full
+#   scripts/flink-peer.sh                  async, exchange, remote, checkpoints and keyed at full
 #                                          size, 7 rounds
 #   scripts/flink-peer.sh --quick          3 rounds at 0.15 of the size
 #   scripts/flink-peer.sh [--quick] remote only the named suites (async, exchange,
-#                                          remote, checkpoints, mainjob)
+#                                          remote, checkpoints, keyed, mainjob)
 #
 # FLINK_ONLY=TEXT runs only the cases whose "experiment / implementation" contains TEXT
 # (e.g. FLINK_ONLY=back-pressure scripts/flink-peer.sh checkpoints); such a partial run
@@ -74,18 +81,18 @@ fi
 rounds=${FLINK_ROUNDS:-$rounds}
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-  suites=(async exchange remote checkpoints)
+  suites=(async exchange remote checkpoints keyed)
 fi
 for suite in "${suites[@]}"; do
   case "$suite" in
-    async | exchange | remote | checkpoints | mainjob) ;;
+    async | exchange | remote | checkpoints | keyed | mainjob) ;;
     *)
-      echo "flink-peer: unknown suite $suite (async, exchange, remote, checkpoints, mainjob)" >&2
+      echo "flink-peer: unknown suite $suite (async, exchange, remote, checkpoints, keyed, mainjob)" >&2
       exit 2
       ;;
   esac
 done
-if [ "${suites[*]}" != "async exchange remote checkpoints" ]; then
+if [ "${suites[*]}" != "async exchange remote checkpoints keyed" ]; then
   quick="$quick ${suites[*]}"
 fi
 if [ -n "${FLINK_ONLY:-}" ]; then
@@ -194,7 +201,11 @@ for suite in "${suites[@]}"; do
       --records "${FLINK_RECORDS:-2000000}" --lookup-latency "${FLINK_LOOKUP_LATENCY:-fixed:1ms}")
   fi
   command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale${extra[*]:+ ${extra[*]}})"
-  if ! "$jdk/java" -Xms1g -Xmx1g "${opens[@]}" \
+  # The keyed suite holds up to 1 GB of keyed state as Java objects (about twice that
+  # on the heap), and copies of what is written while a snapshot is written out.
+  heap=1g
+  [ "$suite" = keyed ] && heap=10g
+  if ! "$jdk/java" -Xms1g "-Xmx$heap" "${opens[@]}" \
     -Dlog4j.configurationFile=bench/flink/log4j2.properties \
     -cp "$classes:$lib/*" WeirFlinkPeer \
     --suite "$suite" --rounds "$rounds" --scale "$scale" "${extra[@]}" --json "$json" --command "$command" \

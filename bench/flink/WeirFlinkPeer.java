@@ -47,6 +47,11 @@
 //   duration (first to last barrier) of any subtask, the in-flight data persisted
 //   (unaligned) and the state size; the JSON gives p50 and max over all checkpoints of
 //   the measured runs. Flink reports these in whole milliseconds.
+// - keyed: 10 MB, 100 MB and 1 GB of keyed state in one subtask (a ValueState<byte[92]>
+//   per Long key, HashMapStateBackend): DataGeneratorSource (the keys once, then 1% of
+//   them a second) → keyBy → KeyedProcessFunction, aligned checkpoints every 1 s; per
+//   checkpoint of the whole state the subtask's synchronous part (the task's pause), its
+//   asynchronous part and the end-to-end duration (keyedSnapshots).
 // - mainjob: the job of `weir run`, against Weir's lookup service running apart
 //   (`weir serve-lookup`, --lookup-addr): DataGeneratorSource (records {id, key,
 //   created_ns}, key = splitmix64(id) mod 1,000,000, unthrottled, parallelism 2) →
@@ -107,6 +112,8 @@ import org.apache.flink.api.common.JobID;
 import org.apache.flink.api.common.RuntimeExecutionMode;
 import org.apache.flink.api.common.eventtime.WatermarkStrategy;
 import org.apache.flink.api.common.functions.OpenContext;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
@@ -150,6 +157,9 @@ import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.async.AsyncFunction;
 import org.apache.flink.streaming.api.functions.async.ResultFuture;
 import org.apache.flink.streaming.api.functions.async.RichAsyncFunction;
+import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
+import org.apache.flink.util.Collector;
 
 public final class WeirFlinkPeer {
     private static final int SLOTS = 2;
@@ -2370,6 +2380,183 @@ public final class WeirFlinkPeer {
         }
     }
 
+    // ---------------------------------------------------------------- keyed state snapshots
+
+    /** Bytes of one keyed state entry, as Weir's keyed snapshot counts them (8 + 92). */
+    static final long KEYED_ENTRY_BYTES = 100;
+
+    /**
+     * The keyed suite's source: `entries` keys first (0 .. entries, filling the state),
+     * then writes to 1% of the keys per second, spread over the state as Weir's are
+     * ((i × 97 + round) mod entries), paced by a 1 ms sleep per thousandth of them.
+     */
+    static final class KeyedRecords implements GeneratorFunction<Long, Long> {
+        final long entries;
+        final long perMs;
+
+        KeyedRecords(long entries) {
+            this.entries = entries;
+            this.perMs = Math.max(entries / 100 / 1000, 1);
+        }
+
+        @Override
+        public Long map(Long index) throws Exception {
+            if (index < entries) {
+                return index;
+            }
+            long write = index - entries;
+            if (write % perMs == 0) {
+                Thread.sleep(1);
+            }
+            return (write * 97 + write / Math.max(entries / 100, 1)) % entries;
+        }
+    }
+
+    /** One ValueState of 92 bytes per key, written at every record (heap backend). */
+    static final class KeyedWriter extends KeyedProcessFunction<Long, Long, Long> {
+        transient ValueState<byte[]> value;
+
+        @Override
+        public void open(OpenContext context) {
+            value = getRuntimeContext()
+                    .getState(new ValueStateDescriptor<>("value", PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO));
+        }
+
+        @Override
+        public void processElement(Long key, Context context, Collector<Long> out) throws Exception {
+            byte[] bytes = new byte[92];
+            java.util.Arrays.fill(bytes, (byte) key.longValue());
+            value.update(bytes);
+        }
+    }
+
+    /**
+     * The keyed suite: for 10 MB, 100 MB and 1 GB of keyed state in one subtask (100-byte
+     * entries, as Weir's keyed snapshot), the job fills the state, then writes 1% of the
+     * keys a second for `seconds` while aligned checkpoints come every second
+     * (HashMapStateBackend, file:// storage in a fresh temp directory, max 1
+     * concurrent). From the checkpoint statistics of every checkpoint that holds the
+     * whole state: the keyed subtask's synchronous part (the task's pause), its
+     * asynchronous part, and the end-to-end duration. --scale below 1: 10 and 100 MB.
+     */
+    static void keyedSnapshots(double scale, String json, String command) throws Exception {
+        long[] sizes = scale < 1 ? new long[] {10_000_000L, 100_000_000L} : new long[] {10_000_000L, 100_000_000L, 1_000_000_000L};
+        Configuration conf = new Configuration();
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MIN, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.NETWORK_MEMORY_MAX, NETWORK_MEMORY);
+        conf.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.parse("64mb"));
+        conf.set(WebOptions.CHECKPOINTS_HISTORY_SIZE, 1000);
+        MiniClusterConfiguration config =
+                new MiniClusterConfiguration.Builder()
+                        .setConfiguration(conf)
+                        .setNumTaskManagers(1)
+                        .setNumSlotsPerTaskManager(1)
+                        .withRandomPorts()
+                        .build();
+        StringBuilder rows = new StringBuilder();
+        try (MiniCluster cluster = new MiniCluster(config)) {
+            cluster.start();
+            for (long size : sizes) {
+                long entries = size / KEYED_ENTRY_BYTES;
+                // Long enough for some checkpoints of the whole state after the fill.
+                long seconds = size >= 1_000_000_000L ? 40 : size >= 100_000_000L ? 12 : 6;
+                long writes = Math.max(entries / 100, 1) * seconds;
+                Path dir = Files.createTempDirectory("weir-flink-keyed-");
+                try {
+                    Configuration jobConf = new Configuration();
+                    jobConf.set(ExecutionOptions.RUNTIME_MODE, RuntimeExecutionMode.STREAMING);
+                    jobConf.set(StateBackendOptions.STATE_BACKEND, "hashmap");
+                    jobConf.set(CheckpointingOptions.CHECKPOINT_STORAGE, "filesystem");
+                    jobConf.set(CheckpointingOptions.CHECKPOINTS_DIRECTORY, dir.toUri().toString());
+                    jobConf.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofSeconds(1));
+                    jobConf.set(CheckpointingOptions.CHECKPOINTING_CONSISTENCY_MODE, CheckpointingMode.EXACTLY_ONCE);
+                    jobConf.set(CheckpointingOptions.MAX_CONCURRENT_CHECKPOINTS, 1);
+                    StreamExecutionEnvironment env = new StreamExecutionEnvironment(jobConf);
+                    env.setParallelism(1);
+                    DataGeneratorSource<Long> generator =
+                            new DataGeneratorSource<>(new KeyedRecords(entries), entries + writes, Types.LONG);
+                    env.fromSource(generator, WatermarkStrategy.noWatermarks(), "keys")
+                            .keyBy(k -> k, Types.LONG)
+                            .process(new KeyedWriter())
+                            .name("keyed state")
+                            .sinkTo(new DiscardingSink<>());
+                    JobGraph graph = env.getStreamGraph().getJobGraph();
+                    JobID id = cluster.submitJob(graph).get().getJobID();
+                    JobResult result = cluster.requestJobResult(id).get();
+                    if (!result.isSuccess()) {
+                        Throwable cause =
+                                result.getSerializedThrowable()
+                                        .map(t -> t.deserializeError(WeirFlinkPeer.class.getClassLoader()))
+                                        .orElse(new IllegalStateException("job failed"));
+                        throw new IllegalStateException("keyed state of " + size + " B: job failed", cause);
+                    }
+                    AccessExecutionGraph archived = cluster.getArchivedExecutionGraph(id).get();
+                    List<Double> sync = new ArrayList<>();
+                    List<Double> async = new ArrayList<>();
+                    List<Double> total = new ArrayList<>();
+                    List<Double> stateSizes = new ArrayList<>();
+                    List<AbstractCheckpointStats> history =
+                            new ArrayList<>(archived.getCheckpointStatsSnapshot().getHistory().getCheckpoints());
+                    for (AbstractCheckpointStats checkpoint : history) {
+                        if (!(checkpoint instanceof CompletedCheckpointStats completed)
+                                || completed.getStateSize() < size * 9 / 10) {
+                            continue;
+                        }
+                        for (TaskStateStats task : completed.getAllTaskStateStats()) {
+                            for (SubtaskStateStats subtask : task.getSubtaskStats()) {
+                                if (subtask != null && subtask.getStateSize() >= size * 9 / 10) {
+                                    sync.add((double) subtask.getSyncCheckpointDuration());
+                                    async.add((double) subtask.getAsyncCheckpointDuration());
+                                }
+                            }
+                        }
+                        total.add((double) completed.getEndToEndDuration());
+                        stateSizes.add((double) completed.getStateSize());
+                    }
+                    System.err.printf(
+                            Locale.ROOT,
+                            "flink keyed state of %d MB: %d checkpoints of the whole state; sync p50 %s ms, async p50 %s ms, total p50 %s ms%n",
+                            size / 1_000_000,
+                            total.size(),
+                            num(median(sync)),
+                            num(median(async)),
+                            num(median(total)));
+                    if (rows.length() > 0) {
+                        rows.append(",\n");
+                    }
+                    rows.append("    {\"size_bytes\": ").append(size)
+                            .append(", \"entries\": ").append(entries)
+                            .append(", \"seconds_of_writes\": ").append(seconds)
+                            .append(", \"checkpoints\": ").append(total.size())
+                            .append(", \"sync_ms\": ").append(list(sync))
+                            .append(", \"async_ms\": ").append(list(async))
+                            .append(", \"total_ms\": ").append(list(total))
+                            .append(", \"state_size_bytes\": ").append(list(stateSizes))
+                            .append("}");
+                } finally {
+                    awaitDiscarded(dir);
+                    deleteTree(dir);
+                }
+            }
+        }
+        String out = "{\n  \"peer\": \"Apache Flink\",\n  \"flink\": \"" + EnvironmentInformation.getVersion()
+                + "\",\n  \"command\": \"" + command.replace("\"", "'")
+                + "\",\n  \"machine\": " + machineJson()
+                + ",\n  \"job\": \"DataGeneratorSource(the keys once, then 1% of them a second) → keyBy → KeyedProcessFunction "
+                + "(one ValueState<byte[92]> per key, written at every record), parallelism 1; aligned checkpoints every 1 s, "
+                + "HashMapStateBackend, file:// storage in a fresh temp directory, max 1 concurrent\",\n"
+                + "  \"results\": [\n" + rows + "\n  ]\n}\n";
+        if (json != null) {
+            Path path = Path.of(json);
+            if (path.getParent() != null) {
+                Files.createDirectories(path.getParent());
+            }
+            Files.writeString(path, out, StandardCharsets.UTF_8);
+        } else {
+            System.out.print(out);
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         String suite = "async";
         int rounds = 7;
@@ -2405,6 +2592,10 @@ public final class WeirFlinkPeer {
                 case "--only" -> only = args[++i];
                 default -> throw new IllegalArgumentException("unknown argument " + args[i]);
             }
+        }
+        if (suite.equals("keyed")) {
+            keyedSnapshots(scale, json, command);
+            System.exit(0);
         }
         if (suite.equals("mainjob")) {
             int colon = lookupAddr.lastIndexOf(':');

@@ -997,6 +997,61 @@ pub fn render(value: &Value) -> String {
     render_with(value, None)
 }
 
+/// Flink's heap backend on the same keyed state (`flink["keyed"]`, from
+/// `scripts/flink-peer.sh keyed`), beside Weir's pause of each size (`weir`: Weir's
+/// keyed rows).
+fn flink_keyed(weir: &[Value], flink: Option<&Value>) -> String {
+    let Some(flink) = flink.filter(|f| !f.is_null()) else {
+        return "\nApache Flink's heap backend on the same state: not measured in this run (`scripts/flink-peer.sh keyed`).\n".into();
+    };
+    if let Some(reason) = flink["unavailable"].as_str() {
+        return format!("\nApache Flink's heap backend on the same state: not measured in this run: {reason}.\n");
+    }
+    let stats = |v: &Value| -> Option<(f64, f64)> {
+        let mut xs: Vec<f64> = v.as_array()?.iter().filter_map(Value::as_f64).collect();
+        xs.sort_by(f64::total_cmp);
+        let p50 = *xs.get(xs.len().checked_sub(1)? / 2)?;
+        Some((p50, *xs.last()?))
+    };
+    let ms = |v: Option<(f64, f64)>| {
+        v.map_or("–".to_string(), |(p50, max)| {
+            format!("{p50:.0} / {max:.0}")
+        })
+    };
+    let mut out = format!(
+        "\nApache Flink {} on the same state (`{}`): {}. Flink reports the parts in whole milliseconds; the synchronous part is the task's pause.\n\n| state | checkpoints of the whole state | Flink task pause, synchronous part p50 / max (ms) | Weir task pause p50 (ms) | Flink's pause ÷ Weir's | Flink asynchronous part p50 / max (ms) | Flink end to end p50 / max (ms) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        flink["flink"].as_str().unwrap_or("?"),
+        flink["command"].as_str().unwrap_or("scripts/flink-peer.sh keyed"),
+        flink["job"].as_str().unwrap_or("?"),
+    );
+    for row in flink["results"].as_array().into_iter().flatten() {
+        let size = row["size_bytes"].as_u64().unwrap_or(0);
+        let sync = stats(&row["sync_ms"]);
+        let weir_pause_ms = weir
+            .iter()
+            .find(|w| w["size_bytes"].as_u64() == Some(size))
+            .and_then(|w| w["pause_us"]["p50"].as_f64())
+            .map(|us| us / 1e3);
+        let ratio = match (sync, weir_pause_ms) {
+            (Some((p50, _)), Some(weir)) if weir > 0.0 && p50 > 0.0 => {
+                format!("{:.0}×", p50 / weir)
+            }
+            (Some((p50, _)), Some(_)) if p50 == 0.0 => "below Flink's 1 ms resolution".into(),
+            _ => "–".into(),
+        };
+        out.push_str(&format!(
+            "| {} MB | {} | {} | {} | {ratio} | {} | {} |\n",
+            size / 1_000_000,
+            row["checkpoints"].as_u64().unwrap_or(0),
+            ms(sync),
+            weir_pause_ms.map_or("–".to_string(), |p| format!("{p:.4}")),
+            ms(stats(&row["async_ms"])),
+            ms(stats(&row["total_ms"])),
+        ));
+    }
+    out
+}
+
 /// [`render`] with Flink's figures (`scripts/flink-peer.sh checkpoints`) beside Weir's.
 pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
     let mut out = String::new();
@@ -1034,6 +1089,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
                 ms_of(&row["writes_1pct_std_hashmap_us"]),
             ));
         }
+        out.push_str(&flink_keyed(keyed, flink.map(|f| &f["keyed"])));
     }
     for experiment in experiments {
         out.push_str(&format!("\n### {experiment}\n\n"));

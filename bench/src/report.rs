@@ -542,11 +542,20 @@ pub fn generate(data: &Path, out: &Path, commit: &str) -> Result<(), String> {
     }
     // Redis, when scripts/report.sh could start a server for it.
     if let Some(value) = read(data, "checkpoints.json") {
-        fault_tolerance_section(
-            &mut md,
-            &value,
-            read(data, "flink-checkpoints.json").as_ref(),
-        );
+        // Flink's keyed snapshots (scripts/flink-peer.sh keyed) go beside Weir's, in
+        // the same value as its checkpoint rows.
+        let flink = match (
+            read(data, "flink-checkpoints.json"),
+            read(data, "flink-keyed.json"),
+        ) {
+            (Some(mut checkpoints), Some(keyed)) => {
+                checkpoints["keyed"] = keyed;
+                Some(checkpoints)
+            }
+            (None, Some(keyed)) => Some(serde_json::json!({ "keyed": keyed })),
+            (checkpoints, None) => checkpoints,
+        };
+        fault_tolerance_section(&mut md, &value, flink.as_ref());
     }
     match read(data, "redis.json") {
         Some(value) => redis_section(&mut md, &plots, &value)?,
