@@ -176,14 +176,15 @@ pub fn render(settings: &JobSettings, finished: &Finished, mean_latency: Duratio
     row(
         "worker wake-ups",
         format!(
-            "{} notified, {} I/O, {} deadline, {} idle ({} rescued) (over {} parks); {} \
-             timer-slack sleeps",
+            "{} notified, {} I/O, {} deadline, {} idle ({} rescued) (over {} parks, {} of \
+             them returning before a sleep); {} timer-slack sleeps",
             wakeups.notified,
             wakeups.io,
             wakeups.deadline,
             wakeups.idle,
             wakeups.rescued,
             report.run.parks.iter().sum::<u64>(),
+            wakeups.pending,
             wakeups.slack
         ),
     );
@@ -301,7 +302,7 @@ pub fn to_json(settings: &JobSettings, finished: &Finished) -> Value {
         }),
         "wakeups": report.run.wakeups.iter().map(|w| json!({
             "notified": w.notified, "io": w.io, "deadline": w.deadline, "idle": w.idle,
-            "slack": w.slack,
+            "slack": w.slack, "pending": w.pending,
         })).collect::<Vec<_>>(),
         "parks": report.run.parks,
         "first_output_unix_ms": report.first_output_unix_ns.map(|ns| ns as f64 / 1e6),

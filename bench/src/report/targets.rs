@@ -843,14 +843,17 @@ fn wakeup_text(job: &Value, higher: Option<&Value>) -> String {
     let records = job["records_out"].as_f64().unwrap_or(f64::NAN);
     let worker_cpu_s = job["cpu_s"].as_f64().unwrap_or(f64::NAN)
         - job["lookup_service"]["cpu_s"].as_f64().unwrap_or(0.0);
+    let elapsed = job["elapsed_s"].as_f64().unwrap_or(f64::NAN);
+    let sleeps = count(job, "slack");
     let mut text = format!(
-        "{:.2} wake-ups a record, {:.0} a second over the workers (I/O {:.0}, notified {:.0}, deadline {:.0}), each with about {:.0} µs of worker CPU.",
+        "{:.2} wake-ups a record, {:.0} a second over the workers (I/O {:.0}, notified {:.0}, deadline {:.0} a second), and {:.2} timer-slack sleeps a record: about {:.0} µs of worker CPU per wake-up or slack sleep.",
         total(job) / records,
         per_s(job),
-        count(job, "io"),
-        count(job, "notified"),
-        count(job, "deadline"),
-        worker_cpu_s * 1e6 / total(job)
+        count(job, "io") / elapsed,
+        count(job, "notified") / elapsed,
+        count(job, "deadline") / elapsed,
+        sleeps / records,
+        worker_cpu_s * 1e6 / (total(job) + sleeps)
     );
     if let Some(higher) = higher {
         text.push_str(&format!(

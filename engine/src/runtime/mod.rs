@@ -392,6 +392,10 @@ pub struct Wakeups {
     /// of parking ([`RuntimeBuilder::timer_slack`]), taking what arrived meanwhile in
     /// one turn.
     pub slack: u64,
+    /// Not a wake-up either: parks that returned before the worker slept, because work
+    /// was announced meanwhile (a waker that found the worker awake, say during its
+    /// timer slack, left a notification) or the last look before sleeping found some.
+    pub pending: u64,
 }
 
 impl Wakeups {
@@ -403,6 +407,7 @@ impl Wakeups {
         self.idle += other.idle;
         self.rescued += other.rescued;
         self.slack += other.slack;
+        self.pending += other.pending;
     }
 }
 
@@ -1052,12 +1057,17 @@ fn worker_main(
         stats.parks += 1;
         let mut turn_error = None;
         let mut io_events = 0;
+        // Whether the park slept (the wait ran); else it returned at once.
+        let mut slept = false;
         let wakeup = parker.park_with(
             Some(timeout),
             || flags.abort.load(Ordering::Acquire),
-            |timeout| match turn(driver.as_mut(), tasks, timeout) {
-                Ok(events) => io_events = events,
-                Err(error) => turn_error = Some(error),
+            |timeout| {
+                slept = true;
+                match turn(driver.as_mut(), tasks, timeout) {
+                    Ok(events) => io_events = events,
+                    Err(error) => turn_error = Some(error),
+                }
             },
         );
         if let Some(error) = turn_error {
@@ -1070,6 +1080,8 @@ fn worker_main(
         match wakeup {
             // The bells say which tasks to poll: a task's own, or the worker's
             // anonymous one (every task), taken at the top of the next turn.
+            // Announced before the worker slept: no wake-up was paid.
+            Wakeup::Notified | Wakeup::Ready if !slept => cause.pending += 1,
             Wakeup::Notified | Wakeup::Ready => cause.notified += 1,
             Wakeup::TimedOut if io_events > 0 => cause.io += 1,
             Wakeup::TimedOut if by_deadline => cause.deadline += 1,
