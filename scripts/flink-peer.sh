@@ -180,6 +180,10 @@ classes=$build/classes
 rm -rf "$classes"
 mkdir -p "$classes"
 "$jdk/javac" -encoding UTF-8 -cp "$lib/*" -d "$classes" bench/flink/WeirFlinkPeer.java
+# Flink finds metric reporter factories as services: the one that reads the sinks' input
+# queue sizes (bytes in flight) is named here.
+mkdir -p "$classes/META-INF/services"
+echo 'WeirFlinkPeer$InFlightReporterFactory' > "$classes/META-INF/services/org.apache.flink.metrics.reporter.MetricReporterFactory"
 
 # What Flink's own config.yaml passes to its JVMs on Java 17.
 opens=()

@@ -1590,7 +1590,8 @@ public final class WeirFlinkPeer {
             String stateBackend,
             String storage,
             String lastPath,
-            List<String> failures) {
+            List<String> failures,
+            List<Double> inFlightBytes) {
         String describe() {
             return String.format(
                     Locale.ROOT,
@@ -1610,7 +1611,7 @@ public final class WeirFlinkPeer {
         return xs.stream().mapToDouble(x -> x).max().orElse(Double.NaN);
     }
 
-    static CheckpointRun checkpointRun(AccessExecutionGraph graph) {
+    static CheckpointRun checkpointRun(AccessExecutionGraph graph, List<Double> inFlightBytes) {
         CheckpointStatsSnapshot snapshot = graph.getCheckpointStatsSnapshot();
         List<Double> durations = new ArrayList<>();
         List<Double> delays = new ArrayList<>();
@@ -1657,7 +1658,8 @@ public final class WeirFlinkPeer {
                 graph.getStateBackendName().orElse("unknown"),
                 graph.getCheckpointStorageName().orElse("unknown"),
                 last == null ? null : last.getExternalPath(),
-                failures);
+                failures,
+                inFlightBytes);
     }
 
     static void deleteTree(Path dir) throws IOException {
@@ -1821,6 +1823,7 @@ public final class WeirFlinkPeer {
         FIRST_INPUT.set(Long.MAX_VALUE);
         SINKS_READY.set(Long.MIN_VALUE);
         long submitted = System.nanoTime();
+        InFlightSampler sampler = c.checkpoints != null ? InFlightSampler.start() : null;
         JobID id = cluster.submitJob(graph).get().getJobID();
         if (c.slots > 0) {
             Placement early = placementWhenAssigned(cluster, id);
@@ -1832,6 +1835,7 @@ public final class WeirFlinkPeer {
         }
         JobResult result = cluster.requestJobResult(id).get();
         long done = System.nanoTime();
+        List<Double> inFlight = sampler != null ? sampler.stop() : List.of();
         if (!result.isSuccess()) {
             Throwable cause =
                     result.getSerializedThrowable()
@@ -1874,7 +1878,7 @@ public final class WeirFlinkPeer {
         // The evidence: where each subtask's execution attempt ran, from the finished job.
         Placement where = c.slots > 0 ? placement(cluster.getArchivedExecutionGraph(id).get()) : null;
         CheckpointRun checkpoints =
-                c.checkpoints != null ? checkpointRun(cluster.getArchivedExecutionGraph(id).get()) : null;
+                c.checkpoints != null ? checkpointRun(cluster.getArchivedExecutionGraph(id).get(), inFlight) : null;
         return new Turn(nsPerOp, start - submitted, done - last, latency, latencies, where, checkpoints);
     }
 
@@ -1964,6 +1968,7 @@ public final class WeirFlinkPeer {
         List<Double> delays = new ArrayList<>();
         List<Double> alignments = new ArrayList<>();
         List<Double> persisted = new ArrayList<>();
+        List<Double> inFlightInput = new ArrayList<>();
         List<String> perRun = new ArrayList<>();
         List<Double> sizes = new ArrayList<>();
         java.util.Map<String, Integer> failures = new java.util.TreeMap<>();
@@ -1984,6 +1989,7 @@ public final class WeirFlinkPeer {
             delays.addAll(run.startDelaysMs());
             alignments.addAll(run.alignmentsMs());
             persisted.addAll(run.persistedBytes());
+            inFlightInput.addAll(run.inFlightBytes());
             perRun.add(Long.toString(run.completed()));
         }
         CheckpointRun last = runs.isEmpty() ? null : runs.get(runs.size() - 1);
@@ -2005,6 +2011,7 @@ public final class WeirFlinkPeer {
                 + ", \"start_delay_ms\": " + quantiles(delays)
                 + ", \"alignment_ms\": " + quantiles(alignments)
                 + ", \"persisted_bytes\": " + quantiles(persisted)
+                + ", \"in_flight_bytes_exchange\": " + (inFlightInput.isEmpty() ? "null" : quantiles(inFlightInput))
                 + ", \"size_bytes\": " + quantiles(sizes)
                 + ", \"size_bytes_last\": " + (last == null ? "null" : last.lastSizeBytes())
                 + "}";
@@ -2557,6 +2564,98 @@ public final class WeirFlinkPeer {
         }
     }
 
+    // ---------------------------------------------------------------- bytes in flight
+
+    /**
+     * Keeps the gauges of the bytes in the exchange between the checkpoint jobs' sources
+     * and sinks, for InFlightSampler to read: every source subtask's
+     * `Shuffle.Netty.Output.Buffers.outputQueueSize` (bytes in its subpartitions, not yet
+     * taken by a consumer or sent) and every sink subtask's
+     * `Shuffle.Netty.Input.Buffers.inputQueueSize` (bytes received on its remote
+     * channels, not yet read; a local channel reads the producer's subpartition, so it
+     * counts 0 here). Flink makes the reporter from its factory, named in the cluster's
+     * configuration and listed as a service (scripts/flink-peer.sh writes the entry).
+     */
+    public static final class InFlightReporter implements org.apache.flink.metrics.reporter.MetricReporter {
+        static final java.util.concurrent.ConcurrentHashMap<String, org.apache.flink.metrics.Gauge<?>> GAUGES =
+                new java.util.concurrent.ConcurrentHashMap<>();
+
+        @Override
+        public void open(org.apache.flink.metrics.MetricConfig config) {}
+
+        @Override
+        public void close() {}
+
+        @Override
+        public void notifyOfAddedMetric(org.apache.flink.metrics.Metric metric, String name, org.apache.flink.metrics.MetricGroup group) {
+            String task = group.getAllVariables().getOrDefault("<task_name>", "");
+            boolean sinkInput = name.equals("inputQueueSize") && task.contains("sink");
+            boolean sourceOutput = name.equals("outputQueueSize") && task.contains("records");
+            if ((sinkInput || sourceOutput) && metric instanceof org.apache.flink.metrics.Gauge<?> gauge) {
+                GAUGES.put(group.getMetricIdentifier(name), gauge);
+            }
+        }
+
+        @Override
+        public void notifyOfRemovedMetric(org.apache.flink.metrics.Metric metric, String name, org.apache.flink.metrics.MetricGroup group) {
+            GAUGES.remove(group.getMetricIdentifier(name));
+        }
+    }
+
+    /** Makes the InFlightReporter (metrics.reporter.weirinflight.factory.class). */
+    public static final class InFlightReporterFactory implements org.apache.flink.metrics.reporter.MetricReporterFactory {
+        @Override
+        public org.apache.flink.metrics.reporter.MetricReporter createMetricReporter(java.util.Properties properties) {
+            return new InFlightReporter();
+        }
+    }
+
+    /**
+     * Every 10 ms while a run lasts, the bytes in the exchange (the sum of
+     * InFlightReporter's gauges), as Weir's checkpoint bench samples its sinks' bytes in
+     * flight.
+     */
+    static final class InFlightSampler {
+        final List<Double> samples = java.util.Collections.synchronizedList(new ArrayList<>());
+        volatile boolean done;
+        Thread thread;
+
+        static InFlightSampler start() {
+            InFlightSampler sampler = new InFlightSampler();
+            sampler.thread = new Thread(() -> {
+                while (!sampler.done) {
+                    try {
+                        Thread.sleep(10);
+                    } catch (InterruptedException stop) {
+                        return;
+                    }
+                    double total = 0;
+                    boolean any = false;
+                    for (org.apache.flink.metrics.Gauge<?> gauge : InFlightReporter.GAUGES.values()) {
+                        if (gauge.getValue() instanceof Number bytes) {
+                            total += bytes.doubleValue();
+                            any = true;
+                        }
+                    }
+                    if (any) {
+                        sampler.samples.add(total);
+                    }
+                }
+            }, "in-flight sampler");
+            sampler.thread.setDaemon(true);
+            sampler.thread.start();
+            return sampler;
+        }
+
+        List<Double> stop() throws InterruptedException {
+            done = true;
+            thread.join();
+            synchronized (samples) {
+                return new ArrayList<>(samples);
+            }
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         String suite = "async";
         int rounds = 7;
@@ -2704,6 +2803,12 @@ public final class WeirFlinkPeer {
                     }
                     // Every checkpoint of a run in its history (the default keeps 10).
                     conf.set(WebOptions.CHECKPOINTS_HISTORY_SIZE, 1000);
+                    // The sinks' input queue sizes, read every 10 ms (InFlightSampler).
+                    conf.set(
+                            org.apache.flink.configuration.ConfigOptions.key("metrics.reporter.weirinflight.factory.class")
+                                    .stringType()
+                                    .noDefaultValue(),
+                            InFlightReporterFactory.class.getName());
                     MiniClusterConfiguration config =
                             new MiniClusterConfiguration.Builder()
                                     .setConfiguration(conf)

@@ -78,6 +78,8 @@ struct Turn {
     persisted_bytes: Vec<f64>,
     /// Bytes in flight on the sinks' fullest input channel, sampled every 10 ms.
     in_flight_bytes: Vec<f64>,
+    /// Bytes in flight on all the sinks' input channels together, at the same samples.
+    in_flight_bytes_total: Vec<f64>,
 }
 
 impl Turn {
@@ -96,6 +98,7 @@ impl Turn {
                 r.stats.channel_state.iter().map(|b| *b as f64).collect()
             }),
             in_flight_bytes: Vec::new(),
+            in_flight_bytes_total: Vec::new(),
         }
     }
 }
@@ -293,7 +296,7 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
     let result = graph.execute(runtime);
     let elapsed = started.elapsed();
     done.store(true, Ordering::Relaxed);
-    let in_flight_bytes = sampler.join().unwrap_or_default();
+    let (in_flight_bytes, in_flight_bytes_total) = sampler.join().unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     let result = result.map_err(|e| e.to_string())?;
     let received = count.load(Ordering::Relaxed);
@@ -302,6 +305,7 @@ fn keyed_job(records: u64, spin: Duration, mode: Mode) -> Result<Turn, String> {
     }
     Ok(Turn {
         in_flight_bytes,
+        in_flight_bytes_total,
         ..Turn::new(
             records as f64 / elapsed.as_secs_f64(),
             None,
@@ -411,7 +415,7 @@ fn keyed_job_two_processes(records: u64, spin: Duration, mode: Mode) -> Result<T
         })
         .collect();
     done.store(true, Ordering::Relaxed);
-    let in_flight_bytes = sampler.join().unwrap_or_default();
+    let (in_flight_bytes, in_flight_bytes_total) = sampler.join().unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     let mut results = results.into_iter().collect::<Result<Vec<_>, String>>()?;
     let elapsed = results.iter().map(|(_, e)| *e).max().unwrap_or_default();
@@ -422,6 +426,7 @@ fn keyed_job_two_processes(records: u64, spin: Duration, mode: Mode) -> Result<T
     }
     Ok(Turn {
         in_flight_bytes,
+        in_flight_bytes_total,
         ..Turn::new(
             records as f64 / elapsed.as_secs_f64(),
             None,
@@ -431,23 +436,28 @@ fn keyed_job_two_processes(records: u64, spin: Duration, mode: Mode) -> Result<T
 }
 
 /// Samples, every 10 ms until `done`, the bytes in flight on the fullest input channel
-/// of each running task that reads an exchange (the sinks here).
+/// of each running task that reads an exchange (the sinks here), and the bytes in flight
+/// on all their input channels together (one figure per sample: what the exchange
+/// holds, published or arrived and not yet read).
 fn in_flight_sampler(
     live: Arc<LiveCounters>,
     done: Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<f64>> {
+) -> std::thread::JoinHandle<(Vec<f64>, Vec<f64>)> {
     std::thread::spawn(move || {
-        let mut samples = Vec::new();
+        let (mut fullest, mut totals) = (Vec::new(), Vec::new());
         while !done.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(10));
+            let mut total = None;
             for task in live.tasks() {
                 let now = task.sample();
                 if task.stage.ends_with("exchange") && !now.finished {
-                    samples.push(now.in_flight_bytes_max_channel as f64);
+                    fullest.push(now.in_flight_bytes_max_channel as f64);
+                    *total.get_or_insert(0.0) += now.in_flight_bytes as f64;
                 }
             }
+            totals.extend(total);
         }
-        samples
+        (fullest, totals)
     })
 }
 
@@ -893,6 +903,10 @@ pub fn run(
                     .iter()
                     .flat_map(|t| t.in_flight_bytes.clone())
                     .collect();
+                let in_exchange: Vec<f64> = turns
+                    .iter()
+                    .flat_map(|t| t.in_flight_bytes_total.clone())
+                    .collect();
                 json!({
                     "completed": summaries.iter().map(|s| s.completed).sum::<u64>(),
                     "failed": summaries.iter().map(|s| s.failed).sum::<u64>(),
@@ -909,6 +923,10 @@ pub fn run(
                     "in_flight_bytes_channel": (!in_flight.is_empty()).then(|| json!({
                         "p50": median(&in_flight),
                         "max": in_flight.iter().copied().fold(0.0, f64::max),
+                    })),
+                    "in_flight_bytes_exchange": (!in_exchange.is_empty()).then(|| json!({
+                        "p50": median(&in_exchange),
+                        "max": in_exchange.iter().copied().fold(0.0, f64::max),
                     })),
                     "size_bytes_last": summaries.last().map(|s| s.last_size),
                 })
@@ -1093,7 +1111,7 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
     }
     for experiment in experiments {
         out.push_str(&format!("\n### {experiment}\n\n"));
-        out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / p99 / max (ms) | alignment p50 / max (ms) | in-flight data persisted p50 / max (KiB) | in flight on the fullest input channel p50 / max (KiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| implementation | records/s | vs its run without checkpoints | CPU ns/record | checkpoints | duration p50 / p99 / max (ms) | alignment p50 / max (ms) | in-flight data persisted p50 / max (KiB) | in flight on the fullest input channel p50 / max (KiB) | in flight in the exchange p50 / max (KiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         let of_experiment: Vec<&Value> = rows
             .iter()
             .filter(|r| r["experiment"] == experiment.as_str())
@@ -1141,8 +1159,17 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
             } else {
                 "–".to_string()
             };
+            let in_exchange = if c["in_flight_bytes_exchange"].is_object() {
+                format!(
+                    "{} / {}",
+                    kib(&c["in_flight_bytes_exchange"]["p50"]),
+                    kib(&c["in_flight_bytes_exchange"]["max"])
+                )
+            } else {
+                "–".to_string()
+            };
             out.push_str(&format!(
-                "| {} | {:.0} | {} | {} | {} | {} / {} / {} | {alignment} | {persisted} | {in_flight} |\n",
+                "| {} | {:.0} | {} | {} | {} | {} / {} / {} | {alignment} | {persisted} | {in_flight} | {in_exchange} |\n",
                 row["implementation"].as_str().unwrap_or("?"),
                 rate,
                 base.map_or("–".to_string(), |b| format!("{:.3}", rate / b)),
