@@ -168,28 +168,38 @@ impl<T> Producer<T> {
     /// in `values`. Returns how many were pushed. (If `next` panics, the values it gave
     /// before are leaked, never dropped twice.)
     pub fn push_iter<I: Iterator<Item = T>>(&mut self, values: &mut I) -> usize {
-        let capacity = self.shared.capacity();
+        let shared = &*self.shared;
+        let capacity = shared.capacity();
         let start = self.tail;
         let mut tail = start;
+        let mut written = 0usize;
         // First the room the cached head promises; only if the iterator still has values
         // then, one Acquire reload of `head` (as in `try_push`) and the newly freed room.
+        // Each pass writes the free slots as (at most) two contiguous stretches, up to the
+        // end of the slots and from their start: no index masked per value.
         'passes: for reload in [false, true] {
             if reload {
-                self.head_cache = self.shared.head.load(Ordering::Acquire);
+                self.head_cache = shared.head.load(Ordering::Acquire);
             }
             let free = capacity - tail.wrapping_sub(self.head_cache);
-            for _ in 0..free {
-                let Some(value) = values.next() else {
-                    break 'passes;
-                };
-                // SAFETY: fewer than `free` values written in this pass, so slot `tail` lies
-                // outside [head, tail) (invariants 1 and 2); it becomes visible to the
-                // consumer only with the store below.
-                self.shared
-                    .slot(tail)
-                    .with_mut(|p| unsafe { (*p).write(value) });
-                tail = tail.wrapping_add(1);
+            let at = tail & shared.mask;
+            let first = free.min(capacity - at);
+            // Within the slots: `at` < capacity and `first` <= capacity - at.
+            let (wrapped, from_at) = shared.slots.split_at(at);
+            for stretch in [&from_at[..first], &wrapped[..free - first]] {
+                for slot in stretch {
+                    let Some(value) = values.next() else {
+                        tail = start.wrapping_add(written);
+                        break 'passes;
+                    };
+                    // SAFETY: fewer than `free` values written in this pass, so the slot
+                    // lies outside [head, tail) (invariants 1 and 2); it becomes visible
+                    // to the consumer only with the store below.
+                    slot.with_mut(|p| unsafe { (*p).write(value) });
+                    written += 1;
+                }
             }
+            tail = start.wrapping_add(written);
         }
         if tail != start {
             self.tail = tail;
@@ -294,14 +304,31 @@ impl<T> Consumer<T> {
             return 0;
         }
         let start = self.head;
-        let mut batch = Batch {
-            consumer: self,
-            head: start,
-            end: start.wrapping_add(count),
+        let shared = &*self.shared;
+        // Counts the values moved out, and publishes them once, on drop: after `out`
+        // took them, or as `out` unwinds (values `out` did not take stay in the ring).
+        let moved = Published {
+            consumer_head: &mut self.head,
+            shared,
+            start,
+            moved: core::cell::Cell::new(0),
         };
-        out.extend(&mut batch);
-        // Values `out` did not take stay in the ring; `Batch::drop` publishes the rest.
-        batch.head.wrapping_sub(start)
+        // A mapped range: `Vec` (and other collections) extend from it with one
+        // reservation and no per-value capacity check, as from a slice.
+        out.extend((0..count).map(|i| {
+            let position = start.wrapping_add(i) & shared.mask;
+            debug_assert!(position < shared.slots.len());
+            // SAFETY: `position` is masked by `capacity - 1` < slots.len(); slot
+            // `start + i` lies in [head, tail_cache), whose slots hold initialised values
+            // (invariant 4) that only we may move out (invariant 3); each is read once
+            // (the range yields each `i` once) and counted at once, so a panic after it
+            // publishes it as moved.
+            let value = unsafe { shared.slots.get_unchecked(position) }
+                .with(|p| unsafe { (*p).assume_init_read() });
+            moved.moved.set(i + 1);
+            value
+        }));
+        moved.moved.get()
     }
 
     /// Values in the ring now (the producer may be adding some as we look).
@@ -345,49 +372,22 @@ impl<T> core::fmt::Debug for Consumer<T> {
     }
 }
 
-/// Iterator over a run of readable slots; publishes the consumed prefix once, on drop,
-/// also when the caller's `Extend` unwinds.
-struct Batch<'a, T> {
-    consumer: &'a mut Consumer<T>,
-    head: usize,
-    end: usize,
+/// The values `pop_into` moved out so far; publishes them once, on drop, also when the
+/// caller's `Extend` unwinds.
+struct Published<'a, T> {
+    consumer_head: &'a mut usize,
+    shared: &'a Shared<T>,
+    start: usize,
+    moved: core::cell::Cell<usize>,
 }
 
-impl<T> Iterator for Batch<'_, T> {
-    type Item = T;
-
-    #[inline]
-    fn next(&mut self) -> Option<T> {
-        if self.head == self.end {
-            return None;
-        }
-        let head = self.head;
-        // SAFETY: [head, end) lies within [head, tail_cache), whose slots hold initialised
-        // values (invariant 4) that only we may move out (invariant 3).
-        let value = self
-            .consumer
-            .shared
-            .slot(head)
-            .with(|p| unsafe { (*p).assume_init_read() });
-        self.head = head.wrapping_add(1);
-        Some(value)
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let remaining = self.end.wrapping_sub(self.head);
-        (remaining, Some(remaining))
-    }
-}
-
-impl<T> Drop for Batch<'_, T> {
+impl<T> Drop for Published<'_, T> {
     fn drop(&mut self) {
-        self.consumer.head = self.head;
+        let head = self.start.wrapping_add(self.moved.get());
+        *self.consumer_head = head;
         // Release: the moves out of every consumed slot are complete; pairs with the
         // producer's Acquire load of `head`.
-        self.consumer
-            .shared
-            .head
-            .store(self.head, Ordering::Release);
+        self.shared.head.store(head, Ordering::Release);
     }
 }
 
