@@ -1054,7 +1054,7 @@ fn flink_keyed(weir: &[Value], flink: Option<&Value>) -> String {
             (Some((p50, _)), Some(weir)) if weir > 0.0 && p50 > 0.0 => {
                 format!("{:.0}×", p50 / weir)
             }
-            (Some((p50, _)), Some(_)) if p50 == 0.0 => "below Flink's 1 ms resolution".into(),
+            (Some((0.0, _)), Some(_)) => "below Flink's 1 ms resolution".into(),
             _ => "–".into(),
         };
         out.push_str(&format!(
