@@ -990,13 +990,7 @@ impl std::os::fd::AsRawFd for TimerFd {
 
 /// Nanoseconds on `CLOCK_MONOTONIC` (the clock a `timerfd` is armed on).
 fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `now`.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+    crate::wake_cost::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// The same closed loop on tokio with a precise timer, as Weir's side has one: each call

@@ -1128,46 +1128,22 @@ pub fn render_with(value: &Value, flink: Option<&Value>) -> String {
                 .and_then(|r| r["ops_per_s"].as_f64());
             let rate = row["ops_per_s"].as_f64().unwrap_or(f64::NAN);
             let c = &row["checkpoints"];
-            let alignment = if c["alignment_ms"].is_object() {
-                format!(
-                    "{} / {}",
-                    f(&c["alignment_ms"]["p50"]),
-                    f(&c["alignment_ms"]["max"])
-                )
-            } else {
-                "–".to_string()
+            // "p50 / max" of one of the checkpoints' figures, each shown by `show`.
+            let p50_max = |figure: &Value, show: &dyn Fn(&Value) -> String| {
+                if figure.is_object() {
+                    format!("{} / {}", show(&figure["p50"]), show(&figure["max"]))
+                } else {
+                    "–".to_string()
+                }
             };
             let kib = |v: &Value| {
                 v.as_f64()
                     .map_or("–".to_string(), |x| format!("{:.1}", x / 1024.0))
             };
-            let persisted = if c["persisted_bytes"].is_object() {
-                format!(
-                    "{} / {}",
-                    kib(&c["persisted_bytes"]["p50"]),
-                    kib(&c["persisted_bytes"]["max"])
-                )
-            } else {
-                "–".to_string()
-            };
-            let in_flight = if c["in_flight_bytes_channel"].is_object() {
-                format!(
-                    "{} / {}",
-                    kib(&c["in_flight_bytes_channel"]["p50"]),
-                    kib(&c["in_flight_bytes_channel"]["max"])
-                )
-            } else {
-                "–".to_string()
-            };
-            let in_exchange = if c["in_flight_bytes_exchange"].is_object() {
-                format!(
-                    "{} / {}",
-                    kib(&c["in_flight_bytes_exchange"]["p50"]),
-                    kib(&c["in_flight_bytes_exchange"]["max"])
-                )
-            } else {
-                "–".to_string()
-            };
+            let alignment = p50_max(&c["alignment_ms"], &f);
+            let persisted = p50_max(&c["persisted_bytes"], &kib);
+            let in_flight = p50_max(&c["in_flight_bytes_channel"], &kib);
+            let in_exchange = p50_max(&c["in_flight_bytes_exchange"], &kib);
             out.push_str(&format!(
                 "| {} | {:.0} | {} | {} | {} | {} / {} / {} | {alignment} | {persisted} | {in_flight} | {in_exchange} |\n",
                 row["implementation"].as_str().unwrap_or("?"),

@@ -52,16 +52,21 @@ impl WakeCost {
     }
 }
 
-/// The calling thread's CPU time so far, in ns.
-fn thread_cpu_ns() -> u64 {
+/// Nanoseconds on `clock` (0 where the kernel refuses it, which a difference of two
+/// readings absorbs).
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel
-    // knows (on failure `ts` stays zero, which the caller's difference absorbs).
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime writes only it.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The calling thread's CPU time so far, in ns.
+fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Sets the calling thread's timer slack to 1 ns, as the runtime's workers do.
