@@ -206,10 +206,11 @@ for suite in "${suites[@]}"; do
   fi
   command="scripts/flink-peer.sh$quick (WeirFlinkPeer --suite $suite --rounds $rounds --scale $scale${extra[*]:+ ${extra[*]}})"
   # The keyed suite holds up to 1 GB of keyed state as Java objects (about twice that
-  # on the heap), and copies of what is written while a snapshot is written out.
-  heap=1g
-  [ "$suite" = keyed ] && heap=10g
-  if ! "$jdk/java" -Xms1g "-Xmx$heap" "${opens[@]}" \
+  # on the heap), and copies of what is written while a snapshot is written out: its
+  # heap is sized once, at its maximum, so that no heap growth lands in a checkpoint.
+  heap=(-Xms1g -Xmx1g)
+  [ "$suite" = keyed ] && heap=(-Xms10g -Xmx10g)
+  if ! "$jdk/java" "${heap[@]}" "${opens[@]}" \
     -Dlog4j.configurationFile=bench/flink/log4j2.properties \
     -cp "$classes:$lib/*" WeirFlinkPeer \
     --suite "$suite" --rounds "$rounds" --scale "$scale" "${extra[@]}" --json "$json" --command "$command" \

@@ -1823,7 +1823,7 @@ public final class WeirFlinkPeer {
         FIRST_INPUT.set(Long.MAX_VALUE);
         SINKS_READY.set(Long.MIN_VALUE);
         long submitted = System.nanoTime();
-        InFlightSampler sampler = c.checkpoints != null ? InFlightSampler.start() : null;
+        InFlightSampler sampler = c.checkpoints != null ? InFlightSampler.start(c.slots > 0) : null;
         JobID id = cluster.submitJob(graph).get().getJobID();
         if (c.slots > 0) {
             Placement early = placementWhenAssigned(cluster, id);
@@ -2504,14 +2504,24 @@ public final class WeirFlinkPeer {
                     List<Double> stateSizes = new ArrayList<>();
                     List<AbstractCheckpointStats> history =
                             new ArrayList<>(archived.getCheckpointStatsSnapshot().getHistory().getCheckpoints());
+                    // Checkpoints of the whole state only: within 1% of the largest the run
+                    // took (every key written; one taken during the fill holds fewer).
+                    long largest = 0;
+                    for (AbstractCheckpointStats checkpoint : history) {
+                        if (checkpoint instanceof CompletedCheckpointStats completed) {
+                            largest = Math.max(largest, completed.getStateSize());
+                        }
+                    }
+                    long whole = largest - largest / 100;
                     for (AbstractCheckpointStats checkpoint : history) {
                         if (!(checkpoint instanceof CompletedCheckpointStats completed)
-                                || completed.getStateSize() < size * 9 / 10) {
+                                || completed.getStateSize() < whole) {
                             continue;
                         }
                         for (TaskStateStats task : completed.getAllTaskStateStats()) {
                             for (SubtaskStateStats subtask : task.getSubtaskStats()) {
-                                if (subtask != null && subtask.getStateSize() >= size * 9 / 10) {
+                                // The keyed subtask (the source's state is a few bytes).
+                                if (subtask != null && subtask.getStateSize() >= whole / 2) {
                                     sync.add((double) subtask.getSyncCheckpointDuration());
                                     async.add((double) subtask.getAsyncCheckpointDuration());
                                 }
@@ -2620,7 +2630,13 @@ public final class WeirFlinkPeer {
         volatile boolean done;
         Thread thread;
 
-        static InFlightSampler start() {
+        /**
+         * `remote`: every channel crosses the network, and only the sinks' input queues
+         * are read (what arrived and was not yet read), as Weir counts its remote
+         * channels; a source's output queue would add what waits for credit, which
+         * Weir's figure leaves out.
+         */
+        static InFlightSampler start(boolean remote) {
             InFlightSampler sampler = new InFlightSampler();
             sampler.thread = new Thread(() -> {
                 while (!sampler.done) {
@@ -2629,10 +2645,18 @@ public final class WeirFlinkPeer {
                     } catch (InterruptedException stop) {
                         return;
                     }
+                    // From the first record on (deployment is not part of the run).
+                    if (FIRST_INPUT.get() == Long.MAX_VALUE) {
+                        continue;
+                    }
                     double total = 0;
                     boolean any = false;
-                    for (org.apache.flink.metrics.Gauge<?> gauge : InFlightReporter.GAUGES.values()) {
-                        if (gauge.getValue() instanceof Number bytes) {
+                    for (java.util.Map.Entry<String, org.apache.flink.metrics.Gauge<?>> entry :
+                            InFlightReporter.GAUGES.entrySet()) {
+                        if (remote && !entry.getKey().endsWith("inputQueueSize")) {
+                            continue;
+                        }
+                        if (entry.getValue().getValue() instanceof Number bytes) {
                             total += bytes.doubleValue();
                             any = true;
                         }
@@ -2803,7 +2827,8 @@ public final class WeirFlinkPeer {
                     }
                     // Every checkpoint of a run in its history (the default keeps 10).
                     conf.set(WebOptions.CHECKPOINTS_HISTORY_SIZE, 1000);
-                    // The sinks' input queue sizes, read every 10 ms (InFlightSampler).
+                    // The sources' output and the sinks' input queue sizes, read every
+                    // 10 ms (InFlightSampler).
                     conf.set(
                             org.apache.flink.configuration.ConfigOptions.key("metrics.reporter.weirinflight.factory.class")
                                     .stringType()

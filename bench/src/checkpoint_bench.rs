@@ -1025,11 +1025,13 @@ fn flink_keyed(weir: &[Value], flink: Option<&Value>) -> String {
     if let Some(reason) = flink["unavailable"].as_str() {
         return format!("\nApache Flink's heap backend on the same state: not measured in this run: {reason}.\n");
     }
+    // Median (the mean of the middle two of an even count, as the peer prints it) and
+    // maximum.
     let stats = |v: &Value| -> Option<(f64, f64)> {
         let mut xs: Vec<f64> = v.as_array()?.iter().filter_map(Value::as_f64).collect();
         xs.sort_by(f64::total_cmp);
-        let p50 = *xs.get(xs.len().checked_sub(1)? / 2)?;
-        Some((p50, *xs.last()?))
+        let n = xs.len().checked_sub(1)?;
+        Some(((xs[n / 2] + xs[n.div_ceil(2)]) / 2.0, xs[n]))
     };
     let ms = |v: Option<(f64, f64)>| {
         v.map_or("–".to_string(), |(p50, max)| {
@@ -1037,7 +1039,7 @@ fn flink_keyed(weir: &[Value], flink: Option<&Value>) -> String {
         })
     };
     let mut out = format!(
-        "\nApache Flink {} on the same state (`{}`): {}. Flink reports the parts in whole milliseconds; the synchronous part is the task's pause.\n\n| state | checkpoints of the whole state | Flink task pause, synchronous part p50 / max (ms) | Weir task pause p50 (ms) | Flink's pause ÷ Weir's | Flink asynchronous part p50 / max (ms) | Flink end to end p50 / max (ms) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\nApache Flink {} on the same state (`{}`): {}. Flink reports the parts in whole milliseconds, for checkpoints of the whole state (within 1% of the largest a run took). Its synchronous part is measured in a running job, under writes, and leaves out the barrier's own handling: it is a lower bound of the task's pause. Weir's pause is `snapshot_view` timed alone, outside a job (the table above). Flink's asynchronous part includes writing the checkpoint file; Weir's encoding off the worker does not.\n\n| state | checkpoints of the whole state | Flink synchronous part p50 / max (ms) | Weir `snapshot_view` p50 (ms) | Flink's ÷ Weir's | Flink asynchronous part p50 / max (ms) | Flink end to end p50 / max (ms) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
         flink["flink"].as_str().unwrap_or("?"),
         flink["command"].as_str().unwrap_or("scripts/flink-peer.sh keyed"),
         flink["job"].as_str().unwrap_or("?"),

@@ -10,6 +10,11 @@
 //!   turn with `thread::unpark` (a futex) and park between: each round trip is two
 //!   wake-ups, each paid by a sender and a receiver, as an arrival that unparks a worker.
 //!
+//! Both are the measuring threads' own CPU: what the kernel and the hypervisor spend
+//! outside them (an idle core leaving its halt, the interrupt that wakes it) is not
+//! counted, so the figures are lower bounds of a wake-up's cost. The threads are pinned
+//! where the machine lets them be (as the benchmarks' threads are).
+//!
 //! Nothing else runs meanwhile. In a VM both go through the hypervisor (a timer
 //! interrupt, an inter-processor interrupt), which is why they cost far more than on bare
 //! metal; the figures say how many records a wake-up must be shared by for a CPU per

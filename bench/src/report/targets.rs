@@ -361,7 +361,7 @@ pub fn section(md: &mut String, data: &Path) {
             target: "≥ 1.0×",
             measured: format!("{ratio:.2}× ({weir:.1} vs {rtrb:.1} ns a value)"),
             met: Some(ratio >= 1.0),
-            bound: "Not the instructions: `push_iter` writes and `pop_into` reads contiguous stretches of slots, and a callgrind count of the same run (spins included, so only roughly) gives 12.4 M instructions against rtrb's 11.1 M, where the earlier per-slot loops took 19.7 M (`results/2026-12-08-ring-batches-callgrind.md`); the time stayed at 0.6× in the same turns. What remains is how the two cores share the slots' and indices' cache lines, which this VM gives no counters for. Next: `perf c2c` of both on a host with counters.".into(),
+            bound: "Not the instructions: `push_iter` writes and `pop_into` reads contiguous stretches of slots, and a callgrind count of the same run (spins included, so only roughly) gives 12.4 M instructions against rtrb's 11.1 M, where the earlier per-slot loops took 19.7 M (`results/2026-12-08-ring-batches-callgrind.md`); the time per value did not follow the instructions down (this row's ratio, and the file's before and after). What remains is how the two cores share the slots' and indices' cache lines, which this VM gives no counters for. Next: `perf c2c` of both on a host with counters.".into(),
         });
     }
 
@@ -483,7 +483,7 @@ pub fn section(md: &mut String, data: &Path) {
                 measured: format!("{:.1} µs ({:.0}% of it the embedded service)", cpu / 1e3, share * 100.0),
                 met: Some(cpu <= 3000.0),
                 bound: format!(
-                    "Wake-ups (default timer slack, {:.0} µs): {} The service thread spends {:.1} µs a request here (it keeps no slack: it stands in for the external system). {} A longer slack trades latency for fewer wake-ups: {} The embedded service's own slack (`--service-timer-slack`, its rows in that section) trims only its share. Next: the rest of a worker's CPU per wake-up beyond the wake-up itself (about 50 µs against the 20 µs above): the system calls of the turn that follows it (`io_uring` enters for the lookups' sends and receives, the exchange's doorbells), to be counted per turn and merged.",
+                    "Wake-ups (default timer slack, {:.0} µs): {} The service thread spends {:.1} µs a request here (it keeps no slack: it stands in for the external system). {} A longer slack trades latency for fewer wake-ups: {} The embedded service's own slack (`--service-timer-slack`, its rows in that section) trims only its share. Next: the part of the workers' CPU per wake-up or slack sleep (first figure above) beyond what a bare sleep or wake-up costs (the figures of `weir wake-cost` above): the system calls of the turn that follows it (`io_uring` enters for the lookups' sends and receives, the exchange's doorbells), to be counted per turn and merged.",
                     job["settings"]["timer_slack_us"].as_f64().unwrap_or(f64::NAN),
                     wakeup_text(&job, read(data, "load-400000.json").as_ref()),
                     job["lookup_service"]["cpu_s"].as_f64().unwrap_or(f64::NAN) * 1e6

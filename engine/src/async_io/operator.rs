@@ -592,7 +592,8 @@ impl<F: AsyncFunction> AsyncWaitOperator<F> {
         };
         // An answer known without a call, where it may leave at once: emitted here, with
         // no handle, slot or queue. For a function that keeps the default `ready`
-        // (always `None`) the compiler removes this branch and its checks.
+        // (always `None`) the compiler removes this branch and its checks; the future
+        // wrappers, whose `ready` is optional, pay one check of an `Option` here.
         if !self.inline_slow && self.may_leave_at_once(key) {
             if let Some(result) = self.function.ready(&value) {
                 self.next_sequence += 1;

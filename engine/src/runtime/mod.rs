@@ -394,7 +394,7 @@ pub struct Wakeups {
     pub slack: u64,
     /// Not a wake-up either: parks that returned before the worker slept, because work
     /// was announced meanwhile (a waker that found the worker awake, say during its
-    /// timer slack, left a notification) or the last look before sleeping found some.
+    /// timer slack, left a notification) or the run was being stopped.
     pub pending: u64,
 }
 
