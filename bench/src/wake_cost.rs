@@ -9,6 +9,8 @@
 //! - **a wake-up by another thread**: two threads pinned to two cores wake each other in
 //!   turn with `thread::unpark` (a futex) and park between: each round trip is two
 //!   wake-ups, each paid by a sender and a receiver, as an arrival that unparks a worker.
+//!   A hand-over that finds the other thread not yet asleep costs less and is counted
+//!   all the same, one more reason the figure is a lower bound.
 //!
 //! Both are the measuring threads' own CPU: what the kernel and the hypervisor spend
 //! outside them (an idle core leaving its halt, the interrupt that wakes it) is not
@@ -74,22 +76,14 @@ fn thread_cpu_ns() -> u64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
-/// Sets the calling thread's timer slack to 1 ns, as the runtime's workers do.
-fn exact_timers() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes an integer and touches no memory; best effort.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
-    }
-}
-
 /// Measures both: `sleeps` timed sleeps, `round_trips` wake-up round trips.
 pub fn measure(sleeps: u64, round_trips: u64) -> WakeCost {
     let (first, second) = crate::affinity::bench_cores();
     let (timer_cpu_ns, timer_elapsed_ns) = thread::scope(|s| {
         s.spawn(|| {
             crate::affinity::pin(first);
-            exact_timers();
+            // Timed waits end at their deadline, as a worker's do.
+            weir_engine::runtime::exact_timers();
             let (cpu, start) = (thread_cpu_ns(), Instant::now());
             for _ in 0..sleeps {
                 thread::sleep(SLEEP);

@@ -171,7 +171,6 @@ impl<T> Producer<T> {
         let shared = &*self.shared;
         let capacity = shared.capacity();
         let start = self.tail;
-        let mut tail = start;
         let mut written = 0usize;
         // First the room the cached head promises; only if the iterator still has values
         // then, one Acquire reload of `head` (as in `try_push`) and the newly freed room.
@@ -181,15 +180,16 @@ impl<T> Producer<T> {
             if reload {
                 self.head_cache = shared.head.load(Ordering::Acquire);
             }
+            let tail = start.wrapping_add(written);
             let free = capacity - tail.wrapping_sub(self.head_cache);
             let at = tail & shared.mask;
             let first = free.min(capacity - at);
-            // Within the slots: `at` < capacity and `first` <= capacity - at.
+            // Within the slots: `at` < capacity, `first` <= capacity - at, and
+            // `free - first` <= `at` (free <= capacity).
             let (wrapped, from_at) = shared.slots.split_at(at);
             for stretch in [&from_at[..first], &wrapped[..free - first]] {
                 for slot in stretch {
                     let Some(value) = values.next() else {
-                        tail = start.wrapping_add(written);
                         break 'passes;
                     };
                     // SAFETY: fewer than `free` values written in this pass, so the slot
@@ -199,15 +199,15 @@ impl<T> Producer<T> {
                     written += 1;
                 }
             }
-            tail = start.wrapping_add(written);
         }
-        if tail != start {
+        if written > 0 {
+            let tail = start.wrapping_add(written);
             self.tail = tail;
             // Release: publishes every slot written above; pairs with the consumer's
             // Acquire load of `tail`.
             self.shared.tail.store(tail, Ordering::Release);
         }
-        tail.wrapping_sub(start)
+        written
     }
 
     /// Values in the ring now (the consumer may be taking some as we look).

@@ -844,8 +844,10 @@ fn deliver_mail(entry: &mut Entry, cx: &mut TaskContext<'_>) -> Result<AfterMail
 /// Makes the calling thread's timed waits end at their deadline: Linux lets a timed
 /// sleep end up to the thread's timer slack late (50 µs by default) to batch wake-ups,
 /// and a worker's deadlines are operators' timers and retry delays. Best effort: where
-/// the call is refused, waits keep the default slack.
-fn exact_timers() {
+/// the call is refused, waits keep the default slack. Every worker calls it when it
+/// starts; a tool whose threads should sleep as a worker's do (`weir wake-cost`) calls
+/// it too.
+pub fn exact_timers() {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_TIMERSLACK takes an integer argument and reads or writes no memory;
     // the result is ignored on purpose (best effort).
